@@ -1,0 +1,157 @@
+//! Error codes that cross process boundaries.
+//!
+//! Every RPC failure carries an [`ErrorCode`]; a caller decides what to do from
+//! the code alone ([`ErrorCode::is_retryable`], [`ErrorCode::needs_routing_refresh`]),
+//! never by parsing the message.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A stable numeric error code. Values are part of the wire format: never
+/// renumber, only add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u32)]
+pub enum ErrorCode {
+    // --- transport / RPC (1xx) ---
+    /// The connection could not be made or broke; the request may not have run.
+    ConnectionFailed = 100,
+    /// The deadline passed before a reply arrived; the request may have run.
+    DeadlineExceeded = 101,
+    /// The caller cancelled the request.
+    Cancelled = 102,
+    /// A frame was larger than the configured maximum.
+    FrameTooLarge = 103,
+    /// A frame or message body could not be decoded.
+    MalformedMessage = 104,
+    /// The server does not serve this method.
+    UnknownMethod = 105,
+    /// The server is at its in-flight limit; try again shortly.
+    Overloaded = 106,
+    /// The server is shutting down.
+    ShuttingDown = 107,
+    // --- generic (2xx) ---
+    InvalidArgument = 200,
+    NotFound = 201,
+    AlreadyExists = 202,
+    PermissionDenied = 203,
+    Internal = 204,
+    Unsupported = 205,
+    ResourceExhausted = 206,
+    // --- KV engine (3xx) ---
+    /// A transaction conflicted with another; retry it.
+    KvNotCommitted = 300,
+    /// The commit may or may not have been applied.
+    KvCommitUnknownResult = 301,
+    /// The transaction's read version is too old.
+    KvTransactionTooOld = 302,
+    /// A key, value or transaction exceeded the engine limits.
+    KvTooLarge = 303,
+    // --- routing / replication (4xx) ---
+    /// The request's chain version is not the one the server knows.
+    StaleChainVersion = 400,
+    /// The chunk has a pending version; retry or read relaxed.
+    ChunkUncommitted = 401,
+    /// The checksum of data did not match.
+    ChecksumMismatch = 402,
+    /// The target does not serve this operation in its current state.
+    TargetNotServing = 403,
+}
+
+impl ErrorCode {
+    /// Whether the same request may succeed if sent again unchanged (possibly
+    /// after a short backoff or to another server).
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::ConnectionFailed
+                | ErrorCode::DeadlineExceeded
+                | ErrorCode::Overloaded
+                | ErrorCode::ShuttingDown
+                | ErrorCode::KvNotCommitted
+                | ErrorCode::KvCommitUnknownResult
+                | ErrorCode::KvTransactionTooOld
+                | ErrorCode::StaleChainVersion
+                | ErrorCode::ChunkUncommitted
+                | ErrorCode::TargetNotServing
+        )
+    }
+
+    /// Whether the caller should refresh its routing info before retrying.
+    pub fn needs_routing_refresh(self) -> bool {
+        matches!(self, ErrorCode::StaleChainVersion | ErrorCode::TargetNotServing)
+    }
+
+    pub fn as_u32(self) -> u32 {
+        self as u32
+    }
+
+    /// Decodes a wire value; unknown codes (from a newer peer) map to `Internal`.
+    pub fn from_u32(v: u32) -> ErrorCode {
+        use ErrorCode::*;
+        const ALL: &[ErrorCode] = &[
+            ConnectionFailed,
+            DeadlineExceeded,
+            Cancelled,
+            FrameTooLarge,
+            MalformedMessage,
+            UnknownMethod,
+            Overloaded,
+            ShuttingDown,
+            InvalidArgument,
+            NotFound,
+            AlreadyExists,
+            PermissionDenied,
+            Internal,
+            Unsupported,
+            ResourceExhausted,
+            KvNotCommitted,
+            KvCommitUnknownResult,
+            KvTransactionTooOld,
+            KvTooLarge,
+            StaleChainVersion,
+            ChunkUncommitted,
+            ChecksumMismatch,
+            TargetNotServing,
+        ];
+        ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(Internal)
+    }
+}
+
+/// An error code with a human-readable message, as sent over the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub struct Status {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Status {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Status { code, message: message.into() }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        self.code.is_retryable()
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.code, self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_maps_to_internal() {
+        for code in [ErrorCode::ConnectionFailed, ErrorCode::KvNotCommitted, ErrorCode::TargetNotServing] {
+            assert_eq!(ErrorCode::from_u32(code.as_u32()), code);
+        }
+        assert_eq!(ErrorCode::from_u32(9999), ErrorCode::Internal);
+        assert!(ErrorCode::StaleChainVersion.is_retryable());
+        assert!(ErrorCode::StaleChainVersion.needs_routing_refresh());
+        assert!(!ErrorCode::InvalidArgument.is_retryable());
+    }
+}
