@@ -22,6 +22,7 @@
 //!
 //! Use [`run_transaction`] for the retry loop.
 
+pub mod bench;
 pub mod conformance;
 mod error;
 pub mod limits;

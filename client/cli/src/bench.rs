@@ -1,0 +1,58 @@
+//! `fskv bench …`: each benchmark prints its figures next to a baseline
+//! measured in the same run, and optionally writes them as JSON.
+
+use crate::config::Config;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Small-transaction commits/s of the embedded KV engine vs raw RocksDB write batches.
+    Kv(KvArgs),
+}
+
+#[derive(Args)]
+pub struct Common {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct KvArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Directory on the disk to measure (temporary databases are created and removed under it).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// Concurrent committers to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    committers: Vec<usize>,
+}
+
+fn emit<T: std::fmt::Display + serde::Serialize>(report: &T, json: Option<&PathBuf>) -> anyhow::Result<()> {
+    println!("{report}");
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
+    }
+    Ok(())
+}
+
+pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Kv(a) => {
+            let opts = fskv_kv::bench::KvBenchOptions {
+                dir: a.dir,
+                seconds: a.common.seconds,
+                committers: a.committers,
+                sync_writes: config.kv.sync_writes,
+            };
+            eprintln!("bench kv: {} s per measurement, committers {:?} ...", opts.seconds, opts.committers);
+            let report = fskv_kv::bench::run(opts).await?;
+            emit(&report, a.common.json.as_ref())
+        }
+    }
+}

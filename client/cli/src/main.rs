@@ -1,0 +1,88 @@
+//! `fskv`: the one binary of 3FS-KV. Every process is a subcommand, so one
+//! build installs everything.
+
+mod bench;
+mod config;
+mod up;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "fskv", version, about = "3FS-KV: a distributed filesystem with S3, KV and MQ gateways", long_about = None)]
+struct Cli {
+    /// TOML configuration file (see `fskv config default` for every option and its default).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a whole single-node cluster from one data directory (the main job).
+    Up(up::UpArgs),
+    /// Benchmarks, each next to its baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Show the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the default configuration file, with every option documented.
+    Default,
+    /// Print the effective configuration (defaults merged with --config).
+    Show,
+}
+
+fn init_logging(level: &str) {
+    let filter = std::env::var("FSKV_LOG").unwrap_or_else(|_| level.to_string());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("fskv: invalid log filter {filter:?} ({e}); using \"info\"");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let config = match config::Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fskv: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    init_logging(&config.log.level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fskv: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Up(args) => up::run(args, &config).await,
+            Command::Bench(cmd) => bench::run(cmd, &config).await,
+            Command::Config(ConfigCommand::Default) => {
+                print!("{}", config::DEFAULT_TOML);
+                Ok(())
+            }
+            Command::Config(ConfigCommand::Show) => {
+                print!("{}", toml::to_string_pretty(&config)?);
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fskv: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
