@@ -1,0 +1,1 @@
+//! Loopback benchmark (filled in below).
