@@ -78,15 +78,13 @@ impl RemoteBuf {
 
     /// Decodes a payload made of descriptors; `None` if the length is not a
     /// multiple of [`Self::ENCODED_BYTES`].
-    pub fn decode_list(mut raw: &[u8]) -> Option<Vec<RemoteBuf>> {
-        if raw.len() % Self::ENCODED_BYTES != 0 {
+    pub fn decode_list(raw: &[u8]) -> Option<Vec<RemoteBuf>> {
+        let chunks = raw.chunks_exact(Self::ENCODED_BYTES);
+        if !chunks.remainder().is_empty() {
             return None;
         }
-        let mut out = Vec::with_capacity(raw.len() / Self::ENCODED_BYTES);
-        while raw.has_remaining() {
-            out.push(RemoteBuf { addr: raw.get_u64_le(), len: raw.get_u32_le(), rkey: raw.get_u32_le() });
-        }
-        Some(out)
+        let decode = |mut c: &[u8]| RemoteBuf { addr: c.get_u64_le(), len: c.get_u32_le(), rkey: c.get_u32_le() };
+        Some(chunks.map(decode).collect())
     }
 
     pub fn encode_list(bufs: &[RemoteBuf]) -> Bytes {
