@@ -178,9 +178,12 @@ async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut s
 
 /// The requests running on one connection.
 struct InFlight {
-    /// request id -> (sequence, handle); the sequence makes a stale removal
-    /// (from an aborted task) a no-op.
-    tasks: Mutex<HashMap<u64, (u64, AbortHandle)>>,
+    /// request id -> (sequence, handle). The sequence makes a stale removal
+    /// (from an aborted task) a no-op. The handle is `None` only between
+    /// reserving the slot and spawning the task, both done by the reader, so
+    /// a Cancel (also handled by the reader) never sees `None`.
+    /// Invariant: no task is aborted or dropped while this lock is held.
+    tasks: Mutex<HashMap<u64, (u64, Option<AbortHandle>)>>,
     next_seq: std::sync::atomic::AtomicU64,
     idle: Notify,
 }
@@ -197,12 +200,26 @@ impl InFlight {
     }
 
     fn cancel(&self, request_id: u64) {
-        let mut tasks = self.tasks.lock();
-        if let Some((_, handle)) = tasks.remove(&request_id) {
+        let handle = {
+            let mut tasks = self.tasks.lock();
+            let entry = tasks.remove(&request_id);
+            if tasks.is_empty() {
+                self.idle.notify_one();
+            }
+            entry.and_then(|(_, handle)| handle)
+        };
+        if let Some(handle) = handle {
             handle.abort();
         }
-        if tasks.is_empty() {
-            self.idle.notify_one();
+    }
+
+    /// Records the handle of a spawned task if its slot is still there (the
+    /// task may already have finished and removed it).
+    fn set_handle(&self, request_id: u64, seq: u64, handle: AbortHandle) {
+        if let Some((s, slot)) = self.tasks.lock().get_mut(&request_id) {
+            if *s == seq {
+                *slot = Some(handle);
+            }
         }
     }
 
@@ -216,7 +233,8 @@ struct AbortAllOnDrop(Arc<InFlight>);
 
 impl Drop for AbortAllOnDrop {
     fn drop(&mut self) {
-        for (_, (_, handle)) in self.0.tasks.lock().drain() {
+        let handles: Vec<AbortHandle> = self.0.tasks.lock().drain().filter_map(|(_, (_, h))| h).collect();
+        for handle in handles {
             handle.abort();
         }
     }
@@ -243,6 +261,9 @@ struct ConnState {
     shutting_down: bool,
 }
 
+/// How long a closing connection waits for queued replies to be written.
+const WRITER_DRAIN_MS: u64 = 1_000;
+
 async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
     let Connection { read, write, peer } = conn;
     let max_frame_bytes = shared.config.max_frame_bytes;
@@ -256,6 +277,9 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), shutting_down: *shutdown_rx.borrow() };
     let mut protocol_error = false;
     loop {
+        if state.shutting_down && state.in_flight.is_empty() {
+            break;
+        }
         tokio::select! {
             next = reader.next() => match next {
                 Ok(Some(frame)) => {
@@ -286,7 +310,7 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     if protocol_error {
         writer.abort();
     } else {
-        let grace = Duration::from_millis(1_000);
+        let grace = Duration::from_millis(WRITER_DRAIN_MS);
         if tokio::time::timeout(grace, writer).await.is_err() {
             debug!("writer did not drain in time");
         }
@@ -328,16 +352,7 @@ impl ConnState {
         let Some((method_id, route)) = route else {
             return Err(Status::new(ErrorCode::UnknownMethod, format!("unknown method id {}", header.code)));
         };
-        let mut tasks = self.in_flight.tasks.lock();
-        if tasks.len() >= self.shared.config.max_in_flight_per_connection {
-            return Err(Status::new(
-                ErrorCode::Overloaded,
-                format!("{} requests in flight on this connection", tasks.len()),
-            ));
-        }
-        if tasks.contains_key(&header.request_id) {
-            return Err(Status::new(ErrorCode::InvalidArgument, "request id already in flight"));
-        }
+        let seq = self.reserve_slot(header.request_id)?;
         let deadline = (header.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(header.timeout_ms.into()));
         let ctx = RequestContext {
             request_id: header.request_id,
@@ -346,16 +361,31 @@ impl ConnState {
             peer: self.peer.clone(),
             deadline,
         };
-        let seq = self.in_flight.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
         let fut = (route.handler)(ctx, frame.body, frame.payload);
         let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);
         let task = run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, guard);
-        // Invariant: the entry is inserted while the lock is held, before the
-        // task can reach its RemoveOnDrop.
         let handle = tokio::spawn(task.instrument(span)).abort_handle();
-        tasks.insert(header.request_id, (seq, handle));
+        self.in_flight.set_handle(header.request_id, seq, handle);
         Ok(())
+    }
+
+    /// Reserves an in-flight slot (before the task exists, so the task's
+    /// removal always finds it) or refuses with `Overloaded`.
+    fn reserve_slot(&self, request_id: u64) -> std::result::Result<u64, Status> {
+        let mut tasks = self.in_flight.tasks.lock();
+        if tasks.len() >= self.shared.config.max_in_flight_per_connection {
+            return Err(Status::new(
+                ErrorCode::Overloaded,
+                format!("{} requests in flight on this connection", tasks.len()),
+            ));
+        }
+        if tasks.contains_key(&request_id) {
+            return Err(Status::new(ErrorCode::InvalidArgument, "request id already in flight"));
+        }
+        let seq = self.in_flight.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tasks.insert(request_id, (seq, None));
+        Ok(seq)
     }
 
     async fn reply_error(&self, request_id: u64, status: Status) {
