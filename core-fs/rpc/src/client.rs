@@ -1,0 +1,320 @@
+//! The client: pooled, multiplexed connections with deadlines and
+//! cancellation.
+//!
+//! Threading model: per connection one reader task (matches responses to
+//! pending calls by request id) and one writer task (vectored writes, the
+//! payload is never copied). A call registers a oneshot in the connection's
+//! pending map, queues its frame and waits; a drop guard removes the entry
+//! and sends a Cancel frame if the call ends (timeout or the future dropped)
+//! before its reply.
+
+use crate::error::{Result, RpcError};
+use crate::frame::{Frame, FrameKind, OutFrame, DEFAULT_MAX_FRAME_BYTES, STATUS_OK};
+use crate::io::{write_loop, FrameReader};
+use crate::method::{decode_body, encode_body, Method};
+use crate::transport::{connect_with_timeout, Transport};
+use bytes::Bytes;
+use fskv_types::{ErrorCode, Status};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, debug_span, Instrument};
+
+/// Client limits.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Connections kept per server address, used round-robin.
+    pub connections_per_addr: usize,
+    /// Largest frame sent or accepted.
+    pub max_frame_bytes: usize,
+    /// Calls outstanding at once on one connection; more wait for a slot
+    /// (within their deadline).
+    pub max_in_flight_per_connection: usize,
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connections_per_addr: 4,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_in_flight_per_connection: 1024,
+            connect_timeout_ms: 3_000,
+        }
+    }
+}
+
+/// Per-call options.
+#[derive(Clone, Copy, Debug)]
+pub struct CallOptions {
+    /// Deadline relative to the call's start; 0 means none. Also sent to
+    /// the server, which aborts the handler when it passes.
+    pub timeout_ms: u64,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        CallOptions { timeout_ms: 30_000 }
+    }
+}
+
+impl CallOptions {
+    pub fn with_timeout(timeout: Duration) -> Self {
+        CallOptions { timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX) }
+    }
+}
+
+/// A cheap-to-clone handle to a pool of connections.
+#[derive(Clone)]
+pub struct RpcClient {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    transport: Arc<dyn Transport>,
+    config: ClientConfig,
+    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    next_request_id: AtomicU64,
+}
+
+struct Pool {
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    next_slot: AtomicUsize,
+}
+
+type PendingTx = oneshot::Sender<Result<Frame>>;
+
+/// State shared by a connection's handle and its reader/writer tasks.
+struct ConnShared {
+    addr: String,
+    /// Invariant: `closed` is set while holding this lock, and entries are
+    /// only added while it is unset, so no call waits on a dead connection.
+    pending: Mutex<HashMap<u64, PendingTx>>,
+    closed: AtomicBool,
+}
+
+impl ConnShared {
+    fn register(&self, request_id: u64) -> Result<oneshot::Receiver<Result<Frame>>> {
+        let mut pending = self.pending.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(RpcError::connection(&self.addr, "connection closed"));
+        }
+        let (tx, rx) = oneshot::channel();
+        pending.insert(request_id, tx);
+        Ok(rx)
+    }
+
+    /// Marks the connection dead and fails every pending call.
+    fn fail(&self, reason: &str) {
+        let drained: Vec<PendingTx> = {
+            let mut pending = self.pending.lock();
+            self.closed.store(true, Ordering::Release);
+            pending.drain().map(|(_, tx)| tx).collect()
+        };
+        if !drained.is_empty() {
+            debug!(addr = %self.addr, calls = drained.len(), reason, "failing pending calls");
+        }
+        for tx in drained {
+            let _ = tx.send(Err(RpcError::connection(&self.addr, reason)));
+        }
+    }
+}
+
+struct Conn {
+    shared: Arc<ConnShared>,
+    tx: mpsc::Sender<OutFrame>,
+    permits: Arc<Semaphore>,
+    reader: AbortHandle,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The writer ends by itself once `tx` is gone (after flushing).
+        self.reader.abort();
+    }
+}
+
+/// Removes the pending entry and cancels the request on the server if the
+/// call ends without its reply.
+struct PendingGuard {
+    conn: Arc<Conn>,
+    request_id: u64,
+    armed: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let was_pending = self.conn.shared.pending.lock().remove(&self.request_id).is_some();
+        if was_pending {
+            // Best effort: the queue holds at most one request and one cancel
+            // per permit, so it is full only under extreme churn; then the
+            // handler simply runs to completion and its reply is dropped.
+            let _ = self.conn.tx.try_send(OutFrame::cancel(self.request_id));
+        }
+    }
+}
+
+impl RpcClient {
+    pub fn new(transport: Arc<dyn Transport>, config: ClientConfig) -> Self {
+        RpcClient {
+            inner: Arc::new(ClientInner {
+                transport,
+                config,
+                pools: Mutex::new(HashMap::new()),
+                next_request_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// Calls `M` on the server at `addr` with `req` and a bulk `payload`;
+    /// returns the typed reply and the reply payload.
+    pub async fn call<M: Method>(
+        &self,
+        addr: &str,
+        req: &M::Req,
+        payload: Bytes,
+        opts: CallOptions,
+    ) -> Result<(M::Resp, Bytes)> {
+        let request_id = self.inner.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let span = debug_span!("rpc_call", request_id, method = M::NAME, addr);
+        let deadline = (opts.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(opts.timeout_ms));
+        let body = encode_body(req)?;
+        // Size limit checked here, before connecting or writing anything.
+        let timeout_ms = u32::try_from(opts.timeout_ms).unwrap_or(u32::MAX);
+        let frame = OutFrame::build(
+            FrameKind::Request,
+            request_id,
+            u32::from(M::ID),
+            timeout_ms,
+            &body,
+            payload,
+            self.inner.config.max_frame_bytes,
+        )?;
+        let exchange = self.exchange(addr, request_id, frame).instrument(span);
+        let reply = match deadline {
+            // On timeout `exchange` is dropped: its guard sends the Cancel.
+            Some(at) => tokio::time::timeout_at(at, exchange)
+                .await
+                .map_err(|_| RpcError::DeadlineExceeded { timeout_ms: opts.timeout_ms })??,
+            None => exchange.await?,
+        };
+        decode_reply::<M>(reply)
+    }
+
+    /// Sends one request frame and waits for its response frame.
+    async fn exchange(&self, addr: &str, request_id: u64, frame: OutFrame) -> Result<Frame> {
+        let conn = self.conn_for(addr).await?;
+        let permit = conn
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| RpcError::connection(addr, "connection closed"))?;
+        let rx = conn.shared.register(request_id)?;
+        let mut guard = PendingGuard { conn: conn.clone(), request_id, armed: true, _permit: permit };
+        if conn.tx.send(frame).await.is_err() {
+            return Err(RpcError::connection(addr, "connection writer stopped"));
+        }
+        let reply = rx.await.map_err(|_| RpcError::connection(addr, "connection dropped"))?;
+        // The entry was removed by whoever answered; nothing to cancel.
+        guard.armed = false;
+        reply
+    }
+
+    /// A live connection to `addr`, round-robin over the pool's slots;
+    /// reconnects a slot whose connection has failed.
+    async fn conn_for(&self, addr: &str) -> Result<Arc<Conn>> {
+        let pool = {
+            let mut pools = self.inner.pools.lock();
+            pools
+                .entry(addr.to_string())
+                .or_insert_with(|| {
+                    let n = self.inner.config.connections_per_addr.max(1);
+                    Arc::new(Pool {
+                        slots: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
+                        next_slot: AtomicUsize::new(0),
+                    })
+                })
+                .clone()
+        };
+        let index = pool.next_slot.fetch_add(1, Ordering::Relaxed) % pool.slots.len();
+        let Some(slot) = pool.slots.get(index) else {
+            return Err(RpcError::connection(addr, "empty connection pool"));
+        };
+        let mut slot = slot.lock().await;
+        if let Some(conn) = slot.as_ref() {
+            if !conn.shared.closed.load(Ordering::Acquire) {
+                return Ok(conn.clone());
+            }
+        }
+        // Drop the dead connection before dialling (its tasks end).
+        *slot = None;
+        let conn = self.connect(addr).await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn connect(&self, addr: &str) -> Result<Arc<Conn>> {
+        let config = &self.inner.config;
+        let connection = connect_with_timeout(self.inner.transport.as_ref(), addr, config.connect_timeout_ms).await?;
+        let max_in_flight = config.max_in_flight_per_connection.max(1);
+        let shared = Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
+        // Capacity: one request plus one cancel per permit (see PendingGuard).
+        let (tx, rx) = mpsc::channel(max_in_flight.saturating_mul(2).saturating_add(16));
+        let span = debug_span!("rpc_client_conn", peer = %connection.peer);
+        let writer_shared = shared.clone();
+        tokio::spawn(
+            async move {
+                if let Err(e) = write_loop(connection.write, rx).await {
+                    writer_shared.fail(&format!("write failed: {e}"));
+                }
+            }
+            .instrument(span.clone()),
+        );
+        let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer);
+        let reader = tokio::spawn(read_loop(reader, shared.clone()).instrument(span)).abort_handle();
+        Ok(Arc::new(Conn { shared, tx, permits: Arc::new(Semaphore::new(max_in_flight)), reader }))
+    }
+}
+
+/// Delivers responses to pending calls until the connection ends, then
+/// fails whatever is still pending.
+async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>) {
+    let reason = loop {
+        match reader.next().await {
+            Ok(Some(frame)) if frame.header.kind == FrameKind::Response => {
+                let waiter = shared.pending.lock().remove(&frame.header.request_id);
+                // No waiter: the call already timed out or was dropped.
+                if let Some(tx) = waiter {
+                    let _ = tx.send(Ok(frame));
+                }
+            }
+            Ok(Some(frame)) => break format!("unexpected {:?} frame from server", frame.header.kind),
+            Ok(None) => break "connection closed by peer".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    shared.fail(&reason);
+}
+
+fn decode_reply<M: Method>(frame: Frame) -> Result<(M::Resp, Bytes)> {
+    if frame.header.code == STATUS_OK {
+        let resp = decode_body::<M::Resp>(&frame.body)?;
+        return Ok((resp, frame.payload));
+    }
+    let code = ErrorCode::from_u32(frame.header.code);
+    Err(RpcError::Remote(Status::new(code, String::from_utf8_lossy(&frame.body))))
+}

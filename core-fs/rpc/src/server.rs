@@ -1,0 +1,453 @@
+//! The server: a [`Router`] of typed handlers served over a [`Transport`].
+//!
+//! Threading model: one accept task; per connection one reader task (this
+//! module's `serve_conn`) and one writer task; per request one handler task.
+//! The reader never awaits a handler, so requests on one connection run
+//! concurrently and answer out of order.
+
+use crate::error::{Result, RpcError};
+use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, DEFAULT_MAX_FRAME_BYTES, STATUS_OK};
+use crate::io::{write_loop, FrameReader};
+use crate::method::{decode_body, encode_body, Method};
+use crate::transport::{Connection, Listener, Transport};
+use bytes::Bytes;
+use fskv_types::{ErrorCode, Status};
+use futures::FutureExt;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+use tracing::{debug, info_span, warn, Instrument};
+
+/// Server limits.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Requests running at once on one connection; more are answered `Overloaded`.
+    pub max_in_flight_per_connection: usize,
+    /// Largest frame accepted or sent; a larger incoming header closes the connection.
+    pub max_frame_bytes: usize,
+    /// How long [`Server::shutdown`] lets in-flight requests finish.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig { max_in_flight_per_connection: 1024, max_frame_bytes: DEFAULT_MAX_FRAME_BYTES, shutdown_grace_ms: 5_000 }
+    }
+}
+
+/// What a handler knows about its request.
+#[derive(Clone, Debug)]
+pub struct RequestContext {
+    pub request_id: u64,
+    pub method_id: u16,
+    pub method_name: &'static str,
+    pub peer: Arc<str>,
+    /// When the caller stops waiting; the handler is aborted at this instant.
+    pub deadline: Option<Instant>,
+}
+
+type HandlerResult = std::result::Result<(Bytes, Bytes), Status>;
+type BoxFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
+type ErasedHandler = Arc<dyn Fn(RequestContext, Bytes, Bytes) -> BoxFuture + Send + Sync>;
+
+struct Route {
+    name: &'static str,
+    handler: ErasedHandler,
+}
+
+/// Maps method ids to handlers.
+#[derive(Default)]
+pub struct Router {
+    routes: HashMap<u16, Route>,
+}
+
+impl Router {
+    pub fn new() -> Self {
+        Router::default()
+    }
+
+    /// Registers the handler of `M`.
+    ///
+    /// # Panics
+    /// If a handler for `M::ID` is already registered (a programming error
+    /// caught at startup, never reachable from network data).
+    pub fn route<M, F, Fut>(mut self, handler: F) -> Self
+    where
+        M: Method,
+        F: Fn(RequestContext, M::Req, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(M::Resp, Bytes), Status>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let erased: ErasedHandler = Arc::new(move |ctx, body: Bytes, payload| {
+            let handler = handler.clone();
+            Box::pin(async move {
+                let req: M::Req = decode_body(&body).map_err(|e| Status::new(ErrorCode::MalformedMessage, e.to_string()))?;
+                let (resp, payload) = handler(ctx, req, payload).await?;
+                let body = encode_body(&resp).map_err(|e| Status::new(ErrorCode::Internal, e.to_string()))?;
+                Ok((Bytes::from(body), payload))
+            })
+        });
+        let previous = self.routes.insert(M::ID, Route { name: M::NAME, handler: erased });
+        assert!(previous.is_none(), "method id {} ({}) registered twice", M::ID, M::NAME);
+        self
+    }
+}
+
+/// A running server. Dropping it aborts everything; [`Server::shutdown`]
+/// stops gracefully.
+pub struct Server {
+    local_addr: String,
+    shutdown_tx: watch::Sender<bool>,
+    accept_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `addr` and starts serving.
+    pub async fn bind(transport: Arc<dyn Transport>, addr: &str, router: Router, config: ServerConfig) -> Result<Server> {
+        let listener = transport.bind(addr).await.map_err(|e| RpcError::connection(addr, e))?;
+        let local_addr = listener.local_addr().map_err(|e| RpcError::connection(addr, e))?;
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared { router, config });
+        let accept_task = tokio::spawn(
+            accept_loop(listener, shared, shutdown_rx).instrument(info_span!("rpc_server", addr = %local_addr)),
+        );
+        Ok(Server { local_addr, shutdown_tx, accept_task: Some(accept_task) })
+    }
+
+    pub fn local_addr(&self) -> &str {
+        &self.local_addr
+    }
+
+    /// Stops accepting, answers new requests `ShuttingDown`, lets in-flight
+    /// requests finish (up to `shutdown_grace_ms`), then closes every
+    /// connection.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown_tx.send(true);
+        if let Some(task) = self.accept_task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(task) = self.accept_task.take() {
+            task.abort();
+        }
+    }
+}
+
+struct Shared {
+    router: Router,
+    config: ServerConfig,
+}
+
+async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
+    // Invariant: every connection task lives in `conns`, so dropping or
+    // aborting this task aborts them all.
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown_rx.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => {
+                    let span = info_span!("rpc_conn", peer = %conn.peer);
+                    conns.spawn(serve_conn(conn, shared.clone(), shutdown_rx.clone()).instrument(span));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    // Avoid spinning when out of file descriptors.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    let grace = Duration::from_millis(shared.config.shutdown_grace_ms);
+    let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+    conns.abort_all();
+}
+
+/// The requests running on one connection.
+struct InFlight {
+    /// request id -> (sequence, handle). The sequence makes a stale removal
+    /// (from an aborted task) a no-op. The handle is `None` only between
+    /// reserving the slot and spawning the task, both done by the reader, so
+    /// a Cancel (also handled by the reader) never sees `None`.
+    /// Invariant: no task is aborted or dropped while this lock is held.
+    tasks: Mutex<HashMap<u64, (u64, Option<AbortHandle>)>>,
+    next_seq: std::sync::atomic::AtomicU64,
+    idle: Notify,
+}
+
+impl InFlight {
+    fn remove(&self, request_id: u64, seq: u64) {
+        let mut tasks = self.tasks.lock();
+        if tasks.get(&request_id).is_some_and(|(s, _)| *s == seq) {
+            tasks.remove(&request_id);
+        }
+        if tasks.is_empty() {
+            self.idle.notify_one();
+        }
+    }
+
+    fn cancel(&self, request_id: u64) {
+        let handle = {
+            let mut tasks = self.tasks.lock();
+            let entry = tasks.remove(&request_id);
+            if tasks.is_empty() {
+                self.idle.notify_one();
+            }
+            entry.and_then(|(_, handle)| handle)
+        };
+        if let Some(handle) = handle {
+            handle.abort();
+        }
+    }
+
+    /// Records the handle of a spawned task if its slot is still there (the
+    /// task may already have finished and removed it).
+    fn set_handle(&self, request_id: u64, seq: u64, handle: AbortHandle) {
+        if let Some((s, slot)) = self.tasks.lock().get_mut(&request_id) {
+            if *s == seq {
+                *slot = Some(handle);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.tasks.lock().is_empty()
+    }
+}
+
+/// Aborts every handler of a connection when its reader stops.
+struct AbortAllOnDrop(Arc<InFlight>);
+
+impl Drop for AbortAllOnDrop {
+    fn drop(&mut self) {
+        let handles: Vec<AbortHandle> = self.0.tasks.lock().drain().filter_map(|(_, (_, h))| h).collect();
+        for handle in handles {
+            handle.abort();
+        }
+    }
+}
+
+/// Removes a handler's entry however its task ends (return, panic, abort).
+struct RemoveOnDrop {
+    in_flight: Arc<InFlight>,
+    request_id: u64,
+    seq: u64,
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        self.in_flight.remove(self.request_id, self.seq);
+    }
+}
+
+struct ConnState {
+    shared: Arc<Shared>,
+    in_flight: Arc<InFlight>,
+    tx: mpsc::Sender<OutFrame>,
+    peer: Arc<str>,
+    shutting_down: bool,
+}
+
+/// How long a closing connection waits for queued replies to be written.
+const WRITER_DRAIN_MS: u64 = 1_000;
+
+async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
+    let Connection { read, write, peer } = conn;
+    let max_frame_bytes = shared.config.max_frame_bytes;
+    // Bounded: each request queues at most one reply and the reader waits
+    // for room, so a peer that never reads cannot grow our memory.
+    let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));
+    let writer = tokio::spawn(write_loop(write, rx).in_current_span());
+    let in_flight = Arc::new(InFlight { tasks: Mutex::new(HashMap::new()), next_seq: 0.into(), idle: Notify::new() });
+    let abort_guard = AbortAllOnDrop(in_flight.clone());
+    let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone());
+    let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), shutting_down: *shutdown_rx.borrow() };
+    let mut protocol_error = false;
+    loop {
+        if state.shutting_down && state.in_flight.is_empty() {
+            break;
+        }
+        tokio::select! {
+            next = reader.next() => match next {
+                Ok(Some(frame)) => {
+                    if !state.on_frame(frame).await {
+                        protocol_error = true;
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // Logged once; the stream cannot be resynchronised.
+                    warn!(error = %e, "closing connection");
+                    protocol_error = matches!(e, RpcError::Frame(_));
+                    break;
+                }
+            },
+            _ = shutdown_rx.changed(), if !state.shutting_down => {
+                state.shutting_down = true;
+                if state.in_flight.is_empty() { break; }
+            }
+            _ = state.in_flight.idle.notified(), if state.shutting_down => {
+                if state.in_flight.is_empty() { break; }
+            }
+        }
+    }
+    drop(abort_guard);
+    drop(state);
+    if protocol_error {
+        writer.abort();
+    } else {
+        let grace = Duration::from_millis(WRITER_DRAIN_MS);
+        if tokio::time::timeout(grace, writer).await.is_err() {
+            debug!("writer did not drain in time");
+        }
+    }
+}
+
+impl ConnState {
+    /// Handles one frame; `false` means the peer broke the protocol and the
+    /// connection must close.
+    async fn on_frame(&mut self, frame: crate::frame::Frame) -> bool {
+        let id = frame.header.request_id;
+        match frame.header.kind {
+            FrameKind::Cancel => {
+                self.in_flight.cancel(id);
+                true
+            }
+            FrameKind::Response => {
+                warn!(request_id = id, "client sent a response frame");
+                false
+            }
+            FrameKind::Request => {
+                if let Err(status) = self.start_request(frame) {
+                    self.reply_error(id, status).await;
+                }
+                true
+            }
+        }
+    }
+
+    /// Starts the handler task, or says why the request is refused.
+    fn start_request(&mut self, frame: crate::frame::Frame) -> std::result::Result<(), Status> {
+        let header = frame.header;
+        if self.shutting_down {
+            return Err(Status::new(ErrorCode::ShuttingDown, "server is shutting down"));
+        }
+        let route = u16::try_from(header.code)
+            .ok()
+            .and_then(|id| self.shared.router.routes.get(&id).map(|r| (id, r)));
+        let Some((method_id, route)) = route else {
+            return Err(Status::new(ErrorCode::UnknownMethod, format!("unknown method id {}", header.code)));
+        };
+        let seq = self.reserve_slot(header.request_id)?;
+        let deadline = (header.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(header.timeout_ms.into()));
+        let ctx = RequestContext {
+            request_id: header.request_id,
+            method_id,
+            method_name: route.name,
+            peer: self.peer.clone(),
+            deadline,
+        };
+        let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
+        let fut = (route.handler)(ctx, frame.body, frame.payload);
+        let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);
+        let task = run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, guard);
+        let handle = tokio::spawn(task.instrument(span)).abort_handle();
+        self.in_flight.set_handle(header.request_id, seq, handle);
+        Ok(())
+    }
+
+    /// Reserves an in-flight slot (before the task exists, so the task's
+    /// removal always finds it) or refuses with `Overloaded`.
+    fn reserve_slot(&self, request_id: u64) -> std::result::Result<u64, Status> {
+        let mut tasks = self.in_flight.tasks.lock();
+        if tasks.len() >= self.shared.config.max_in_flight_per_connection {
+            return Err(Status::new(
+                ErrorCode::Overloaded,
+                format!("{} requests in flight on this connection", tasks.len()),
+            ));
+        }
+        if tasks.contains_key(&request_id) {
+            return Err(Status::new(ErrorCode::InvalidArgument, "request id already in flight"));
+        }
+        let seq = self.in_flight.next_seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tasks.insert(request_id, (seq, None));
+        Ok(seq)
+    }
+
+    async fn reply_error(&self, request_id: u64, status: Status) {
+        debug!(request_id, code = ?status.code, "refusing request");
+        let frame = error_frame(request_id, &status);
+        let _ = self.tx.send(frame).await;
+    }
+}
+
+async fn run_handler(
+    fut: BoxFuture,
+    deadline: Option<Instant>,
+    request_id: u64,
+    tx: mpsc::Sender<OutFrame>,
+    max_frame_bytes: usize,
+    guard: RemoveOnDrop,
+) {
+    let fut = AssertUnwindSafe(fut).catch_unwind();
+    let outcome = match deadline {
+        Some(at) => tokio::time::timeout_at(at, fut).await.ok(),
+        None => Some(fut.await),
+    };
+    let result = match outcome {
+        None => Err(Status::new(ErrorCode::DeadlineExceeded, "handler deadline exceeded")),
+        Some(Err(_panic)) => {
+            warn!("handler panicked");
+            Err(Status::new(ErrorCode::Internal, "handler panicked"))
+        }
+        Some(Ok(result)) => result,
+    };
+    let frame = match result {
+        Ok((body, payload)) => {
+            OutFrame::build(FrameKind::Response, request_id, STATUS_OK, 0, &body, payload, max_frame_bytes).unwrap_or_else(
+                |e| error_frame(request_id, &Status::new(ErrorCode::FrameTooLarge, e.to_string())),
+            )
+        }
+        Err(status) => error_frame(request_id, &status),
+    };
+    let _ = tx.send(frame).await;
+    drop(guard);
+}
+
+/// Longest error message sent back; longer ones are truncated.
+const MAX_ERROR_MESSAGE_BYTES: usize = 4096;
+
+/// An error response: the body is the UTF-8 message, truncated to
+/// [`MAX_ERROR_MESSAGE_BYTES`] so the frame is always small.
+fn error_frame(request_id: u64, status: &Status) -> OutFrame {
+    let mut end = status.message.len().min(MAX_ERROR_MESSAGE_BYTES);
+    while !status.message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let msg = &status.message.as_bytes()[..end];
+    let header = FrameHeader {
+        kind: FrameKind::Response,
+        flags: 0,
+        request_id,
+        code: status.code.as_u32(),
+        timeout_ms: 0,
+        // Cannot truncate: end <= MAX_ERROR_MESSAGE_BYTES.
+        body_len: end as u32,
+        payload_len: 0,
+    };
+    OutFrame { head: encode_head(&header, msg), payload: Bytes::new() }
+}

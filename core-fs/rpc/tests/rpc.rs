@@ -1,0 +1,332 @@
+//! Loopback tests of client and server together. Every wait is bounded.
+
+use bytes::Bytes;
+use fskv_rpc::frame::{FrameHeader, FrameKind, HEADER_BYTES};
+use fskv_rpc::{CallOptions, ClientConfig, ErrorCode, Method, RpcClient, RpcError, Router, Server, ServerConfig, Status, TcpTransport};
+use rand::Rng;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Echo;
+impl Method for Echo {
+    const ID: u16 = 1;
+    const NAME: &'static str = "test.Echo";
+    type Req = String;
+    type Resp = String;
+}
+
+/// Sleeps the requested microseconds, answers `n * 2`, echoes the payload.
+struct Sleepy;
+impl Method for Sleepy {
+    const ID: u16 = 2;
+    const NAME: &'static str = "test.Sleepy";
+    type Req = (u64, u64);
+    type Resp = u64;
+}
+
+/// Never answers; records start and abort.
+struct Block;
+impl Method for Block {
+    const ID: u16 = 3;
+    const NAME: &'static str = "test.Block";
+    type Req = ();
+    type Resp = ();
+}
+
+/// Not served by the test server.
+struct Missing;
+impl Method for Missing {
+    const ID: u16 = 99;
+    const NAME: &'static str = "test.Missing";
+    type Req = ();
+    type Resp = ();
+}
+
+/// Same id as `Sleepy` but a body the server cannot decode as `(u64, u64)`.
+struct SleepyWrongBody;
+impl Method for SleepyWrongBody {
+    const ID: u16 = 2;
+    const NAME: &'static str = "test.SleepyWrongBody";
+    type Req = u8;
+    type Resp = u64;
+}
+
+#[derive(Default)]
+struct Probe {
+    started: AtomicUsize,
+    aborted: AtomicUsize,
+}
+
+struct CountOnDrop(Arc<Probe>);
+impl Drop for CountOnDrop {
+    fn drop(&mut self) {
+        self.0.aborted.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn router(probe: Arc<Probe>) -> Router {
+    Router::new()
+        .route::<Echo, _, _>(|_ctx, req, payload| async move { Ok((req, payload)) })
+        .route::<Sleepy, _, _>(|_ctx, (n, sleep_us), payload| async move {
+            tokio::time::sleep(Duration::from_micros(sleep_us)).await;
+            Ok((n * 2, payload))
+        })
+        .route::<Block, _, _>(move |_ctx, (), _payload| {
+            let probe = probe.clone();
+            async move {
+                let _guard = CountOnDrop(probe.clone());
+                probe.started.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                Ok::<_, Status>(((), Bytes::new()))
+            }
+        })
+}
+
+async fn start(config: ServerConfig) -> (Server, Arc<Probe>) {
+    start_at("127.0.0.1:0", config).await
+}
+
+async fn start_at(addr: &str, config: ServerConfig) -> (Server, Arc<Probe>) {
+    let probe = Arc::new(Probe::default());
+    let server = Server::bind(Arc::new(TcpTransport::new()), addr, router(probe.clone()), config).await.unwrap();
+    (server, probe)
+}
+
+fn client(config: ClientConfig) -> RpcClient {
+    RpcClient::new(Arc::new(TcpTransport::new()), config)
+}
+
+fn one_conn() -> ClientConfig {
+    ClientConfig { connections_per_addr: 1, ..ClientConfig::default() }
+}
+
+fn opts_ms(timeout_ms: u64) -> CallOptions {
+    CallOptions { timeout_ms }
+}
+
+/// Polls `cond` every 5 ms for at most 3 s.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..600 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+#[tokio::test]
+async fn round_trip_with_payload() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let c = client(ClientConfig::default());
+    let payload = Bytes::from((0..1_000_000u32).map(|i| i as u8).collect::<Vec<_>>());
+    let (resp, back) = c.call::<Echo>(server.local_addr(), &"hello".to_string(), payload.clone(), opts_ms(5_000)).await.unwrap();
+    assert_eq!(resp, "hello");
+    assert_eq!(back, payload);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_calls_on_one_connection_out_of_order() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let c = client(ClientConfig { max_in_flight_per_connection: 2048, ..one_conn() });
+    let addr = server.local_addr().to_string();
+    let calls = (0..1000u64).map(|i| {
+        let c = c.clone();
+        let addr = addr.clone();
+        let sleep_us = rand::thread_rng().gen_range(0..2_000);
+        async move {
+            let payload = Bytes::from(vec![i as u8; (i % 97) as usize]);
+            let (resp, back) = c.call::<Sleepy>(&addr, &(i, sleep_us), payload.clone(), opts_ms(10_000)).await.unwrap();
+            assert_eq!(resp, i * 2, "reply matched to the wrong call");
+            assert_eq!(back, payload);
+        }
+    });
+    futures::future::join_all(calls).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn deadline_exceeded_and_handler_is_cancelled() {
+    let (server, probe) = start(ServerConfig::default()).await;
+    let c = client(one_conn());
+    let err = c.call::<Block>(server.local_addr(), &(), Bytes::new(), opts_ms(100)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(err.is_retryable());
+    assert_eq!(probe.started.load(Ordering::SeqCst), 1);
+    eventually("server handler aborted", || probe.aborted.load(Ordering::SeqCst) == 1).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn dropping_the_call_future_cancels_the_server_handler() {
+    let (server, probe) = start(ServerConfig::default()).await;
+    let c = client(one_conn());
+    let addr = server.local_addr().to_string();
+    // No deadline: only the Cancel frame can stop the handler.
+    let call = tokio::spawn({
+        let c = c.clone();
+        async move { c.call::<Block>(&addr, &(), Bytes::new(), opts_ms(0)).await }
+    });
+    eventually("handler started", || probe.started.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(probe.aborted.load(Ordering::SeqCst), 0);
+    call.abort();
+    eventually("server handler aborted", || probe.aborted.load(Ordering::SeqCst) == 1).await;
+    // The connection is still usable.
+    let (resp, _) = c.call::<Echo>(server.local_addr(), &"after".into(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    assert_eq!(resp, "after");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn oversized_frame_rejected_before_writing() {
+    let c = client(ClientConfig { max_frame_bytes: 1 << 20, ..ClientConfig::default() });
+    // Nothing listens on port 1: the error proves no connection was tried.
+    let err = c.call::<Echo>("127.0.0.1:1", &"x".into(), Bytes::from(vec![0u8; 2 << 20]), opts_ms(1_000)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FrameTooLarge);
+}
+
+#[tokio::test]
+async fn oversized_frame_header_closes_the_server_connection() {
+    let (server, _) = start(ServerConfig { max_frame_bytes: 1 << 20, ..ServerConfig::default() }).await;
+    let mut sock = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    let header = FrameHeader {
+        kind: FrameKind::Request,
+        flags: 0,
+        request_id: 1,
+        code: u32::from(Echo::ID),
+        timeout_ms: 0,
+        body_len: 512 << 20,
+        payload_len: u32::MAX,
+    };
+    let mut raw = Vec::with_capacity(HEADER_BYTES);
+    header.encode(&mut raw);
+    sock.write_all(&raw).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(3), sock.read(&mut buf)).await.expect("server did not close");
+    assert!(matches!(read, Ok(0) | Err(_)), "expected the connection to close, got {read:?}");
+    // The server still serves others.
+    let c = client(one_conn());
+    c.call::<Echo>(server.local_addr(), &"ok".into(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_magic_closes_the_server_connection() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let mut sock = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    sock.write_all(&[0xAB; 64]).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(3), sock.read(&mut buf)).await.expect("server did not close");
+    assert!(matches!(read, Ok(0) | Err(_)));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_method_keeps_connection() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let c = client(one_conn());
+    let err = c.call::<Missing>(server.local_addr(), &(), Bytes::new(), opts_ms(5_000)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::UnknownMethod);
+    assert!(!err.is_retryable());
+    c.call::<Echo>(server.local_addr(), &"still up".into(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_body_keeps_connection() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let c = client(one_conn());
+    let err = c.call::<SleepyWrongBody>(server.local_addr(), &7u8, Bytes::new(), opts_ms(5_000)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::MalformedMessage);
+    let (resp, _) = c.call::<Sleepy>(server.local_addr(), &(21, 0), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    assert_eq!(resp, 42);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn connection_refused_is_retryable_connection_failed() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let c = client(ClientConfig::default());
+    let err = c.call::<Echo>(&format!("127.0.0.1:{port}"), &"x".into(), Bytes::new(), opts_ms(2_000)).await.unwrap_err();
+    assert!(matches!(err, RpcError::ConnectionFailed { .. }), "{err:?}");
+    assert_eq!(err.code(), ErrorCode::ConnectionFailed);
+    assert!(err.is_retryable());
+}
+
+#[tokio::test]
+async fn server_restart_on_same_port_reconnects() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let addr = server.local_addr().to_string();
+    let c = client(one_conn());
+    c.call::<Echo>(&addr, &"first".into(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    server.shutdown().await;
+    let (server, _) = start_at(&addr, ServerConfig::default()).await;
+    // The client learns of the old connection's end from its reader task;
+    // give it a moment to observe the close.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (resp, _) = c.call::<Echo>(&addr, &"second".into(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    assert_eq!(resp, "second");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn broken_connection_fails_pending_calls() {
+    let (server, probe) = start(ServerConfig { shutdown_grace_ms: 50, ..ServerConfig::default() }).await;
+    let addr = server.local_addr().to_string();
+    let c = client(one_conn());
+    let call = tokio::spawn({
+        let c = c.clone();
+        let addr = addr.clone();
+        async move { c.call::<Block>(&addr, &(), Bytes::new(), opts_ms(0)).await }
+    });
+    eventually("handler started", || probe.started.load(Ordering::SeqCst) == 1).await;
+    drop(server); // aborts everything: the connection breaks
+    let err = tokio::time::timeout(Duration::from_secs(3), call).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(err.code(), ErrorCode::ConnectionFailed);
+}
+
+#[tokio::test]
+async fn in_flight_limit_answers_overloaded() {
+    let (server, probe) = start(ServerConfig { max_in_flight_per_connection: 2, ..ServerConfig::default() }).await;
+    let addr = server.local_addr().to_string();
+    let c = client(one_conn());
+    let blocked: Vec<_> = (0..2)
+        .map(|_| {
+            let c = c.clone();
+            let addr = addr.clone();
+            tokio::spawn(async move { c.call::<Block>(&addr, &(), Bytes::new(), opts_ms(0)).await })
+        })
+        .collect();
+    eventually("two handlers started", || probe.started.load(Ordering::SeqCst) == 2).await;
+    let err = c.call::<Echo>(&addr, &"x".into(), Bytes::new(), opts_ms(5_000)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Overloaded);
+    assert!(err.is_retryable());
+    for b in blocked {
+        b.abort();
+    }
+    eventually("blocked handlers aborted", || probe.aborted.load(Ordering::SeqCst) == 2).await;
+    c.call::<Echo>(&addr, &"x".into(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_lets_in_flight_requests_finish() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let addr = server.local_addr().to_string();
+    let c = client(one_conn());
+    let call = tokio::spawn({
+        let c = c.clone();
+        let addr = addr.clone();
+        async move { c.call::<Sleepy>(&addr, &(5, 200_000), Bytes::new(), opts_ms(5_000)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.shutdown().await;
+    let (resp, _) = call.await.unwrap().unwrap();
+    assert_eq!(resp, 10);
+}
