@@ -7,8 +7,22 @@ use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
+    /// 1 MiB and 64 B RPC calls over loopback vs iperf3's single-stream loopback throughput.
+    Rpc(RpcArgs),
     /// Small-transaction commits/s of the embedded KV engine vs raw RocksDB write batches.
     Kv(KvArgs),
+}
+
+#[derive(Args)]
+pub struct RpcArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Concurrent callers of the "many callers" runs.
+    #[arg(long, default_value_t = 16)]
+    callers: usize,
+    /// Skip the iperf3 baseline.
+    #[arg(long)]
+    no_iperf3: bool,
 }
 
 #[derive(Args)]
@@ -43,6 +57,18 @@ fn emit<T: std::fmt::Display + serde::Serialize>(report: &T, json: Option<&PathB
 
 pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Rpc(a) => {
+            let opts = fskv_rpc::bench::BenchOptions {
+                seconds: a.common.seconds.ceil().max(1.0) as u64,
+                concurrent_callers: a.callers.max(1),
+                connections_per_addr: config.rpc.connections_per_peer,
+                run_iperf3: !a.no_iperf3,
+                ..Default::default()
+            };
+            eprintln!("bench rpc: {} s per measurement, 1 and {} callers ...", opts.seconds, opts.concurrent_callers);
+            let report = fskv_rpc::bench::run(opts).await?;
+            emit(&report, a.common.json.as_ref())
+        }
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

@@ -48,19 +48,13 @@ data_dir = "./data"
 base_port = 9000
 "#;
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub log: LogConfig,
     pub kv: KvConfig,
     pub rpc: RpcConfig,
     pub up: UpConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config { log: LogConfig::default(), kv: KvConfig::default(), rpc: RpcConfig::default(), up: UpConfig::default() }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -268,7 +268,7 @@ impl<S: Store> LocalTransaction<S> {
             let (page, page_more) = snap.range(&lo, &hi, page_rows, reverse)?;
             // Rows up to `boundary` (inclusive) are fully known: merge own writes up to it.
             let boundary = if page_more { page.last().map(|(k, _)| k.clone()) } else { None };
-            let within = |k: &[u8]| boundary.as_ref().map_or(true, |b| !before(b, k));
+            let within = |k: &[u8]| boundary.as_ref().is_none_or(|b| !before(b, k));
             let mut page_i = 0;
             loop {
                 let next_own = own.get(own_i).filter(|(k, _)| within(k));
@@ -574,7 +574,7 @@ impl<S: Store> BatchView<'_, S> {
             }
         }
         for (b, e) in ranges {
-            self.written.retain(|k, _| !(&b <= k && k < &e));
+            self.written.retain(|k, _| !(b <= *k && *k < e));
             self.cleared.push((b, e));
         }
         self.written.extend(effects);

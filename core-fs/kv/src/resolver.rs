@@ -102,7 +102,7 @@ impl Resolver {
     /// Records the writes of a transaction committed at `version`.
     /// Versions must be recorded in increasing order.
     pub fn record(&mut self, version: u64, writes: &ConflictSet, now_ms: u64) {
-        debug_assert!(self.history.back().map_or(true, |h| h.version < version));
+        debug_assert!(self.history.back().is_none_or(|h| h.version < version));
         for key in &writes.points {
             self.point_writes.insert(key.clone(), version);
         }
