@@ -373,7 +373,15 @@ impl ChunkEngine {
             }
             UpdateKind::Remove => unreachable!("remove has no content"),
         };
-        if let Some(h) = base_handle {
+        // Bytes past the committed end of the block belong to an in-place
+        // pending version if there is one; overwriting them before the new
+        // record commits would corrupt that version after a crash, so then
+        // we copy instead.
+        let tail_in_use = old.is_some_and(|c| match (&c.pending_block, base_handle) {
+            (Some(p), Some(b)) => Arc::ptr_eq(p, b),
+            _ => false,
+        });
+        if let (Some(h), false) = (base_handle, tail_in_use) {
             let appends = offset_bytes == base_len && new_len >= base_len;
             if appends && new_len <= h.class().block_bytes() {
                 return self.append_in_place(chunk, base, h, new_len, data, tag);
