@@ -18,7 +18,6 @@ use crate::engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateReque
 use crate::meta::UpdateTag;
 use anyhow::{bail, Context};
 use fskv_types::{ChunkId, InodeId};
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -42,6 +41,9 @@ pub struct ChunkBenchOptions {
     pub sync_writes: bool,
     /// Run fio (installing it with apt-get when missing and root).
     pub run_fio: bool,
+    /// Rounds; each round runs every workload on the engine then on fio,
+    /// and the report gives medians.
+    pub rounds: u64,
 }
 
 impl Default for ChunkBenchOptions {
@@ -52,6 +54,7 @@ impl Default for ChunkBenchOptions {
             data_bytes: 256 * MIB,
             sync_writes: false,
             run_fio: true,
+            rounds: 3,
         }
     }
 }
@@ -66,8 +69,10 @@ pub struct WorkloadResult {
     pub engine_mib_s: f64,
     pub fio_iops: Option<f64>,
     pub fio_mib_s: Option<f64>,
-    /// engine / fio throughput.
+    /// engine / fio throughput (medians over rounds).
     pub ratio: Option<f64>,
+    /// engine / fio per round, for judging the noise.
+    pub round_ratios: Vec<f64>,
 }
 
 /// The whole report.
@@ -94,18 +99,23 @@ impl fmt::Display for ChunkBenchReport {
             self.data_bytes / MIB,
             self.fio_version.as_deref().unwrap_or("not run")
         )?;
-        writeln!(f, "{:<14} {:>12} {:>12} {:>12} {:>12} {:>7}", "workload", "engine IOPS", "engine MiB/s", "fio IOPS", "fio MiB/s", "ratio")?;
+        writeln!(
+            f,
+            "{:<14} {:>12} {:>12} {:>12} {:>12} {:>7}  per-round ratios",
+            "workload", "engine IOPS", "engine MiB/s", "fio IOPS", "fio MiB/s", "ratio"
+        )?;
         for w in &self.workloads {
             let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
             writeln!(
                 f,
-                "{:<14} {:>12.0} {:>12.1} {:>12} {:>12} {:>7}",
+                "{:<14} {:>12.0} {:>12.1} {:>12} {:>12} {:>7}  {:?}",
                 w.name,
                 w.engine_iops,
                 w.engine_mib_s,
                 opt(w.fio_iops),
                 w.fio_mib_s.map_or("-".to_string(), |v| format!("{v:.1}")),
-                w.ratio.map_or("-".to_string(), |v| format!("{v:.2}"))
+                w.ratio.map_or("-".to_string(), |v| format!("{v:.2}")),
+                w.round_ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>()
             )?;
         }
         Ok(())
@@ -129,26 +139,44 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
     std::fs::create_dir_all(&fio_dir)?;
     let engine = ChunkEngine::open(&engine_dir, EngineConfig { sync_writes: opts.sync_writes, ..EngineConfig::default() })?;
     let limit = Duration::from_secs_f64(opts.seconds_per_workload.max(0.1));
-    let mut workloads = Vec::new();
-
-    let (ops, secs) = engine_seq_write(&engine, opts.data_bytes, limit)?;
-    let written = ops * MIB;
-    let fio_seq = fio.as_ref().map(|_| fio_job(&fio_dir, "seq", "write", MIB, written, None, opts.sync_writes)).transpose()?;
-    workloads.push(result("seq_write_1m", MIB, ops, secs, fio_seq));
-
-    let (ops, secs) = engine_append(&engine, opts.data_bytes, limit)?;
-    let fio_app = fio
-        .as_ref()
-        .map(|_| fio_job(&fio_dir, "append", "write", 64 * 1024, ops * 64 * 1024, None, opts.sync_writes))
-        .transpose()?;
-    workloads.push(result("append_64k", 64 * 1024, ops, secs, fio_app));
-
-    let (ops, secs) = engine_randread(&engine, written / MIB, limit)?;
-    let fio_rr = fio
-        .as_ref()
-        .map(|_| fio_job(&fio_dir, "seq", "randread", 4096, written, Some(opts.seconds_per_workload), false))
-        .transpose()?;
-    workloads.push(result("randread_4k", 4096, ops, secs, fio_rr));
+    let rounds = opts.rounds.max(1);
+    let fio_on = fio.is_some();
+    let mut seq = Samples::default();
+    let mut app = Samples::default();
+    let mut rr = Samples::default();
+    let mut seq_chunks = 0;
+    for round in 0..rounds {
+        // 1 MiB sequential writes; round 0's data feeds the read workload.
+        let (ops, secs) = engine_seq_write(&engine, InodeId(100 + round), opts.data_bytes, limit)?;
+        seq_chunks = if round == 0 { ops } else { seq_chunks };
+        seq.engine.push(ops as f64 / secs.max(1e-9));
+        seq.engine_ops += ops;
+        if fio_on {
+            let f = fio_job(&fio_dir, &format!("seq-{round}"), "write", MIB, ops * MIB, None, opts.sync_writes)?;
+            seq.fio.push(f.iops);
+        }
+        // 64 KiB appends.
+        let (ops, secs) = engine_append(&engine, InodeId(200 + round), opts.data_bytes, limit)?;
+        app.engine.push(ops as f64 / secs.max(1e-9));
+        app.engine_ops += ops;
+        if fio_on {
+            let f = fio_job(&fio_dir, &format!("append-{round}"), "write", 64 * 1024, ops * 64 * 1024, None, opts.sync_writes)?;
+            app.fio.push(f.iops);
+        }
+        // 4 KiB random reads over round 0's sequential data on both sides.
+        let (ops, secs) = engine_randread(&engine, InodeId(100), seq_chunks, limit)?;
+        rr.engine.push(ops as f64 / secs.max(1e-9));
+        rr.engine_ops += ops;
+        if fio_on {
+            let f = fio_job(&fio_dir, "seq-0", "randread", 4096, seq_chunks * MIB, Some(opts.seconds_per_workload), false)?;
+            rr.fio.push(f.iops);
+        }
+    }
+    let workloads = vec![
+        seq.result("seq_write_1m", MIB),
+        app.result("append_64k", 64 * 1024),
+        rr.result("randread_4k", 4096),
+    ];
 
     drop(engine);
     Ok(ChunkBenchReport {
@@ -162,18 +190,37 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
     })
 }
 
-fn result(name: &str, block_bytes: u64, ops: u64, secs: f64, fio: Option<FioFigures>) -> WorkloadResult {
-    let engine_iops = ops as f64 / secs.max(1e-9);
-    let engine_mib_s = engine_iops * block_bytes as f64 / MIB as f64;
-    WorkloadResult {
-        name: name.into(),
-        block_bytes,
-        engine_ops: ops,
-        engine_iops,
-        engine_mib_s,
-        fio_iops: fio.as_ref().map(|f| f.iops),
-        fio_mib_s: fio.as_ref().map(|f| f.bw_bytes / MIB as f64),
-        ratio: fio.as_ref().filter(|f| f.iops > 0.0).map(|f| engine_iops / f.iops),
+/// Per-round IOPS of one workload on both sides.
+#[derive(Default)]
+struct Samples {
+    engine: Vec<f64>,
+    fio: Vec<f64>,
+    engine_ops: u64,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+impl Samples {
+    fn result(&self, name: &str, block_bytes: u64) -> WorkloadResult {
+        let engine_iops = median(&self.engine).unwrap_or(0.0);
+        let fio_iops = median(&self.fio);
+        let to_mib_s = |iops: f64| iops * block_bytes as f64 / MIB as f64;
+        let round_ratios = self.engine.iter().zip(&self.fio).map(|(e, f)| e / f.max(1e-9)).collect();
+        WorkloadResult {
+            name: name.into(),
+            block_bytes,
+            engine_ops: self.engine_ops,
+            engine_iops,
+            engine_mib_s: to_mib_s(engine_iops),
+            fio_iops,
+            fio_mib_s: fio_iops.map(to_mib_s),
+            ratio: fio_iops.filter(|f| *f > 0.0).map(|f| engine_iops / f),
+            round_ratios,
+        }
     }
 }
 
@@ -194,27 +241,27 @@ fn flush_page_cache_dirt() {
 }
 
 /// Whole 1 MiB chunks, one per write. Returns (ops, seconds).
-fn engine_seq_write(engine: &ChunkEngine, data_bytes: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
+fn engine_seq_write(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
     let buf = pattern(MIB as usize, 1);
     flush_page_cache_dirt();
     let start = Instant::now();
     let mut ops = 0;
     while ops < data_bytes / MIB && start.elapsed() < limit {
-        write_commit(engine, ChunkId::new(InodeId(1), ops), 0, &buf, ops + 1)?;
+        write_commit(engine, ChunkId::new(inode, ops), 0, &buf, ops + 1)?;
         ops += 1;
     }
     Ok((ops, start.elapsed().as_secs_f64()))
 }
 
 /// 64 KiB appends filling 4 MiB chunks. Returns (ops, seconds).
-fn engine_append(engine: &ChunkEngine, data_bytes: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
+fn engine_append(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
     let piece = pattern(64 * 1024, 2);
     let per_chunk = 4 * MIB / piece.len() as u64;
     flush_page_cache_dirt();
     let start = Instant::now();
     let mut ops = 0;
     while ops < data_bytes / piece.len() as u64 && start.elapsed() < limit {
-        let chunk = ChunkId::new(InodeId(2), ops / per_chunk);
+        let chunk = ChunkId::new(inode, ops / per_chunk);
         let offset = (ops % per_chunk) * piece.len() as u64;
         write_commit(engine, chunk, offset, &piece, ops + 1)?;
         ops += 1;
@@ -223,18 +270,18 @@ fn engine_append(engine: &ChunkEngine, data_bytes: u64, limit: Duration) -> anyh
 }
 
 /// 4 KiB aligned random reads over `chunks` 1 MiB chunks. Returns (ops, seconds).
-fn engine_randread(engine: &ChunkEngine, chunks: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
+fn engine_randread(engine: &ChunkEngine, inode: InodeId, chunks: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
     if chunks == 0 {
         bail!("no data to read");
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     flush_page_cache_dirt();
     let start = Instant::now();
     let mut ops = 0u64;
     while start.elapsed() < limit {
         for _ in 0..256 {
-            let chunk = ChunkId::new(InodeId(1), rng.gen_range(0..chunks));
-            let offset = rng.gen_range(0..MIB / 4096) * 4096;
+            let chunk = ChunkId::new(inode, rng.below(chunks));
+            let offset = rng.below(MIB / 4096) * 4096;
             let r = engine.read(chunk, offset, 4096, ReadMode::Strict)?;
             if r.data.len() != 4096 {
                 bail!("short read of {chunk}");
@@ -243,6 +290,19 @@ fn engine_randread(engine: &ChunkEngine, chunks: u64, limit: Duration) -> anyhow
         }
     }
     Ok((ops, start.elapsed().as_secs_f64()))
+}
+
+/// A cheap PRNG so the read loop measures the engine, as fio's own
+/// generator is cheap too.
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -283,7 +343,6 @@ fn ensure_fio() -> Option<String> {
 
 struct FioFigures {
     iops: f64,
-    bw_bytes: f64,
 }
 
 /// Runs one fio job (psync, one thread, buffered) and returns its figures.
@@ -303,7 +362,7 @@ fn fio_job(
         .arg(format!("--rw={rw}"))
         .arg(format!("--bs={bs}"))
         .arg(format!("--size={}", size_bytes.max(bs)))
-        .args(["--ioengine=psync", "--numjobs=1", "--output-format=json", "--randrepeat=0"]);
+        .args(["--ioengine=psync", "--numjobs=1", "--output-format=json", "--randrepeat=0", "--invalidate=0"]);
     if let Some(s) = runtime_s {
         cmd.arg(format!("--runtime={}", s.ceil().max(1.0) as u64)).arg("--time_based");
     }
@@ -322,7 +381,7 @@ fn parse_fio(stdout: &str, side: &str) -> anyhow::Result<FioFigures> {
     let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).context("parsing fio JSON")?;
     let job = v.get("jobs").and_then(|j| j.get(0)).and_then(|j| j.get(side)).context("fio JSON without jobs[0]")?;
     let num = |k: &str| job.get(k).and_then(serde_json::Value::as_f64).with_context(|| format!("fio JSON without {side}.{k}"));
-    Ok(FioFigures { iops: num("iops")?, bw_bytes: num("bw_bytes")? })
+    Ok(FioFigures { iops: num("iops")? })
 }
 
 #[cfg(test)]
@@ -346,6 +405,7 @@ mod tests {
             data_bytes: 8 * MIB,
             sync_writes: false,
             run_fio: false,
+            rounds: 1,
         };
         let report = run(opts).expect("bench");
         assert_eq!(report.workloads.len(), 3);

@@ -14,9 +14,8 @@ use crate::meta::{chunk_from_key, chunk_key, BlockRef, ChunkMeta, PendingState, 
 use fskv_types::{ChunkId, InodeId};
 use parking_lot::{Mutex, RwLock};
 use rocksdb::{WriteBatch, WriteOptions, DB};
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -170,14 +169,37 @@ pub struct ChunkEngine {
     config: EngineConfig,
     db: Arc<DB>,
     alloc: Arc<Allocator>,
-    cache: Vec<RwLock<HashMap<ChunkId, Arc<Cached>>>>,
+    cache: Vec<RwLock<ChunkMap<Arc<Cached>>>>,
     locks: Vec<Mutex<()>>,
     crash_point: Mutex<Option<CrashPoint>>,
     poisoned: AtomicBool,
 }
 
+/// A fast multiplicative hasher for chunk ids (not DoS-resistant; chunk ids
+/// are assigned by the metadata service, not chosen by clients).
+#[derive(Default, Clone, Copy)]
+struct ChunkIdHasher(u64);
+
+impl Hasher for ChunkIdHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type ChunkMap<V> = HashMap<ChunkId, V, BuildHasherDefault<ChunkIdHasher>>;
+
 fn shard_of(id: ChunkId, n: usize) -> usize {
-    let mut h = DefaultHasher::new();
+    let mut h = ChunkIdHasher::default();
     id.hash(&mut h);
     (h.finish() as usize) % n
 }
@@ -223,7 +245,7 @@ impl ChunkEngine {
             config,
             db,
             alloc,
-            cache: (0..CACHE_SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            cache: (0..CACHE_SHARDS).map(|_| RwLock::new(ChunkMap::default())).collect(),
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             crash_point: Mutex::new(None),
             poisoned: AtomicBool::new(false),
