@@ -191,6 +191,8 @@ impl Allocator {
         let file = pool.file(first.file_index)?;
         fallocate(file, first.offset_bytes, len_bytes)
             .map_err(|e| ChunkError::io(format!("fallocate {len_bytes} bytes in class {}", pool.class.raw()), e))?;
+        // The new file size must be durable before the record that relies on it.
+        file.sync_all().map_err(|e| ChunkError::io("fsync after fallocate", e))?;
         self.fallocate_calls.fetch_add(1, Ordering::Relaxed);
         let mut wo = WriteOptions::default();
         wo.set_sync(true);

@@ -301,6 +301,7 @@ impl ChunkEngine {
     /// Reads up to `len_bytes` at `offset_bytes` (short at the chunk end),
     /// verifying the page checksums of every page touched.
     pub fn read(&self, chunk: ChunkId, offset_bytes: u64, len_bytes: u64, mode: ReadMode) -> Result<ReadResult> {
+        let _span = tracing::trace_span!("chunk_read", chunk = %chunk, offset_bytes, len_bytes).entered();
         let cached = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
         let (version, content, handle, uncommitted) = select_version(chunk, &cached, mode)?;
         let data = read_range(chunk, content, handle, offset_bytes, len_bytes)?;
@@ -341,7 +342,7 @@ impl ChunkEngine {
         }
         let (state, handle, in_place) = match req.kind {
             UpdateKind::Remove => {
-                if old.as_ref().map_or(true, |c| c.meta.committed_ver == 0) {
+                if !matches!(old.as_deref(), Some(c) if c.meta.committed_ver > 0) {
                     return Err(ChunkError::NotFound(req.chunk));
                 }
                 (PendingState::Removed { tag: req.tag }, None, false)
