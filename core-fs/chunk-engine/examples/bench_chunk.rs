@@ -1,5 +1,5 @@
 //! Stand-in for `fskv bench chunk` until the CLI exists:
-//! `cargo run --release -p fskv-chunk-engine --example bench_chunk -- [DIR] [SECONDS] [MIB] [--sync]`
+//! `cargo run --release -p fskv-chunk-engine --example bench_chunk -- [DIR] [SECONDS] [MIB] [ROUNDS] [--sync]`
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -13,6 +13,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(m) = positional.get(2) {
         opts.data_bytes = m.parse::<u64>()? * 1024 * 1024;
+    }
+    if let Some(r) = positional.get(3) {
+        opts.rounds = r.parse()?;
     }
     opts.sync_writes = args.iter().any(|a| a == "--sync");
     let report = fskv_chunk_engine::bench::run(opts)?;

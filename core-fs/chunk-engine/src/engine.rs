@@ -8,6 +8,7 @@
 //! of an old version keeps its block alive until it is done.
 
 use crate::alloc::{Allocator, BlockHandle, PoolStats};
+use crate::checksum;
 use crate::error::{ChunkError, Result};
 use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
 use crate::meta::{chunk_from_key, chunk_key, BlockRef, ChunkMeta, PendingState, UpdateTag, VersionData, CHUNK_KEY_PREFIX};
@@ -206,23 +207,6 @@ fn shard_of(id: ChunkId, n: usize) -> usize {
 
 fn class_of(b: BlockRef) -> Result<SizeClass> {
     SizeClass::new(b.class).ok_or_else(|| ChunkError::CorruptMetadata(format!("size class {}", b.class)))
-}
-
-fn page_crcs(data: &[u8], page_bytes: u64) -> Vec<u32> {
-    data.chunks(page_bytes as usize).map(crc32c::crc32c).collect()
-}
-
-/// Extends a page checksum table of `old_len` bytes with `data` appended.
-fn extend_page_crcs(crcs: &mut Vec<u32>, old_len_bytes: u64, data: &[u8], page_bytes: u64) {
-    let partial = (old_len_bytes % page_bytes) as usize;
-    let mut rest = data;
-    if partial != 0 {
-        let fill = (page_bytes as usize - partial).min(rest.len());
-        let last = crcs.pop().unwrap_or(0);
-        crcs.push(crc32c::crc32c_append(last, &rest[..fill]));
-        rest = &rest[fill..];
-    }
-    crcs.extend(page_crcs(rest, page_bytes));
 }
 
 impl ChunkEngine {
@@ -438,11 +422,11 @@ impl ChunkEngine {
         self.sync_data(handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
         let mut page_crcs = base.page_crcs.clone();
-        extend_page_crcs(&mut page_crcs, base_len, tail, handle.class().crc_page_bytes());
+        let crc = checksum::extend(&mut page_crcs, base.crc, base_len, tail, handle.class().crc_page_bytes());
         let data = VersionData {
             block: base.block,
             len_bytes: new_len as u32,
-            crc: crc32c::crc32c_append(base.crc, tail),
+            crc,
             tag,
             page_crcs,
         };
@@ -488,12 +472,13 @@ impl ChunkEngine {
         handle.write_at(0, &buf)?;
         self.sync_data(&handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
+        let (page_crcs, crc) = checksum::of(&buf, class.crc_page_bytes());
         let data = VersionData {
             block: Some(BlockRef { class: class.raw(), index: handle.index() }),
             len_bytes: len as u32,
-            crc: crc32c::crc32c(&buf),
+            crc,
             tag,
-            page_crcs: page_crcs(&buf, class.crc_page_bytes()),
+            page_crcs,
         };
         tracing::trace!(%chunk, len, ?handle, "copy-on-write block");
         Ok(NewContent { data, handle: block.keep(), in_place: false })

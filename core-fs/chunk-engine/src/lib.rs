@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod checksum;
 pub mod engine;
 pub mod error;
 pub mod layout;
