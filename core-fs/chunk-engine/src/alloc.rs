@@ -184,6 +184,19 @@ impl Allocator {
         Ok(Arc::new(BlockHandle { class, idx, alloc: Arc::clone(self), retired: AtomicBool::new(false) }))
     }
 
+    /// Grows the pool of `class` (whole growth steps) until at least
+    /// `free_blocks` blocks are free. Returns the number of growth steps.
+    pub fn reserve(&self, class: SizeClass, free_blocks: u64) -> Result<u64> {
+        let pool = &self.pools[class.index()];
+        let mut st = pool.state.lock();
+        let mut steps = 0;
+        while st.bitmap.len_bits - st.bitmap.used_bits < free_blocks {
+            self.grow(pool, &mut st)?;
+            steps += 1;
+        }
+        Ok(steps)
+    }
+
     fn grow(&self, pool: &Pool, st: &mut PoolState) -> Result<()> {
         let step = st.grow_steps;
         let first = locate(pool.class, step * self.blocks_per_grow, self.blocks_per_grow);

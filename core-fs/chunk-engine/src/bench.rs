@@ -5,14 +5,19 @@
 //! - `seq_write_1m`: 1 MiB chunks written whole (update + commit) vs fio
 //!   `rw=write bs=1M` of the same total size;
 //! - `append_64k`: 64 KiB appends to 4 MiB chunks (update + commit, in
-//!   place) vs fio `rw=write bs=64k` of the same total size;
+//!   place; the update carries the 4 MiB layout chunk size as
+//!   `chunk_size_hint_bytes`, as a storage service would) vs fio `rw=write
+//!   bs=64k` of the same total size;
+//! - `append_64k_grow`: the same without the hint, so every chunk starts in a
+//!   64 KiB block and is copied into each larger class as it grows;
 //! - `randread_4k`: 4 KiB aligned random reads over the chunks written by
 //!   `seq_write_1m` vs fio `rw=randread bs=4k` over fio's file from its
 //!   `seq_write_1m` job (same size, both just written, so both served from
 //!   the page cache: this compares software overhead, not the disk).
 //!
 //! `sync()` runs before every timed phase so one side's dirty pages do not
-//! slow the other.
+//! slow the other. Pool growth (`fallocate`) happens before the timed phase
+//! (`ChunkEngine::reserve`), as fio lays out its file before timing.
 
 use crate::engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateRequest};
 use crate::meta::UpdateTag;
@@ -101,14 +106,14 @@ impl fmt::Display for ChunkBenchReport {
         )?;
         writeln!(
             f,
-            "{:<14} {:>12} {:>12} {:>12} {:>12} {:>7}  per-round ratios",
+            "{:<16} {:>12} {:>12} {:>12} {:>12} {:>7}  per-round ratios",
             "workload", "engine IOPS", "engine MiB/s", "fio IOPS", "fio MiB/s", "ratio"
         )?;
         for w in &self.workloads {
             let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
             writeln!(
                 f,
-                "{:<14} {:>12.0} {:>12.1} {:>12} {:>12} {:>7}  {:?}",
+                "{:<16} {:>12.0} {:>12.1} {:>12} {:>12} {:>7}  {:?}",
                 w.name,
                 w.engine_iops,
                 w.engine_mib_s,
@@ -143,6 +148,7 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
     let fio_on = fio.is_some();
     let mut seq = Samples::default();
     let mut app = Samples::default();
+    let mut grow = Samples::default();
     let mut rr = Samples::default();
     let mut seq_chunks = 0;
     for round in 0..rounds {
@@ -155,13 +161,16 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
             let f = fio_job(&fio_dir, &format!("seq-{round}"), "write", MIB, ops * MIB, None, opts.sync_writes)?;
             seq.fio.push(f.iops);
         }
-        // 64 KiB appends.
-        let (ops, secs) = engine_append(&engine, InodeId(200 + round), opts.data_bytes, limit)?;
-        app.engine.push(ops as f64 / secs.max(1e-9));
-        app.engine_ops += ops;
-        if fio_on {
-            let f = fio_job(&fio_dir, &format!("append-{round}"), "write", 64 * 1024, ops * 64 * 1024, None, opts.sync_writes)?;
-            app.fio.push(f.iops);
+        // 64 KiB appends, with and without the layout chunk-size hint.
+        for (samples, hint, base) in [(&mut app, true, 200), (&mut grow, false, 300)] {
+            let (ops, secs) = engine_append(&engine, InodeId(base + round), opts.data_bytes, limit, hint)?;
+            samples.engine.push(ops as f64 / secs.max(1e-9));
+            samples.engine_ops += ops;
+            if fio_on {
+                let name = format!("append-{base}-{round}");
+                let f = fio_job(&fio_dir, &name, "write", 64 * 1024, ops * 64 * 1024, None, opts.sync_writes)?;
+                samples.fio.push(f.iops);
+            }
         }
         // 4 KiB random reads over round 0's sequential data on both sides.
         let (ops, secs) = engine_randread(&engine, InodeId(100), seq_chunks, limit)?;
@@ -175,6 +184,7 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
     let workloads = vec![
         seq.result("seq_write_1m", MIB),
         app.result("append_64k", 64 * 1024),
+        grow.result("append_64k_grow", 64 * 1024),
         rr.result("randread_4k", 4096),
     ];
 
@@ -228,8 +238,21 @@ fn tag(n: u64) -> UpdateTag {
     UpdateTag { client: 0, request: n }
 }
 
-fn write_commit(engine: &ChunkEngine, chunk: ChunkId, offset_bytes: u64, data: &[u8], n: u64) -> anyhow::Result<()> {
-    let req = UpdateRequest { chunk, chain_ver: 1, kind: UpdateKind::Write { offset_bytes, data }, tag: tag(n), expected_ver: None };
+fn write_commit(
+    engine: &ChunkEngine,
+    chunk: ChunkId,
+    (offset_bytes, data): (u64, &[u8]),
+    n: u64,
+    hint: Option<u64>,
+) -> anyhow::Result<()> {
+    let req = UpdateRequest {
+        chunk,
+        chain_ver: 1,
+        kind: UpdateKind::Write { offset_bytes, data },
+        tag: tag(n),
+        expected_ver: None,
+        chunk_size_hint_bytes: hint,
+    };
     let out = engine.update(&req)?;
     engine.commit(chunk, out.pending_ver)?;
     Ok(())
@@ -243,27 +266,39 @@ fn flush_page_cache_dirt() {
 /// Whole 1 MiB chunks, one per write. Returns (ops, seconds).
 fn engine_seq_write(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
     let buf = pattern(MIB as usize, 1);
+    // Pool growth outside the timed region, as fio lays out its file first.
+    engine.reserve(MIB, data_bytes / MIB)?;
     flush_page_cache_dirt();
     let start = Instant::now();
     let mut ops = 0;
     while ops < data_bytes / MIB && start.elapsed() < limit {
-        write_commit(engine, ChunkId::new(inode, ops), 0, &buf, ops + 1)?;
+        write_commit(engine, ChunkId::new(inode, ops), (0, &buf), ops + 1, Some(MIB))?;
         ops += 1;
     }
     Ok((ops, start.elapsed().as_secs_f64()))
 }
 
-/// 64 KiB appends filling 4 MiB chunks. Returns (ops, seconds).
-fn engine_append(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: Duration) -> anyhow::Result<(u64, f64)> {
+/// 64 KiB appends filling 4 MiB chunks. With `hint` the caller passes the
+/// 4 MiB layout chunk size (block sized once, appends in place); without,
+/// each chunk grows through the classes 64 KiB .. 4 MiB by copying.
+/// Returns (ops, seconds).
+fn engine_append(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: Duration, hint: bool) -> anyhow::Result<(u64, f64)> {
     let piece = pattern(64 * 1024, 2);
     let per_chunk = 4 * MIB / piece.len() as u64;
+    let chunks = (data_bytes / (4 * MIB)).max(1);
+    let mut class_bytes = 64 * 1024;
+    while class_bytes <= 4 * MIB {
+        engine.reserve(class_bytes, if hint { 0 } else { chunks })?;
+        class_bytes *= 2;
+    }
+    engine.reserve(4 * MIB, chunks)?;
     flush_page_cache_dirt();
     let start = Instant::now();
     let mut ops = 0;
     while ops < data_bytes / piece.len() as u64 && start.elapsed() < limit {
         let chunk = ChunkId::new(inode, ops / per_chunk);
         let offset = (ops % per_chunk) * piece.len() as u64;
-        write_commit(engine, chunk, offset, &piece, ops + 1)?;
+        write_commit(engine, chunk, (offset, &piece), ops + 1, hint.then_some(4 * MIB))?;
         ops += 1;
     }
     Ok((ops, start.elapsed().as_secs_f64()))
@@ -408,7 +443,7 @@ mod tests {
             rounds: 1,
         };
         let report = run(opts).expect("bench");
-        assert_eq!(report.workloads.len(), 3);
+        assert_eq!(report.workloads.len(), 4);
         assert!(report.workloads.iter().all(|w| w.engine_ops > 0));
         assert!(report.to_string().contains("randread_4k"));
     }

@@ -70,6 +70,12 @@ pub struct UpdateRequest<'a> {
     /// If set, the version the caller expects to create (CRAQ: the head's
     /// `committed + 1`); a mismatch fails with `VersionMismatch`.
     pub expected_ver: Option<u64>,
+    /// The file layout's chunk size, if the caller knows it (3FS passes it
+    /// with every update). When the update needs a new block, the block is
+    /// sized for `max(new length, hint)`, so later appends up to the layout
+    /// chunk size stay in place instead of copying through every larger
+    /// class. `None`: the smallest class that fits the new length.
+    pub chunk_size_hint_bytes: Option<u64>,
 }
 
 /// Result of an update.
@@ -332,7 +338,8 @@ impl ChunkEngine {
                 (PendingState::Removed { tag: req.tag }, None, false)
             }
             kind => {
-                let nc = self.new_content(req.chunk, old.as_deref(), kind, req.tag)?;
+                let min_block = req.chunk_size_hint_bytes.unwrap_or(0).min(MAX_CHUNK_BYTES);
+                let nc = self.new_content(req.chunk, old.as_deref(), kind, req.tag, min_block)?;
                 (PendingState::Data(nc.data), nc.handle, nc.in_place)
             }
         };
@@ -355,7 +362,14 @@ impl ChunkEngine {
     /// Builds the pending content of a write or truncate on top of the
     /// committed version: in place if it only appends within the block,
     /// otherwise in a new block (copy on write).
-    fn new_content(&self, chunk: ChunkId, old: Option<&Cached>, kind: UpdateKind<'_>, tag: UpdateTag) -> Result<NewContent> {
+    fn new_content(
+        &self,
+        chunk: ChunkId,
+        old: Option<&Cached>,
+        kind: UpdateKind<'_>,
+        tag: UpdateTag,
+        min_block_bytes: u64,
+    ) -> Result<NewContent> {
         let empty = VersionData::default();
         let base = old.map_or(&empty, |c| &c.meta.committed);
         let base_handle = old.and_then(|c| c.committed_block.as_ref());
@@ -394,7 +408,7 @@ impl ChunkEngine {
                 return self.append_in_place(chunk, base, h, new_len, data, tag);
             }
         }
-        self.copy_on_write(chunk, base, base_handle, offset_bytes, data, new_len, tag)
+        self.copy_on_write(chunk, base, base_handle, (offset_bytes, data), new_len, tag, min_block_bytes)
     }
 
     /// Writes `data` (zero-padded to `new_len`) after the committed end of
@@ -440,10 +454,10 @@ impl ChunkEngine {
         chunk: ChunkId,
         base: &VersionData,
         base_handle: Option<&Arc<BlockHandle>>,
-        offset_bytes: u64,
-        data: &[u8],
+        (offset_bytes, data): (u64, &[u8]),
         new_len: u64,
         tag: UpdateTag,
+        min_block_bytes: u64,
     ) -> Result<NewContent> {
         let mut buf = match base_handle {
             Some(h) => read_range(chunk, base, Some(h), 0, base.len_bytes as u64)?,
@@ -454,17 +468,18 @@ impl ChunkEngine {
         if end <= buf.len() {
             buf[offset_bytes as usize..end].copy_from_slice(data);
         }
-        self.write_new_block(chunk, buf, tag)
+        self.write_new_block(chunk, buf, tag, min_block_bytes)
     }
 
-    /// Allocates the smallest fitting block and writes `buf` into it.
-    fn write_new_block(&self, chunk: ChunkId, buf: Vec<u8>, tag: UpdateTag) -> Result<NewContent> {
+    /// Allocates the smallest block that fits `buf` and `min_block_bytes`
+    /// and writes `buf` into it.
+    fn write_new_block(&self, chunk: ChunkId, buf: Vec<u8>, tag: UpdateTag, min_block_bytes: u64) -> Result<NewContent> {
         let len = buf.len() as u64;
         if len == 0 {
             let data = VersionData { block: None, len_bytes: 0, crc: 0, tag, page_crcs: Vec::new() };
             return Ok(NewContent { data, handle: None, in_place: false });
         }
-        let class = SizeClass::for_len(len)
+        let class = SizeClass::for_len(len.max(min_block_bytes))
             .ok_or_else(|| ChunkError::InvalidArgument(format!("{chunk}: {len} bytes exceed the chunk limit")))?;
         let block = Provisional(Some(self.alloc.allocate(class)?));
         let handle = block.0.as_ref().map(Arc::clone).ok_or(ChunkError::Poisoned)?;
@@ -534,7 +549,7 @@ impl ChunkEngine {
         }
         let _guard = self.lock(chunk);
         let old = self.cached(chunk);
-        let nc = self.write_new_block(chunk, data.to_vec(), tag)?;
+        let nc = self.write_new_block(chunk, data.to_vec(), tag, 0)?;
         let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None };
         let new = Cached { meta, committed_block: nc.handle, pending_block: None };
         self.persist_and_swap(chunk, old.as_deref(), Some(new), true)
@@ -615,6 +630,15 @@ impl ChunkEngine {
     /// Occupancy of every pool.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         SizeClass::all().map(|c| self.alloc.stats(c)).collect()
+    }
+
+    /// Pre-grows the pool that holds chunks of `chunk_len_bytes` until it has
+    /// `free_blocks` free blocks (in whole 256-block `fallocate` steps), so
+    /// later writes do not pay for growth. Returns the growth steps taken.
+    pub fn reserve(&self, chunk_len_bytes: u64, free_blocks: u64) -> Result<u64> {
+        let class = SizeClass::for_len(chunk_len_bytes.max(1))
+            .ok_or_else(|| ChunkError::InvalidArgument(format!("{chunk_len_bytes} bytes exceed the chunk limit")))?;
+        self.alloc.reserve(class, free_blocks)
     }
 
     /// Number of `fallocate` calls since open.
@@ -842,6 +866,7 @@ mod tests {
                 kind: UpdateKind::Write { offset_bytes: off, data },
                 tag: UpdateTag { client: 1, request },
                 expected_ver: None,
+                chunk_size_hint_bytes: None,
             };
             let out = e.update(&req).expect("update");
             e.commit(c, out.pending_ver).expect("commit");

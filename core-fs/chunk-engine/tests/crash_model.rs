@@ -147,7 +147,7 @@ fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64) -> Result<(
         chain_ver: 1,
         kind,
         tag: UpdateTag { client: 7, request: tag },
-        expected_ver: None,
+        expected_ver: None, chunk_size_hint_bytes: None,
     };
     e.update(&req).map(|_| ())
 }

@@ -29,7 +29,7 @@ fn write(e: &ChunkEngine, chunk: ChunkId, off: u64, data: &[u8], t: u64) -> fskv
         chain_ver: 1,
         kind: UpdateKind::Write { offset_bytes: off, data },
         tag: tag(t),
-        expected_ver: None,
+        expected_ver: None, chunk_size_hint_bytes: None,
     };
     e.update(&req).expect("update")
 }
@@ -132,7 +132,7 @@ fn truncate_and_remove() {
     let e = open(&dir);
     let c = cid(7, 0);
     write_commit(&e, c, 0, &[1u8; 5000], 1);
-    let req = |kind, t| UpdateRequest { chunk: c, chain_ver: 1, kind, tag: tag(t), expected_ver: None };
+    let req = |kind, t| UpdateRequest { chunk: c, chain_ver: 1, kind, tag: tag(t), expected_ver: None, chunk_size_hint_bytes: None };
     let out = e.update(&req(UpdateKind::Truncate { len_bytes: 100 }, 2)).unwrap();
     e.commit(c, out.pending_ver).unwrap();
     assert_eq!(read_all(&e, c), vec![1u8; 100]);
@@ -176,7 +176,7 @@ fn pool_grows_in_256_block_fallocate_steps_and_reuses_freed_blocks() {
     // Free a low block and allocate again: the freed block is reused first.
     let freed = committed_block(&e, cid(8, 10));
     let out = e
-        .update(&UpdateRequest { chunk: cid(8, 10), chain_ver: 1, kind: UpdateKind::Remove, tag: tag(2), expected_ver: None })
+        .update(&UpdateRequest { chunk: cid(8, 10), chain_ver: 1, kind: UpdateKind::Remove, tag: tag(2), expected_ver: None, chunk_size_hint_bytes: None })
         .unwrap();
     e.commit(cid(8, 10), out.pending_ver).unwrap();
     write_commit(&e, cid(9, 0), 0, &small, 1);
@@ -216,7 +216,7 @@ fn corrupted_block_gives_checksum_mismatch() {
         chain_ver: 1,
         kind: UpdateKind::Write { offset_bytes: 0, data: b"x" },
         tag: tag(2),
-        expected_ver: None,
+        expected_ver: None, chunk_size_hint_bytes: None,
     };
     assert!(matches!(e.update(&req), Err(ChunkError::ChecksumMismatch { .. })));
     e.check_invariants().unwrap();
@@ -258,7 +258,7 @@ fn retried_update_is_applied_once_and_chain_version_checked() {
         chain_ver: 3,
         kind: UpdateKind::Write { offset_bytes: 3, data: b"def" },
         tag: tag(2),
-        expected_ver: Some(2),
+        expected_ver: Some(2), chunk_size_hint_bytes: None,
     };
     let first = e.update(&req).unwrap();
     let again = e.update(&req).unwrap();
@@ -283,7 +283,7 @@ fn limits_are_enforced() {
         chain_ver: 1,
         kind: UpdateKind::Write { offset_bytes: MAX_CHUNK_BYTES, data: b"x" },
         tag: tag(1),
-        expected_ver: None,
+        expected_ver: None, chunk_size_hint_bytes: None,
     };
     assert_eq!(e.update(&req).unwrap_err().code(), ErrorCode::InvalidArgument);
     let req = UpdateRequest { kind: UpdateKind::Truncate { len_bytes: MAX_CHUNK_BYTES + 1 }, ..req };
@@ -362,4 +362,40 @@ fn sync_writes_mode_round_trips_and_reopens() {
     // Reopening with another growth step is refused rather than misreading blocks.
     let other = EngineConfig { blocks_per_grow: 16, sync_writes: true };
     assert!(matches!(ChunkEngine::open(dir.path(), other), Err(ChunkError::InvalidArgument(_))));
+}
+
+#[test]
+fn reserve_grows_in_whole_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    assert_eq!(e.reserve(1, 300).unwrap(), 2);
+    assert_eq!(e.pool_stats()[0].capacity_blocks, 512);
+    assert_eq!(e.reserve(1, 512).unwrap(), 0);
+    write_commit(&e, cid(50, 0), 0, b"x", 1);
+    assert_eq!(e.fallocate_calls(), 2);
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn chunk_size_hint_sizes_the_first_block_so_appends_stay_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    let c = cid(60, 0);
+    let piece = vec![4u8; 64 * 1024];
+    for i in 0..8u64 {
+        let req = UpdateRequest {
+            chunk: c,
+            chain_ver: 1,
+            kind: UpdateKind::Write { offset_bytes: i * piece.len() as u64, data: &piece },
+            tag: tag(i + 1),
+            expected_ver: None,
+            chunk_size_hint_bytes: Some(1024 * 1024),
+        };
+        let out = e.update(&req).unwrap();
+        assert_eq!(out.in_place, i > 0);
+        e.commit(c, out.pending_ver).unwrap();
+        assert_eq!(committed_block(&e, c).class, 4, "1 MiB class from the first write");
+    }
+    assert_eq!(read_all(&e, c).len(), 8 * 64 * 1024);
+    e.check_invariants().unwrap();
 }
