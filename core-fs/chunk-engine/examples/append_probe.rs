@@ -11,7 +11,7 @@ fn main() -> anyhow::Result<()> {
     let (mut upd, mut com) = (Duration::ZERO, Duration::ZERO);
     let mut slow = 0;
     let start = Instant::now();
-    for op in 0..2048u64 {
+    for op in 0..(std::env::var("OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048u64)) {
         let chunk = ChunkId::new(InodeId(1), op / 64);
         let t = Instant::now();
         let out = e.update(&UpdateRequest { chunk, chain_ver: 1, kind: UpdateKind::Write { offset_bytes: (op % 64) * 65536, data: &piece }, tag: UpdateTag::default(), expected_ver: None, chunk_size_hint_bytes: hint })?;

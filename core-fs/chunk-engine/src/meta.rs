@@ -14,7 +14,11 @@
 //! u8  pending_kind             (only if pending_ver != 0) 1 = data, 2 = removed
 //! Version pending | Tag        data: a Version; removed: the update tag
 //! Version := u8 has_block, [u8 class, u64 block_idx], u32 len, u32 crc,
-//!            Tag, u32 n_pages, n_pages * u32 page_crc
+//!            Tag, u32 shared_pages, u32 n_own, n_own * u32 page_crc
+//!            (the page table is the first `shared_pages` entries of the
+//!            committed table followed by the own entries; always 0 shared
+//!            for the committed version. An in-place pending version shares
+//!            all but its last pages, which halves the update record.)
 //! Tag := u64 client, u64 request
 //! ```
 
@@ -127,7 +131,7 @@ impl ChunkMeta {
         w.push(FORMAT);
         w.extend_from_slice(&self.chain_ver.to_le_bytes());
         w.extend_from_slice(&self.committed_ver.to_le_bytes());
-        encode_version(&mut w, &self.committed);
+        encode_version(&mut w, &self.committed, &[]);
         match &self.pending {
             None => w.extend_from_slice(&0u64.to_le_bytes()),
             Some((ver, state)) => {
@@ -135,7 +139,7 @@ impl ChunkMeta {
                 match state {
                     PendingState::Data(v) => {
                         w.push(1);
-                        encode_version(&mut w, v);
+                        encode_version(&mut w, v, &self.committed.page_crcs);
                     }
                     PendingState::Removed { tag } => {
                         w.push(2);
@@ -155,13 +159,13 @@ impl ChunkMeta {
         }
         let chain_ver = r.u32()?;
         let committed_ver = r.u64()?;
-        let committed = decode_version(&mut r)?;
+        let committed = decode_version(&mut r, &[])?;
         let pending_ver = r.u64()?;
         let pending = if pending_ver == 0 {
             None
         } else {
             let state = match r.u8()? {
-                1 => PendingState::Data(decode_version(&mut r)?),
+                1 => PendingState::Data(decode_version(&mut r, &committed.page_crcs)?),
                 2 => PendingState::Removed { tag: decode_tag(&mut r)? },
                 k => return Err(ChunkError::CorruptMetadata(format!("unknown pending kind {k}"))),
             };
@@ -179,7 +183,7 @@ fn encode_tag(w: &mut Vec<u8>, tag: UpdateTag) {
     w.extend_from_slice(&tag.request.to_le_bytes());
 }
 
-fn encode_version(w: &mut Vec<u8>, v: &VersionData) {
+fn encode_version(w: &mut Vec<u8>, v: &VersionData, shareable: &[u32]) {
     match v.block {
         None => w.push(0),
         Some(b) => {
@@ -191,8 +195,12 @@ fn encode_version(w: &mut Vec<u8>, v: &VersionData) {
     w.extend_from_slice(&v.len_bytes.to_le_bytes());
     w.extend_from_slice(&v.crc.to_le_bytes());
     encode_tag(w, v.tag);
-    w.extend_from_slice(&(v.page_crcs.len() as u32).to_le_bytes());
-    for c in &v.page_crcs {
+    let shared = v.page_crcs.iter().zip(shareable).take_while(|(a, b)| a == b).count();
+    let own = &v.page_crcs[shared..];
+    w.extend_from_slice(&(shared as u32).to_le_bytes());
+    w.extend_from_slice(&(own.len() as u32).to_le_bytes());
+    w.reserve(own.len() * 4);
+    for c in own {
         w.extend_from_slice(&c.to_le_bytes());
     }
 }
@@ -201,7 +209,7 @@ fn decode_tag(r: &mut Reader) -> Result<UpdateTag> {
     Ok(UpdateTag { client: r.u64()?, request: r.u64()? })
 }
 
-fn decode_version(r: &mut Reader) -> Result<VersionData> {
+fn decode_version(r: &mut Reader, shareable: &[u32]) -> Result<VersionData> {
     let block = match r.u8()? {
         0 => None,
         1 => {
@@ -214,12 +222,14 @@ fn decode_version(r: &mut Reader) -> Result<VersionData> {
     let len_bytes = r.u32()?;
     let crc = r.u32()?;
     let tag = decode_tag(r)?;
-    let n_pages = r.u32()? as usize;
-    if n_pages > 1024 {
-        return Err(ChunkError::CorruptMetadata(format!("{n_pages} page checksums")));
+    let shared = r.u32()? as usize;
+    let n_own = r.u32()? as usize;
+    if shared > shareable.len() || shared + n_own > 1024 {
+        return Err(ChunkError::CorruptMetadata(format!("{shared} shared + {n_own} page checksums")));
     }
-    let mut page_crcs = Vec::with_capacity(n_pages);
-    for _ in 0..n_pages {
+    let mut page_crcs = Vec::with_capacity(shared + n_own);
+    page_crcs.extend_from_slice(&shareable[..shared]);
+    for _ in 0..n_own {
         page_crcs.push(r.u32()?);
     }
     let v = VersionData { block, len_bytes, crc, tag, page_crcs };
@@ -296,6 +306,14 @@ mod tests {
             },
             pending: Some((4, PendingState::Removed { tag: UpdateTag { client: 1, request: 3 } })),
         };
+        let mut shared = meta.clone();
+        shared.pending = Some((
+            4,
+            PendingState::Data(VersionData { len_bytes: 9000, page_crcs: vec![1, 2, 3], ..meta.committed.clone() }),
+        ));
+        let bytes = shared.encode();
+        assert_eq!(ChunkMeta::decode(&bytes).unwrap(), shared);
+        assert!(bytes.len() < meta.encode().len() + 60, "pending shares the committed prefix");
         let bytes = meta.encode();
         assert_eq!(ChunkMeta::decode(&bytes).unwrap(), meta);
         for cut in 0..bytes.len() {
