@@ -11,7 +11,7 @@ use crate::alloc::{Allocator, BlockHandle, PoolStats};
 use crate::checksum;
 use crate::error::{ChunkError, Result};
 use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
-use crate::meta::{chunk_from_key, chunk_key, BlockRef, ChunkMeta, PendingState, UpdateTag, VersionData, CHUNK_KEY_PREFIX};
+use crate::meta::{chunk_from_key, chunk_key, segment_key, BlockRef, ChunkMeta, PendingState, UpdateTag, VersionData, CHUNK_KEY_PREFIX};
 use fskv_types::{ChunkId, InodeId};
 use parking_lot::{Mutex, RwLock};
 use rocksdb::{WriteBatch, WriteOptions, DB};
@@ -254,7 +254,7 @@ impl ChunkEngine {
                 break;
             }
             let id = chunk_from_key(&key)?;
-            let meta = ChunkMeta::decode(&value)?;
+            let meta = self.decode_record(&value)?;
             let cached = self.adopt(meta)?;
             self.cache[shard_of(id, CACHE_SHARDS)].write().insert(id, Arc::new(cached));
             n += 1;
@@ -560,7 +560,12 @@ impl ChunkEngine {
     fn persist_and_swap(&self, chunk: ChunkId, old: Option<&Cached>, new: Option<Cached>, is_update: bool) -> Result<()> {
         let mut batch = WriteBatch::default();
         match &new {
-            Some(c) => batch.put(chunk_key(chunk), c.meta.encode()),
+            Some(c) => {
+                for (key, value) in c.meta.segment_puts(old.map(|o| &o.meta))? {
+                    batch.put(key, value);
+                }
+                batch.put(chunk_key(chunk), c.meta.encode());
+            }
             None => batch.delete(chunk_key(chunk)),
         }
         let mut wo = WriteOptions::default();
@@ -611,7 +616,7 @@ impl ChunkEngine {
             return Ok(None);
         }
         let value = it.value().ok_or_else(|| ChunkError::CorruptMetadata("record without value".into()))?;
-        Ok(Some((id, ChunkMeta::decode(value)?)))
+        Ok(Some((id, self.decode_record(value)?)))
     }
 
     /// All chunk records in id order (recovery compares them with a peer's).
@@ -622,7 +627,7 @@ impl ChunkEngine {
             if key.first() != Some(&CHUNK_KEY_PREFIX) {
                 break;
             }
-            out.push((chunk_from_key(&key)?, ChunkMeta::decode(&value)?));
+            out.push((chunk_from_key(&key)?, self.decode_record(&value)?));
         }
         Ok(out)
     }
@@ -720,6 +725,10 @@ impl ChunkEngine {
     }
 
     // ----- helpers -----
+
+    fn decode_record(&self, value: &[u8]) -> Result<ChunkMeta> {
+        ChunkMeta::decode(value, |block, seg| Ok(self.db.get(segment_key(block, seg))?))
+    }
 
     fn cached(&self, chunk: ChunkId) -> Option<Arc<Cached>> {
         self.cache[shard_of(chunk, CACHE_SHARDS)].read().get(&chunk).cloned()

@@ -59,8 +59,10 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
     prop_oneof![
         4 => (0usize..20_000, any::<u8>()).prop_map(|(len, byte)| Kind::Append { len, byte }),
         1 => (60_000usize..80_000, any::<u8>()).prop_map(|(len, byte)| Kind::Append { len, byte }),
+        // Large enough to span several 64-entry page-table segments.
+        1 => (200_000usize..300_000, any::<u8>()).prop_map(|(len, byte)| Kind::Append { len, byte }),
         3 => (0u64..70_000, 0usize..10_000, any::<u8>()).prop_map(|(offset, len, byte)| Kind::WriteAt { offset, len, byte }),
-        1 => (0u64..100_000).prop_map(|len| Kind::Truncate { len }),
+        1 => (0u64..600_000).prop_map(|len| Kind::Truncate { len }),
         1 => Just(Kind::Remove),
     ]
 }
@@ -314,7 +316,11 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(40),
+        max_shrink_iters: 200,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn engine_matches_model_across_crashes(ops in proptest::collection::vec(op_strategy(), 1..40)) {
