@@ -281,7 +281,7 @@ fn encode_version(w: &mut Vec<u8>, v: &VersionData) {
     w.extend_from_slice(&v.crc.to_le_bytes());
     encode_tag(w, v.tag);
     let tail = match v.block.and_then(|b| class_page_bytes(b.class).ok()) {
-        Some(page) if v.len_bytes as u64 % page != 0 => v.page_crcs.last().copied().unwrap_or(0),
+        Some(page) if !(v.len_bytes as u64).is_multiple_of(page) => v.page_crcs.last().copied().unwrap_or(0),
         _ => 0,
     };
     w.extend_from_slice(&tail.to_le_bytes());
@@ -346,7 +346,7 @@ fn load_page_table(
         }
         seg += 1;
     }
-    if len_bytes as u64 % page != 0 {
+    if !(len_bytes as u64).is_multiple_of(page) {
         table.push(tail);
     }
     Ok(table)
