@@ -399,3 +399,37 @@ fn chunk_size_hint_sizes_the_first_block_so_appends_stay_in_place() {
     assert_eq!(read_all(&e, c).len(), 8 * 64 * 1024);
     e.check_invariants().unwrap();
 }
+
+#[test]
+fn open_rejects_double_referenced_blocks_and_garbage_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    write_commit(&e, cid(70, 0), 0, b"a", 1);
+    write_commit(&e, cid(70, 1), 0, b"b", 1);
+    e.close().unwrap();
+    let key = |c: ChunkId| {
+        let mut k = vec![b'c'];
+        k.extend_from_slice(&c.to_bytes());
+        k
+    };
+    {
+        let db = rocksdb::DB::open_default(dir.path().join("meta")).unwrap();
+        let a = db.get(key(cid(70, 0))).unwrap().unwrap();
+        db.put(key(cid(70, 2)), &a).unwrap();
+    }
+    let err = ChunkEngine::open(dir.path(), config()).err().expect("double reference must fail");
+    assert!(matches!(err, ChunkError::CorruptMetadata(_)), "{err}");
+    {
+        let db = rocksdb::DB::open_default(dir.path().join("meta")).unwrap();
+        db.put(key(cid(70, 2)), [2u8, 1, 2, 3]).unwrap();
+    }
+    let err = ChunkEngine::open(dir.path(), config()).err().expect("garbage must fail");
+    assert!(matches!(err, ChunkError::CorruptMetadata(_)), "{err}");
+    {
+        let db = rocksdb::DB::open_default(dir.path().join("meta")).unwrap();
+        db.delete(key(cid(70, 2))).unwrap();
+    }
+    let e = open(&dir);
+    assert_eq!(read_all(&e, cid(70, 1)), b"b");
+    e.check_invariants().unwrap();
+}
