@@ -11,6 +11,29 @@ pub enum BenchCommand {
     Rpc(RpcArgs),
     /// Small-transaction commits/s of the embedded KV engine vs raw RocksDB write batches.
     Kv(KvArgs),
+    /// Chunk engine 4 KiB random reads, 1 MiB writes and 64 KiB appends vs fio on the same disk.
+    Chunk(ChunkArgs),
+}
+
+#[derive(Args)]
+pub struct ChunkArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Parent directory on the disk to measure (not tmpfs); a temporary directory is made under it.
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// MiB written (and read) per workload.
+    #[arg(long, default_value_t = 48)]
+    mib: u64,
+    /// Rounds; the report gives medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: u64,
+    /// Durable writes (engine sync_writes, fio fdatasync=1).
+    #[arg(long)]
+    sync: bool,
+    /// Skip the fio baseline.
+    #[arg(long)]
+    no_fio: bool,
 }
 
 #[derive(Args)]
@@ -67,6 +90,19 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
             };
             eprintln!("bench rpc: {} s per measurement, 1 and {} callers ...", opts.seconds, opts.concurrent_callers);
             let report = fskv_rpc::bench::run(opts).await?;
+            emit(&report, a.common.json.as_ref())
+        }
+        BenchCommand::Chunk(a) => {
+            let opts = fskv_chunk_engine::bench::ChunkBenchOptions {
+                dir: Some(a.dir),
+                seconds_per_workload: a.common.seconds,
+                data_bytes: a.mib.max(1) << 20,
+                sync_writes: a.sync,
+                run_fio: !a.no_fio,
+                rounds: a.rounds.max(1),
+            };
+            eprintln!("bench chunk: {} MiB per workload, {} rounds ...", a.mib, opts.rounds);
+            let report = tokio::task::spawn_blocking(move || fskv_chunk_engine::bench::run(opts)).await??;
             emit(&report, a.common.json.as_ref())
         }
         BenchCommand::Kv(a) => {

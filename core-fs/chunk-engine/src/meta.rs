@@ -1,0 +1,474 @@
+//! Chunk metadata records and their on-disk encoding.
+//!
+//! Key: `b'c'` followed by `ChunkId::to_bytes()` (inode then index, both
+//! big-endian), so all chunks of a file are adjacent and the last one is a
+//! single `seek_for_prev`.
+//!
+//! Value (little-endian, format 2):
+//! ```text
+//! u8  format = 2
+//! u32 chain_ver
+//! u64 committed_ver            0 = never committed (chunk only pending)
+//! Version committed
+//! u64 pending_ver              0 = no pending version
+//! u8  pending_kind             (only if pending_ver != 0) 1 = data, 2 = removed
+//! Version pending | Tag        data: a Version; removed: the update tag
+//! Version := u8 has_block, [u8 class, u64 block_idx], u32 len, u32 crc,
+//!            Tag, u32 tail_page_crc (CRC of the last, partial page; 0 if none)
+//! Tag := u64 client, u64 request
+//! ```
+//!
+//! Page checksums of **full** pages live per block, not per record, in
+//! segments of 64 entries: key `b'b' ‖ class ‖ block_idx (u64 BE) ‖ segment
+//! (u32 BE)`, value up to 64 × u32 LE. A full page of a block never changes
+//! while a version that covers it references the block (in-place writes only
+//! go past the committed length), so the committed and an in-place pending
+//! version share the entries, and an append writes only the segments of the
+//! pages it completed plus a ~100-byte record. Entries past a version's full
+//! pages are ignored, so stale entries of a freed block are harmless; a new
+//! version written into a block rewrites every segment it uses.
+
+use crate::error::{ChunkError, Result};
+use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
+use fskv_types::ChunkId;
+use serde::Serialize;
+
+const FORMAT: u8 = 2;
+pub(crate) const SEGMENT_PAGES: usize = 64;
+const SEGMENT_KEY_PREFIX: u8 = b'b';
+pub(crate) const CHUNK_KEY_PREFIX: u8 = b'c';
+
+pub(crate) fn chunk_key(id: ChunkId) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[0] = CHUNK_KEY_PREFIX;
+    k[1..].copy_from_slice(&id.to_bytes());
+    k
+}
+
+pub(crate) fn segment_key(block: BlockRef, segment: u32) -> [u8; 14] {
+    let mut k = [0u8; 14];
+    k[0] = SEGMENT_KEY_PREFIX;
+    k[1] = block.class;
+    k[2..10].copy_from_slice(&block.index.to_be_bytes());
+    k[10..].copy_from_slice(&segment.to_be_bytes());
+    k
+}
+
+pub(crate) fn chunk_from_key(key: &[u8]) -> Result<ChunkId> {
+    match key.split_first() {
+        Some((&CHUNK_KEY_PREFIX, rest)) => ChunkId::from_bytes(rest)
+            .ok_or_else(|| ChunkError::CorruptMetadata(format!("chunk key of {} bytes", key.len()))),
+        _ => Err(ChunkError::CorruptMetadata("key without chunk prefix".into())),
+    }
+}
+
+/// Identifies the request that produced a version, so a retried update is
+/// applied once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct UpdateTag {
+    pub client: u64,
+    pub request: u64,
+}
+
+/// Position of a block: size class and pool-wide index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct BlockRef {
+    pub class: u8,
+    pub index: u64,
+}
+
+/// One version of a chunk's content.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct VersionData {
+    /// `None` only for an empty chunk.
+    pub block: Option<BlockRef>,
+    pub len_bytes: u32,
+    /// CRC32C of the whole content.
+    pub crc: u32,
+    pub tag: UpdateTag,
+    /// CRC32C of each page (`SizeClass::crc_page_bytes`) of the content;
+    /// the last page may be partial.
+    #[serde(skip)]
+    pub page_crcs: Vec<u32>,
+}
+
+/// The in-flight version of a chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum PendingState {
+    Data(VersionData),
+    Removed { tag: UpdateTag },
+}
+
+impl PendingState {
+    pub fn tag(&self) -> UpdateTag {
+        match self {
+            PendingState::Data(v) => v.tag,
+            PendingState::Removed { tag } => *tag,
+        }
+    }
+
+    pub fn block(&self) -> Option<BlockRef> {
+        match self {
+            PendingState::Data(v) => v.block,
+            PendingState::Removed { .. } => None,
+        }
+    }
+}
+
+/// Everything the engine records about one chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ChunkMeta {
+    pub chain_ver: u32,
+    /// 0 when the chunk was never committed.
+    pub committed_ver: u64,
+    pub committed: VersionData,
+    /// `(pending_ver, state)`; `pending_ver == committed_ver + 1`.
+    pub pending: Option<(u64, PendingState)>,
+}
+
+impl ChunkMeta {
+    pub fn pending_ver(&self) -> Option<u64> {
+        self.pending.as_ref().map(|(v, _)| *v)
+    }
+
+    /// Blocks referenced by this record (committed first); at most two and
+    /// never the same block twice.
+    pub fn blocks(&self) -> Vec<BlockRef> {
+        let mut out: Vec<BlockRef> = self.committed.block.into_iter().collect();
+        if let Some(b) = self.pending.as_ref().and_then(|(_, p)| p.block()) {
+            if !out.contains(&b) {
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// The record value (without page tables; see [`ChunkMeta::segment_puts`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(128);
+        w.push(FORMAT);
+        w.extend_from_slice(&self.chain_ver.to_le_bytes());
+        w.extend_from_slice(&self.committed_ver.to_le_bytes());
+        encode_version(&mut w, &self.committed);
+        match &self.pending {
+            None => w.extend_from_slice(&0u64.to_le_bytes()),
+            Some((ver, state)) => {
+                w.extend_from_slice(&ver.to_le_bytes());
+                match state {
+                    PendingState::Data(v) => {
+                        w.push(1);
+                        encode_version(&mut w, v);
+                    }
+                    PendingState::Removed { tag } => {
+                        w.push(2);
+                        encode_tag(&mut w, *tag);
+                    }
+                }
+            }
+        }
+        w
+    }
+
+    fn versions(&self) -> impl Iterator<Item = &VersionData> {
+        let pending = match &self.pending {
+            Some((_, PendingState::Data(v))) => Some(v),
+            _ => None,
+        };
+        std::iter::once(&self.committed).chain(pending)
+    }
+
+    /// Page-table segments to write with this record, given the record it
+    /// replaces: for each version, the segments holding full pages not
+    /// already persisted for its block by a version of `old` that it extends.
+    pub fn segment_puts(&self, old: Option<&ChunkMeta>) -> Result<Vec<([u8; 14], Vec<u8>)>> {
+        let mut puts: Vec<([u8; 14], Vec<u8>)> = Vec::new();
+        for v in self.versions() {
+            let Some(block) = v.block else { continue };
+            let page = class_page_bytes(block.class)?;
+            let full = (v.len_bytes as u64 / page) as usize;
+            let persisted = old.map_or(0, |o| persisted_full_pages(o, block, v, page));
+            let first_seg = persisted / SEGMENT_PAGES;
+            let mut seg = first_seg;
+            while seg * SEGMENT_PAGES < full && persisted < full {
+                let key = segment_key(block, seg as u32);
+                let end = ((seg + 1) * SEGMENT_PAGES).min(full);
+                let mut value = Vec::with_capacity((end - seg * SEGMENT_PAGES) * 4);
+                for c in &v.page_crcs[seg * SEGMENT_PAGES..end] {
+                    value.extend_from_slice(&c.to_le_bytes());
+                }
+                if let Some(slot) = puts.iter_mut().find(|(k, _)| *k == key) {
+                    if value.len() > slot.1.len() {
+                        slot.1 = value;
+                    }
+                } else {
+                    puts.push((key, value));
+                }
+                seg += 1;
+            }
+        }
+        Ok(puts)
+    }
+
+    /// Decodes a record, reading its page-table segments with `segment`.
+    pub fn decode(
+        bytes: &[u8],
+        mut segment: impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
+    ) -> Result<ChunkMeta> {
+        let mut r = Reader { buf: bytes };
+        let format = r.u8()?;
+        if format != FORMAT {
+            return Err(ChunkError::CorruptMetadata(format!("unknown chunk record format {format}")));
+        }
+        let chain_ver = r.u32()?;
+        let committed_ver = r.u64()?;
+        let committed = decode_version(&mut r, &mut segment)?;
+        let pending_ver = r.u64()?;
+        let pending = if pending_ver == 0 {
+            None
+        } else {
+            let state = match r.u8()? {
+                1 => PendingState::Data(decode_version(&mut r, &mut segment)?),
+                2 => PendingState::Removed { tag: decode_tag(&mut r)? },
+                k => return Err(ChunkError::CorruptMetadata(format!("unknown pending kind {k}"))),
+            };
+            Some((pending_ver, state))
+        };
+        if !r.buf.is_empty() {
+            return Err(ChunkError::CorruptMetadata(format!("{} trailing bytes in chunk record", r.buf.len())));
+        }
+        Ok(ChunkMeta { chain_ver, committed_ver, committed, pending })
+    }
+}
+
+fn class_page_bytes(class: u8) -> Result<u64> {
+    SizeClass::new(class)
+        .map(SizeClass::crc_page_bytes)
+        .ok_or_else(|| ChunkError::CorruptMetadata(format!("size class {class}")))
+}
+
+/// Full pages of `v` already persisted in `block` by a version of `old`
+/// whose full pages are a prefix of `v`'s.
+fn persisted_full_pages(old: &ChunkMeta, block: BlockRef, v: &VersionData, page: u64) -> usize {
+    old.versions()
+        .filter(|w| w.block == Some(block))
+        .map(|w| (w.len_bytes as u64 / page) as usize)
+        .filter(|&n| n <= v.page_crcs.len() && old_prefix_matches(old, block, v, n))
+        .max()
+        .unwrap_or(0)
+}
+
+fn old_prefix_matches(old: &ChunkMeta, block: BlockRef, v: &VersionData, n: usize) -> bool {
+    old.versions()
+        .filter(|w| w.block == Some(block))
+        .any(|w| w.page_crcs.len() >= n && w.page_crcs[..n] == v.page_crcs[..n])
+}
+
+fn encode_tag(w: &mut Vec<u8>, tag: UpdateTag) {
+    w.extend_from_slice(&tag.client.to_le_bytes());
+    w.extend_from_slice(&tag.request.to_le_bytes());
+}
+
+fn encode_version(w: &mut Vec<u8>, v: &VersionData) {
+    match v.block {
+        None => w.push(0),
+        Some(b) => {
+            w.push(1);
+            w.push(b.class);
+            w.extend_from_slice(&b.index.to_le_bytes());
+        }
+    }
+    w.extend_from_slice(&v.len_bytes.to_le_bytes());
+    w.extend_from_slice(&v.crc.to_le_bytes());
+    encode_tag(w, v.tag);
+    let tail = match v.block.and_then(|b| class_page_bytes(b.class).ok()) {
+        Some(page) if !(v.len_bytes as u64).is_multiple_of(page) => v.page_crcs.last().copied().unwrap_or(0),
+        _ => 0,
+    };
+    w.extend_from_slice(&tail.to_le_bytes());
+}
+
+fn decode_tag(r: &mut Reader) -> Result<UpdateTag> {
+    Ok(UpdateTag { client: r.u64()?, request: r.u64()? })
+}
+
+fn decode_version(
+    r: &mut Reader,
+    segment: &mut impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
+) -> Result<VersionData> {
+    let block = match r.u8()? {
+        0 => None,
+        1 => {
+            let class = r.u8()?;
+            class_page_bytes(class)?;
+            Some(BlockRef { class, index: r.u64()? })
+        }
+        k => return Err(ChunkError::CorruptMetadata(format!("block flag {k}"))),
+    };
+    let len_bytes = r.u32()?;
+    let crc = r.u32()?;
+    let tag = decode_tag(r)?;
+    let tail = r.u32()?;
+    let page_crcs = match block {
+        None => Vec::new(),
+        Some(b) => load_page_table(b, len_bytes, tail, segment)?,
+    };
+    let v = VersionData { block, len_bytes, crc, tag, page_crcs };
+    check_version_shape(&v)?;
+    Ok(v)
+}
+
+/// Full-page entries from the block's segments, then the tail page's CRC.
+fn load_page_table(
+    block: BlockRef,
+    len_bytes: u32,
+    tail: u32,
+    segment: &mut impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
+) -> Result<Vec<u32>> {
+    let page = class_page_bytes(block.class)?;
+    if len_bytes as u64 > MAX_CHUNK_BYTES {
+        return Err(ChunkError::CorruptMetadata(format!("length {len_bytes}")));
+    }
+    let full = (len_bytes as u64 / page) as usize;
+    let mut table = Vec::with_capacity(full + 1);
+    let mut seg = 0u32;
+    while table.len() < full {
+        let want = (full - table.len()).min(SEGMENT_PAGES);
+        let value = segment(block, seg)?.unwrap_or_default();
+        if value.len() < want * 4 {
+            return Err(ChunkError::CorruptMetadata(format!(
+                "page table segment {seg} of {block:?} has {} bytes, need {}",
+                value.len(),
+                want * 4
+            )));
+        }
+        for c in value[..want * 4].chunks_exact(4) {
+            table.push(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        }
+        seg += 1;
+    }
+    if !(len_bytes as u64).is_multiple_of(page) {
+        table.push(tail);
+    }
+    Ok(table)
+}
+
+/// A version's block, length and page table must agree.
+fn check_version_shape(v: &VersionData) -> Result<()> {
+    let Some(b) = v.block else {
+        return if v.len_bytes == 0 && v.page_crcs.is_empty() {
+            Ok(())
+        } else {
+            Err(ChunkError::CorruptMetadata("content without a block".into()))
+        };
+    };
+    let class = SizeClass::new(b.class).ok_or_else(|| ChunkError::CorruptMetadata("size class".into()))?;
+    let pages = (v.len_bytes as u64).div_ceil(class.crc_page_bytes());
+    if v.len_bytes as u64 > class.block_bytes() || pages != v.page_crcs.len() as u64 {
+        return Err(ChunkError::CorruptMetadata(format!(
+            "length {} / {} page checksums do not fit class {}",
+            v.len_bytes,
+            v.page_crcs.len(),
+            b.class
+        )));
+    }
+    Ok(())
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
+        if self.buf.len() < N {
+            return Err(ChunkError::CorruptMetadata("truncated chunk record".into()));
+        }
+        let (head, rest) = self.buf.split_at(N);
+        self.buf = rest;
+        let mut out = [0u8; N];
+        out.copy_from_slice(head);
+        Ok(out)
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take::<1>()?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn store(meta: &ChunkMeta, old: Option<&ChunkMeta>, segs: &mut HashMap<[u8; 14], Vec<u8>>) -> Vec<u8> {
+        for (k, v) in meta.segment_puts(old).unwrap() {
+            segs.insert(k, v);
+        }
+        meta.encode()
+    }
+
+    fn load(bytes: &[u8], segs: &HashMap<[u8; 14], Vec<u8>>) -> Result<ChunkMeta> {
+        ChunkMeta::decode(bytes, |b, s| Ok(segs.get(&segment_key(b, s)).cloned()))
+    }
+
+    fn version(len_bytes: u32, pages: usize, seed: u32) -> VersionData {
+        VersionData {
+            block: Some(BlockRef { class: 4, index: 9 }),
+            len_bytes,
+            crc: 0xdead_beef,
+            tag: UpdateTag { client: 1, request: 2 },
+            page_crcs: (0..pages as u32).map(|i| i * 7 + seed).collect(),
+        }
+    }
+
+    #[test]
+    fn record_round_trips_and_rejects_garbage() {
+        let mut segs = HashMap::new();
+        let meta = ChunkMeta {
+            chain_ver: 7,
+            committed_ver: 3,
+            committed: version(300_000, 74, 0),
+            pending: Some((4, PendingState::Removed { tag: UpdateTag { client: 1, request: 3 } })),
+        };
+        let bytes = store(&meta, None, &mut segs);
+        assert_eq!(segs.len(), 2, "73 full pages = 2 segments");
+        assert_eq!(load(&bytes, &segs).unwrap(), meta);
+        for cut in 0..bytes.len() {
+            assert!(load(&bytes[..cut], &segs).is_err());
+        }
+        let mut bad = bytes.clone();
+        bad[0] = 9;
+        assert!(load(&bad, &segs).is_err());
+        assert!(load(&bytes, &HashMap::new()).is_err(), "missing page table");
+    }
+
+    #[test]
+    fn in_place_append_writes_only_new_segments() {
+        let mut segs = HashMap::new();
+        let committed = version(200 * 4096, 200, 0);
+        let c = ChunkMeta { chain_ver: 1, committed_ver: 1, committed: committed.clone(), pending: None };
+        let bytes = store(&c, None, &mut segs);
+        assert_eq!(load(&bytes, &segs).unwrap(), c);
+        // Pending extends the same block by 16 pages: only segment 3 changes.
+        let mut p = version(216 * 4096, 216, 0);
+        p.page_crcs[..200].copy_from_slice(&committed.page_crcs);
+        let with_pending = ChunkMeta { pending: Some((2, PendingState::Data(p.clone()))), ..c.clone() };
+        let puts = with_pending.segment_puts(Some(&c)).unwrap();
+        assert_eq!(puts.len(), 1);
+        assert_eq!(puts[0].0, segment_key(BlockRef { class: 4, index: 9 }, 3));
+        let bytes = store(&with_pending, Some(&c), &mut segs);
+        assert!(bytes.len() < 120);
+        assert_eq!(load(&bytes, &segs).unwrap(), with_pending);
+        // Commit: nothing new to write.
+        let committed2 = ChunkMeta { chain_ver: 1, committed_ver: 2, committed: p, pending: None };
+        assert!(committed2.segment_puts(Some(&with_pending)).unwrap().is_empty());
+    }
+}
