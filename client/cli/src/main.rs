@@ -1,6 +1,7 @@
 //! `fskv`: the one binary of 3FS-KV. Every process is a subcommand, so one
 //! build installs everything.
 
+mod admin;
 mod bench;
 mod config;
 mod up;
@@ -25,6 +26,9 @@ enum Command {
     /// Benchmarks, each next to its baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Cluster administration.
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -68,6 +72,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
+            Command::Admin(cmd) => admin::run(cmd),
             Command::Config(ConfigCommand::Default) => {
                 print!("{}", config::DEFAULT_TOML);
                 Ok(())
