@@ -13,6 +13,21 @@ echo "test: cargo check -p fskv-kv --features fdb (FoundationDB engine must comp
 cargo check -p fskv-kv --features fdb --tests
 
 echo "test: cargo test --workspace"
-cargo test --workspace --no-fail-fast
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
 
+# One closing line over every test binary (cargo prints one per binary, the
+# last of which is often an empty doc-test run).
+passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
 echo "test: done in $(( $(date +%s) - start )) s"
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    echo "test: cargo test exited with $status (a build error or a crashed test binary)"
+    failed=1
+fi
+echo "workspace: $passed passed, $failed failed"
+exit "$status"
