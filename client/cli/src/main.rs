@@ -4,6 +4,8 @@
 mod admin;
 mod bench;
 mod config;
+#[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
+mod supervisor;
 mod up;
 
 use clap::{Parser, Subcommand};
