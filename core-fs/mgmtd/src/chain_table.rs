@@ -150,7 +150,7 @@ fn validate(spec: &ChainTableSpec) -> Result<usize, ChainTableError> {
         ));
     }
     let total = spec.nodes * spec.targets_per_node;
-    if total % spec.replicas != 0 {
+    if !total.is_multiple_of(spec.replicas) {
         return bad(format!(
             "{} nodes x {} targets = {} targets do not divide into chains of {}",
             spec.nodes, spec.targets_per_node, total, spec.replicas

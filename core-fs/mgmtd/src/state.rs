@@ -112,7 +112,7 @@ pub fn next_chain(chain: &ChainView) -> ChainView {
     let indices_in = |state: PublicState| -> Vec<usize> {
         chain.targets.iter().enumerate().filter(|(_, t)| t.public == state).map(|(i, _)| i).collect()
     };
-    let has = |next: &[Option<PublicState>], s: PublicState| next.iter().any(|n| *n == Some(s));
+    let has = |next: &[Option<PublicState>], s: PublicState| next.contains(&Some(s));
 
     // 1. serving
     let serving = indices_in(PublicState::Serving);
