@@ -7,8 +7,11 @@
 //! forwarding, the sync worker). See `docs/storage.md`.
 
 pub mod chain;
+pub mod cluster;
 pub mod error;
 pub mod locks;
+pub mod service;
 pub mod sync;
 
 pub use error::{StorageError, Result};
+pub use service::{RunningStorage, StorageConfig, StorageService};

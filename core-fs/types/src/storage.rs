@@ -64,7 +64,9 @@ pub enum ForwardMode {
     /// Replace the whole chunk with the payload as committed version
     /// `version` (to a syncing target, by recovery, or to repair a
     /// diverged successor). `op` is ignored.
-    FullReplace { version: u64, len_bytes: u32, crc: u32 },
+    /// `chunk_chain_ver` is recorded as the chunk's chain version (recovery
+    /// keeps the predecessor's, so replicas end with equal metadata).
+    FullReplace { version: u64, chunk_chain_ver: u32, len_bytes: u32, crc: u32 },
     /// Remove the chunk if present (recovery's "delete"); committed at once.
     ReplaceRemove,
 }
@@ -199,7 +201,6 @@ pub struct TargetSpace {
     pub target: TargetId,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
-    pub chunks: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
