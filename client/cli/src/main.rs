@@ -3,6 +3,7 @@
 
 mod bench;
 mod config;
+mod storage_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,8 @@ enum Command {
     /// Benchmarks, each next to its baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run one storage service (chunk engines + CRAQ replication).
+    Storage(storage_cmd::StorageArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
+            Command::Storage(args) => storage_cmd::run(args).await,
             Command::Config(ConfigCommand::Default) => {
                 print!("{}", config::DEFAULT_TOML);
                 Ok(())

@@ -6,6 +6,7 @@
 //! [`service`] is the async shell around them (RPC handlers, chunk locks,
 //! forwarding, the sync worker). See `docs/storage.md`.
 
+pub mod bench;
 pub mod chain;
 pub mod cluster;
 pub mod error;
