@@ -84,6 +84,8 @@ struct Inner {
     read_slots: Semaphore,
     /// (me, successor, chain version) of syncs running now.
     syncs: Mutex<HashSet<(TargetId, TargetId, u32)>>,
+    /// Plan of the last completed sync driven by each local target.
+    last_sync: Mutex<HashMap<TargetId, sync::PlanSummary>>,
 }
 
 /// A running service: its RPC server and its sync worker.
@@ -143,6 +145,7 @@ impl StorageService {
                 routing,
                 rpc,
                 syncs: Mutex::new(HashSet::new()),
+                last_sync: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -188,6 +191,11 @@ impl StorageService {
         let routing = self.inner.routing.current();
         let serving = routing.locate_target(target).is_some_and(|(_, ct)| ct.state.can_read());
         Some(if serving || *t.sync_done.lock() { LocalTargetState::UpToDate } else { LocalTargetState::Online })
+    }
+
+    /// The plan summary of the last sync `target` completed as predecessor.
+    pub fn last_sync(&self, target: TargetId) -> Option<sync::PlanSummary> {
+        self.inner.last_sync.lock().get(&target).copied()
     }
 
     /// Binds `addr`, serves the storage RPCs and starts the sync worker.
@@ -663,6 +671,7 @@ impl StorageService {
             self.sync_chunk(&target, &addr, succ, chain_id, chain_ver, chunk, remote_by_id.get(&chunk)).await?;
         }
         self.inner.rpc.call::<SyncDone>(&addr, &mark, Bytes::new(), self.call_opts()).await.map_err(rpc_err)?;
+        self.inner.last_sync.lock().insert(me, summary);
         info!("sync done");
         Ok(summary)
     }

@@ -273,6 +273,8 @@ async fn recovery_round(wipe: bool) {
         cluster.set_state(TargetId(3), PublicTargetState::Syncing);
         let w2 = spawn_writer(client(&cluster), 2, stop.clone());
         wait_up_to_date(&cluster, 2, TargetId(3)).await;
+        let plan = cluster.service(1).and_then(|s| s.last_sync(TargetId(2))).expect("target 2 ran the sync");
+        assert!(plan.send > 0, "the sync sent nothing: {plan:?}");
         cluster.set_state(TargetId(3), PublicTargetState::Serving);
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop.store(true, Ordering::Relaxed);
@@ -290,6 +292,37 @@ async fn recovery_round(wipe: bool) {
             }
             assert!(seen.windows(2).all(|w| w[0] == w[1]), "{chunk}: replicas disagree");
         }
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_read_spreads_over_targets_under_a_single_sender_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = three_node_cluster(dir.path()).await;
+    with_timeout(async {
+        let c = cluster.client(StorageClientConfig { max_concurrent_senders: 1, ..Default::default() });
+        let mut specs = Vec::new();
+        for i in 0..12u64 {
+            let chunk = ChunkId::new(InodeId(4), i);
+            c.write(CHAIN, chunk, 0, Bytes::from(vec![i as u8; 1000 + i as usize])).await.unwrap();
+            specs.push(fskv_client::storage::ReadSpec { chain: CHAIN, chunk, offset_bytes: 0, len_bytes: 4096, relaxed: false });
+        }
+        specs.push(fskv_client::storage::ReadSpec {
+            chain: CHAIN,
+            chunk: ChunkId::new(InodeId(4), 99),
+            offset_bytes: 0,
+            len_bytes: 10,
+            relaxed: false,
+        });
+        let results = c.batch_read(&specs).await;
+        for (i, r) in results.iter().take(12).enumerate() {
+            let d = r.as_ref().expect("read");
+            assert_eq!(d.data.len(), 1000 + i);
+            assert!(d.data.iter().all(|b| *b == i as u8));
+        }
+        assert_eq!(results[12].as_ref().unwrap_err().code(), ErrorCode::NotFound);
     })
     .await;
     cluster.shutdown().await;
