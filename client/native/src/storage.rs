@@ -499,7 +499,7 @@ impl StorageClient {
         Err(StorageClientError::RetriesExhausted { attempts: cfg.max_attempts, last: Box::new(last) })
     }
 
-    fn chain_of<'a>(routing: &'a RoutingInfo, chain: ChainId) -> std::result::Result<&'a ChainInfo, (StorageClientError, u64)> {
+    fn chain_of(routing: &RoutingInfo, chain: ChainId) -> std::result::Result<&ChainInfo, (StorageClientError, u64)> {
         routing
             .chain(chain)
             .ok_or_else(|| (StorageClientError::NoRoute(format!("{chain} not in routing v{}", routing.version)), routing.version))
