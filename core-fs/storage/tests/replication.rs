@@ -337,3 +337,35 @@ async fn recovery_of_an_empty_target_while_writing() {
 async fn recovery_of_a_stale_target_while_writing() {
     recovery_round(false).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn diverged_successor_is_repaired_with_a_full_chunk_replace() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = three_node_cluster(dir.path()).await;
+    with_timeout(async {
+        let c = client(&cluster);
+        let chunk = ChunkId::new(InodeId(6), 0);
+        c.write(CHAIN, chunk, 0, Bytes::from_static(b"base")).await.unwrap();
+        // The tail committed a version its predecessors do not have (its
+        // ack was lost and the head's pending was replaced by another write).
+        let tail = cluster.engine(TargetId(3)).unwrap();
+        let out = tail
+            .update(&fskv_chunk_engine::UpdateRequest {
+                chunk,
+                chain_ver: 1,
+                kind: fskv_chunk_engine::UpdateKind::Write { offset_bytes: 0, data: b"LOST" },
+                tag: fskv_chunk_engine::UpdateTag { client: 9, request: 9 },
+                expected_ver: None,
+                chunk_size_hint_bytes: None,
+            })
+            .unwrap();
+        tail.commit(chunk, out.pending_ver).unwrap();
+        let resp = c.write(CHAIN, chunk, 2, Bytes::from_static(b"NEW")).await.unwrap();
+        assert_eq!(resp.version, 2);
+        assert_replicas_equal(&cluster, &[TargetId(1), TargetId(2), TargetId(3)]);
+        let read = c.read(CHAIN, chunk, 0, 16, false).await.unwrap();
+        assert_eq!(&read.data[..], b"baNEW");
+    })
+    .await;
+    cluster.shutdown().await;
+}
