@@ -9,7 +9,7 @@
 //! the disk 3 times: the expected ceiling for chain-3 writes is
 //! `min(iperf3, fio write) / 3` (both limits share the 2 CPUs here).
 
-use crate::cluster::LocalCluster;
+use crate::cluster::{ClusterOptions, LocalCluster};
 use anyhow::Context;
 use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
@@ -166,7 +166,8 @@ pub async fn run(opts: StorageBenchOptions) -> anyhow::Result<StorageBenchReport
 
 async fn bench_chain(root: &std::path::Path, len: usize, opts: &StorageBenchOptions) -> anyhow::Result<ChainResult> {
     let spec: Vec<(TargetId, usize)> = (0..len).map(|i| (TargetId(i as u64 + 1), i)).collect();
-    let cluster = LocalCluster::start(root, len, &[spec], EngineConfig { blocks_per_grow: 256, sync_writes: false }).await?;
+    let engine = EngineConfig { blocks_per_grow: 256, sync_writes: false };
+    let cluster = LocalCluster::start(root, len, &[spec], ClusterOptions::new(engine)).await?;
     let client = cluster.client(StorageClientConfig { max_concurrent_senders: 16, ..Default::default() });
     let limit = Duration::from_secs_f64(opts.seconds_per_workload.max(0.2));
     let chain = ChainId(1);

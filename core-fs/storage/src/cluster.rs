@@ -19,9 +19,23 @@ const REOPEN_RETRY_MS: u64 = 5_000;
 /// One chain of the cluster: `(target, node index)` in chain order.
 pub type ChainSpec = Vec<(TargetId, usize)>;
 
+/// Settings of every service of a [`LocalCluster`].
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub engine: EngineConfig,
+    /// See [`StorageConfig::sync_pause_between_chunks_ms`].
+    pub sync_pause_between_chunks_ms: u64,
+}
+
+impl ClusterOptions {
+    pub fn new(engine: EngineConfig) -> Self {
+        ClusterOptions { engine, sync_pause_between_chunks_ms: 0 }
+    }
+}
+
 pub struct LocalCluster {
     root: PathBuf,
-    engine_config: EngineConfig,
+    options: ClusterOptions,
     publisher: RoutingPublisher,
     nodes: Vec<Option<RunningStorage>>,
     node_targets: Vec<Vec<TargetId>>,
@@ -47,7 +61,7 @@ pub fn reorder(chain: &mut ChainInfo) {
 impl LocalCluster {
     /// Starts `node_count` services under `root`, each hosting its targets
     /// of `chains` (chain ids 1, 2, …), every target serving.
-    pub async fn start(root: &Path, node_count: usize, chains: &[ChainSpec], engine_config: EngineConfig) -> anyhow::Result<Self> {
+    pub async fn start(root: &Path, node_count: usize, chains: &[ChainSpec], options: ClusterOptions) -> anyhow::Result<Self> {
         let mut node_targets = vec![Vec::new(); node_count];
         let mut infos = Vec::new();
         for (i, spec) in chains.iter().enumerate() {
@@ -63,7 +77,7 @@ impl LocalCluster {
         let (publisher, _) = RoutingPublisher::new(routing);
         let mut cluster = LocalCluster {
             root: root.to_path_buf(),
-            engine_config,
+            options,
             publisher,
             nodes: (0..node_count).map(|_| None).collect(),
             node_targets,
@@ -111,11 +125,15 @@ impl LocalCluster {
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let deadline = tokio::time::Instant::now() + Duration::from_millis(REOPEN_RETRY_MS);
         let service = loop {
+            let config = StorageConfig {
+                sync_pause_between_chunks_ms: self.options.sync_pause_between_chunks_ms,
+                ..StorageConfig::new(node_id(n))
+            };
             let opened = StorageService::open(
-                StorageConfig::new(node_id(n)),
+                config,
                 &dir,
                 &self.node_targets[n],
-                self.engine_config.clone(),
+                self.options.engine.clone(),
                 self.publisher.handle(),
                 rpc.clone(),
             );

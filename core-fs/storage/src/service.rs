@@ -44,6 +44,9 @@ pub struct StorageConfig {
     pub sync_poll_ms: u64,
     /// Pause before a failed sync is retried.
     pub sync_retry_delay_ms: u64,
+    /// Pause between two chunk transfers of a sync (throttles recovery in
+    /// favour of foreground I/O; 0 = none).
+    pub sync_pause_between_chunks_ms: u64,
 }
 
 impl StorageConfig {
@@ -56,6 +59,7 @@ impl StorageConfig {
             forward_timeout_ms: 10_000,
             sync_poll_ms: 200,
             sync_retry_delay_ms: 200,
+            sync_pause_between_chunks_ms: 0,
         }
     }
 }
@@ -667,8 +671,12 @@ impl StorageService {
         let mut ids: Vec<ChunkId> = plan.iter().map(SyncAction::chunk).collect();
         let planned: HashSet<ChunkId> = ids.iter().copied().collect();
         ids.extend(local.iter().map(|(id, _)| *id).filter(|id| !planned.contains(id)));
+        let pause_ms = self.inner.config.sync_pause_between_chunks_ms;
         for chunk in ids {
             self.sync_chunk(&target, &addr, succ, chain_id, chain_ver, chunk, remote_by_id.get(&chunk)).await?;
+            if pause_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            }
         }
         self.inner.rpc.call::<SyncDone>(&addr, &mark, Bytes::new(), self.call_opts()).await.map_err(rpc_err)?;
         self.inner.last_sync.lock().insert(me, summary);

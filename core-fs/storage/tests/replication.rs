@@ -4,7 +4,7 @@ use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
 use fskv_client::storage::{StorageClient, StorageClientConfig, WriteChunk};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
-use fskv_storage::cluster::LocalCluster;
+use fskv_storage::cluster::{ClusterOptions, LocalCluster};
 use fskv_types::routing::{LocalTargetState, PublicTargetState};
 use fskv_types::storage::{RequestTag, UpdateOp, WriteReq};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, TargetId};
@@ -16,13 +16,15 @@ use std::time::Duration;
 const CHAIN: ChainId = ChainId(1);
 const TEST_TIMEOUT_SECS: u64 = 120;
 
-fn engine_config() -> EngineConfig {
-    EngineConfig { blocks_per_grow: 8, sync_writes: false }
+fn options() -> ClusterOptions {
+    // Recovery pauses 5 ms between chunks so that a sync of a few dozen
+    // chunks overlaps with the writers for sure.
+    ClusterOptions { engine: EngineConfig { blocks_per_grow: 8, sync_writes: false }, sync_pause_between_chunks_ms: 5 }
 }
 
 async fn three_node_cluster(dir: &std::path::Path) -> LocalCluster {
     let chain = vec![(TargetId(1), 0), (TargetId(2), 1), (TargetId(3), 2)];
-    LocalCluster::start(dir, 3, &[chain], engine_config()).await.expect("cluster")
+    LocalCluster::start(dir, 3, &[chain], options()).await.expect("cluster")
 }
 
 fn client(cluster: &LocalCluster) -> StorageClient {
@@ -219,7 +221,7 @@ async fn uncommitted_data_is_hidden_unless_relaxed_and_retry_completes_it_once()
 
 /// Writes random data to chunks of inode 10 until `stop`; returns the
 /// number of acknowledged writes.
-fn spawn_writer(c: StorageClient, seed: u64, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64> {
+fn spawn_writer(c: StorageClient, seed: u64, stop: Arc<AtomicBool>, acked_total: Arc<AtomicU64>) -> tokio::task::JoinHandle<u64> {
     tokio::spawn(async move {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut acked = 0;
@@ -233,7 +235,10 @@ fn spawn_writer(c: StorageClient, seed: u64, stop: Arc<AtomicBool>) -> tokio::ta
                 c.write(CHAIN, chunk, rng.gen_range(0..8u64) * 8192, data).await.map(|_| ())
             };
             match r {
-                Ok(()) => acked += 1,
+                Ok(()) => {
+                    acked += 1;
+                    acked_total.fetch_add(1, Ordering::Relaxed);
+                }
                 Err(e) if e.code() == ErrorCode::NotFound => {} // remove of a missing chunk
                 Err(e) => panic!("write failed: {e}"),
             }
@@ -257,7 +262,8 @@ async fn recovery_round(wipe: bool) {
     let mut cluster = three_node_cluster(dir.path()).await;
     with_timeout(async {
         let stop = Arc::new(AtomicBool::new(false));
-        let w1 = spawn_writer(client(&cluster), 1, stop.clone());
+        let acked_total = Arc::new(AtomicU64::new(0));
+        let w1 = spawn_writer(client(&cluster), 1, stop.clone(), acked_total.clone());
         tokio::time::sleep(Duration::from_millis(400)).await;
         // Take the tail out: mgmtd marks it offline (chain version bumps).
         cluster.stop_node(2).await;
@@ -271,8 +277,11 @@ async fn recovery_round(wipe: bool) {
         };
         assert_ne!(versions(TargetId(3)), versions(TargetId(1)), "the returning target must be behind");
         cluster.set_state(TargetId(3), PublicTargetState::Syncing);
-        let w2 = spawn_writer(client(&cluster), 2, stop.clone());
+        let at_sync_start = acked_total.load(Ordering::Relaxed);
+        let w2 = spawn_writer(client(&cluster), 2, stop.clone(), acked_total.clone());
         wait_up_to_date(&cluster, 2, TargetId(3)).await;
+        let during_sync = acked_total.load(Ordering::Relaxed) - at_sync_start;
+        assert!(during_sync > 0, "no write was acknowledged while the target was syncing");
         let plan = cluster.service(1).and_then(|s| s.last_sync(TargetId(2))).expect("target 2 ran the sync");
         assert!(plan.send > 0, "the sync sent nothing: {plan:?}");
         cluster.set_state(TargetId(3), PublicTargetState::Serving);
