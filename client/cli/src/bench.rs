@@ -13,6 +13,8 @@ pub enum BenchCommand {
     Kv(KvArgs),
     /// Chunk engine 4 KiB random reads, 1 MiB writes and 64 KiB appends vs fio on the same disk.
     Chunk(ChunkArgs),
+    /// 1 MiB writes/reads and 4 KiB random reads through loopback chains of 3 and 1 targets vs iperf3 and fio.
+    Storage(crate::storage_cmd::StorageBenchArgs),
 }
 
 #[derive(Args)]
@@ -105,6 +107,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
             let report = tokio::task::spawn_blocking(move || fskv_chunk_engine::bench::run(opts)).await??;
             emit(&report, a.common.json.as_ref())
         }
+        BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

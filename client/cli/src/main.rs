@@ -6,6 +6,7 @@ mod bench;
 mod config;
 #[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
 mod supervisor;
+mod storage_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -31,6 +32,8 @@ enum Command {
     /// Cluster administration.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
+    /// Run one storage service (chunk engines + CRAQ replication).
+    Storage(storage_cmd::StorageArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -75,6 +78,7 @@ fn main() -> std::process::ExitCode {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
             Command::Admin(cmd) => admin::run(cmd),
+            Command::Storage(args) => storage_cmd::run(args).await,
             Command::Config(ConfigCommand::Default) => {
                 print!("{}", config::DEFAULT_TOML);
                 Ok(())

@@ -357,7 +357,7 @@ fn fs_magic(path: &Path) -> anyhow::Result<i64> {
 }
 
 /// fio's version, installing it with apt-get if missing and running as root.
-fn ensure_fio() -> Option<String> {
+pub fn ensure_fio() -> Option<String> {
     let version = || {
         Command::new("fio").arg("--version").output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
@@ -376,12 +376,13 @@ fn ensure_fio() -> Option<String> {
     version()
 }
 
-struct FioFigures {
-    iops: f64,
+pub struct FioFigures {
+    pub iops: f64,
 }
 
 /// Runs one fio job (psync, one thread, buffered) and returns its figures.
-fn fio_job(
+/// Public so other benches measure the disk the same way.
+pub fn fio_job(
     dir: &Path,
     file: &str,
     rw: &str,

@@ -287,7 +287,9 @@ fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted.get(rank).copied().unwrap_or(0)
 }
 
-async fn run_iperf3(seconds: u64) -> Iperf3Report {
+/// Single-stream iperf3 over 127.0.0.1 for `seconds` (installs iperf3 with
+/// apt-get when missing and root). Other benches reuse it as their network baseline.
+pub async fn run_iperf3(seconds: u64) -> Iperf3Report {
     let failed = |status: &str, note: String| Iperf3Report { status: status.into(), mib_per_sec: None, gbit_per_sec: None, note };
     if !iperf3_present().await {
         if !is_root().await {

@@ -55,6 +55,9 @@ pub enum ErrorCode {
     ChecksumMismatch = 402,
     /// The target does not serve this operation in its current state.
     TargetNotServing = 403,
+    /// A forwarded update's version does not follow the successor's committed
+    /// version (replicas diverged); the predecessor repairs with a full-chunk replace.
+    ChunkVersionMismatch = 404,
 }
 
 impl ErrorCode {
@@ -112,6 +115,7 @@ impl ErrorCode {
             ChunkUncommitted,
             ChecksumMismatch,
             TargetNotServing,
+            ChunkVersionMismatch,
         ];
         ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(Internal)
     }

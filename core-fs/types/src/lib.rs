@@ -7,6 +7,8 @@
 
 pub mod error;
 pub mod ids;
+pub mod routing;
+pub mod storage;
 
 pub use error::{ErrorCode, Status};
 pub use ids::{ChainId, ChunkId, InodeId, NodeId, TargetId};

@@ -1,0 +1,631 @@
+//! The calling side of the storage service: RPC method definitions
+//! (ids 2000–2999), the routing handle, and [`StorageClient`].
+//!
+//! # Retries
+//! * Writes go to the head of the chain (first serving target). A write
+//!   carries `(client id, request id)`; a retry reuses both, so the service
+//!   applies it once.
+//! * `StaleChainVersion` / `TargetNotServing`: refresh routing through the
+//!   [`RoutingHandle`], then retry.
+//! * `ChunkUncommitted` on a read: short backoff and retry on the next
+//!   serving target (or ask for a relaxed read up front).
+//! * Transport errors: backoff and retry. Every loop is bounded by
+//!   `max_retries`.
+//!
+//! # Read flow control (request-to-send, simplified)
+//! The client owns a semaphore of `max_concurrent_senders`. A target may
+//! only send read data to this client while the client holds a permit for
+//! it: a batch read to one target is issued (the "grant") only after a permit
+//! is taken and the permit is held until the reply has arrived. So at most
+//! `max_concurrent_senders` targets stream data to one client at once, however
+//! many reads are queued. Limit: over TCP the grant and the request are one
+//! message (the storage side never announces first), so the client cannot
+//! prioritise among targets that are ready; with RDMA the service would
+//! post an announce and the client would answer with a grant.
+
+use bytes::Bytes;
+use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};
+use fskv_types::routing::{ChainInfo, RoutingInfo};
+use fskv_types::storage::*;
+use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, Status, TargetId};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Semaphore};
+
+// ----- methods -----
+
+macro_rules! storage_method {
+    ($(#[$doc:meta])* $name:ident = $id:literal, $req:ty => $resp:ty) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl Method for $name {
+            const ID: u16 = $id;
+            const NAME: &'static str = concat!("storage.", stringify!($name));
+            type Req = $req;
+            type Resp = $resp;
+        }
+    };
+}
+
+storage_method!(
+    /// Client write at the head; payload = data of a `Write` op.
+    WriteChunk = 2001, WriteReq => WriteResp
+);
+storage_method!(
+    /// Predecessor → successor; payload = data (op data or full chunk).
+    ForwardChunk = 2002, ForwardReq => ForwardResp
+);
+storage_method!(
+    /// Reads; reply payload = data of the successful reads back to back.
+    BatchRead = 2003, BatchReadReq => BatchReadResp
+);
+storage_method!(CommitChunk = 2004, CommitReq => CommitResp);
+storage_method!(QueryLastChunk = 2005, QueryLastChunkReq => QueryLastChunkResp);
+storage_method!(RemoveChunks = 2006, RemoveChunksReq => RemoveChunksResp);
+storage_method!(SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp);
+storage_method!(DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
+storage_method!(SyncStart = 2009, SyncReq => SyncResp);
+storage_method!(SyncDone = 2010, SyncReq => SyncResp);
+
+// ----- routing handle -----
+
+/// Something that can produce newer routing info on request (mgmtd's
+/// client, later). Fixed tables have no source.
+pub trait RoutingSource: Send + Sync + 'static {
+    /// Asks for routing newer than `known_version`; resolves once the source
+    /// has published what it has (it may be unchanged).
+    fn request_refresh(&self, known_version: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// A cached view of the latest routing info plus a way to ask for newer.
+#[derive(Clone)]
+pub struct RoutingHandle {
+    rx: watch::Receiver<Arc<RoutingInfo>>,
+    source: Option<Arc<dyn RoutingSource>>,
+}
+
+/// The writing side of a [`RoutingHandle`] (tests and the mgmtd client).
+pub struct RoutingPublisher {
+    tx: watch::Sender<Arc<RoutingInfo>>,
+}
+
+impl RoutingPublisher {
+    /// A publisher and handle starting from `info` (the pre-mgmtd/test path).
+    pub fn new(info: RoutingInfo) -> (RoutingPublisher, RoutingHandle) {
+        let (tx, rx) = watch::channel(Arc::new(info));
+        (RoutingPublisher { tx }, RoutingHandle { rx, source: None })
+    }
+
+    pub fn handle(&self) -> RoutingHandle {
+        RoutingHandle { rx: self.tx.subscribe(), source: None }
+    }
+
+    pub fn current(&self) -> Arc<RoutingInfo> {
+        self.tx.borrow().clone()
+    }
+
+    /// Applies `change` to a copy of the current info and publishes it with
+    /// the routing version bumped by one.
+    pub fn update(&self, change: impl FnOnce(&mut RoutingInfo)) -> Arc<RoutingInfo> {
+        let mut next = (*self.current()).clone();
+        change(&mut next);
+        next.version = self.current().version + 1;
+        let next = Arc::new(next);
+        self.tx.send_replace(next.clone());
+        next
+    }
+}
+
+impl RoutingHandle {
+    pub fn new(rx: watch::Receiver<Arc<RoutingInfo>>, source: Option<Arc<dyn RoutingSource>>) -> Self {
+        RoutingHandle { rx, source }
+    }
+
+    pub fn current(&self) -> Arc<RoutingInfo> {
+        self.rx.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<RoutingInfo>> {
+        self.rx.clone()
+    }
+
+    /// Asks the source (if any) for routing newer than `known_version` and
+    /// waits up to `wait` for it to arrive; returns the latest info either way.
+    pub async fn refresh(&self, known_version: u64, wait: Duration) -> Arc<RoutingInfo> {
+        if let Some(source) = &self.source {
+            source.request_refresh(known_version).await;
+        }
+        let mut rx = self.rx.clone();
+        let _ = tokio::time::timeout(wait, rx.wait_for(|r| r.version > known_version)).await;
+        self.current()
+    }
+}
+
+// ----- errors -----
+
+/// Everything a storage client call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageClientError {
+    #[error("storage error {0}")]
+    Remote(Status),
+    #[error("rpc error: {0}")]
+    Rpc(RpcError),
+    #[error("no route: {0}")]
+    NoRoute(String),
+    #[error("checksum mismatch on {chunk}: expected {expected:#010x}, got {actual:#010x}")]
+    Checksum { chunk: ChunkId, expected: u32, actual: u32 },
+    #[error("gave up after {attempts} attempts; last error: {last}")]
+    RetriesExhausted { attempts: u32, last: Box<StorageClientError> },
+}
+
+impl StorageClientError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StorageClientError::Remote(s) => s.code,
+            StorageClientError::Rpc(e) => e.code(),
+            StorageClientError::NoRoute(_) => ErrorCode::TargetNotServing,
+            StorageClientError::Checksum { .. } => ErrorCode::ChecksumMismatch,
+            StorageClientError::RetriesExhausted { last, .. } => last.code(),
+        }
+    }
+}
+
+impl From<RpcError> for StorageClientError {
+    fn from(e: RpcError) -> Self {
+        match e {
+            RpcError::Remote(s) => StorageClientError::Remote(s),
+            other => StorageClientError::Rpc(other),
+        }
+    }
+}
+
+pub type Result<T, E = StorageClientError> = std::result::Result<T, E>;
+
+// ----- client -----
+
+/// Client limits; times and counts carry their units.
+#[derive(Clone, Debug)]
+pub struct StorageClientConfig {
+    /// Identifies this client in request tags; must be unique per live client.
+    pub client_id: u64,
+    /// Targets allowed to send read data to this client at once (incast limit).
+    pub max_concurrent_senders: usize,
+    /// Attempts per operation (first try included).
+    pub max_attempts: u32,
+    /// Backoff between attempts (doubles, capped at 16x).
+    pub retry_backoff_ms: u64,
+    pub call_timeout_ms: u64,
+    /// How long to wait for newer routing after a stale-version error.
+    pub routing_wait_ms: u64,
+}
+
+impl Default for StorageClientConfig {
+    fn default() -> Self {
+        StorageClientConfig {
+            client_id: rand::random::<u64>() | 1,
+            max_concurrent_senders: 8,
+            max_attempts: 12,
+            retry_backoff_ms: 5,
+            call_timeout_ms: 30_000,
+            routing_wait_ms: 500,
+        }
+    }
+}
+
+/// Result of one read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadData {
+    pub data: Bytes,
+    pub version: u64,
+    pub chunk_len_bytes: u32,
+    /// The data is from a pending version (relaxed read only).
+    pub uncommitted: bool,
+}
+
+/// One read of [`StorageClient::batch_read`].
+#[derive(Clone, Copy, Debug)]
+pub struct ReadSpec {
+    pub chain: ChainId,
+    pub chunk: ChunkId,
+    pub offset_bytes: u64,
+    pub len_bytes: u32,
+    pub relaxed: bool,
+}
+
+/// Storage client: chain-aware writes and reads with bounded retries.
+#[derive(Clone)]
+pub struct StorageClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rpc: RpcClient,
+    routing: RoutingHandle,
+    config: StorageClientConfig,
+    next_request: AtomicU64,
+    spread: AtomicUsize,
+    senders: Arc<Semaphore>,
+}
+
+/// Where one attempt goes.
+struct Route {
+    chain_ver: u32,
+    target: TargetId,
+    addr: String,
+    routing_version: u64,
+}
+
+impl StorageClient {
+    pub fn new(rpc: RpcClient, routing: RoutingHandle, config: StorageClientConfig) -> Self {
+        assert!(config.max_concurrent_senders > 0 && config.max_attempts > 0);
+        let senders = Arc::new(Semaphore::new(config.max_concurrent_senders));
+        StorageClient {
+            inner: Arc::new(Inner {
+                rpc,
+                routing,
+                config,
+                next_request: AtomicU64::new(1),
+                spread: AtomicUsize::new(rand::random::<u16>() as usize),
+                senders,
+            }),
+        }
+    }
+
+    pub fn routing(&self) -> &RoutingHandle {
+        &self.inner.routing
+    }
+
+    pub fn config(&self) -> &StorageClientConfig {
+        &self.inner.config
+    }
+
+    /// A fresh tag for a new request; pass it to the `*_tagged` calls to
+    /// retry a request yourself with the same identity.
+    pub fn new_tag(&self) -> RequestTag {
+        RequestTag { client: self.inner.config.client_id, request: self.inner.next_request.fetch_add(1, Ordering::Relaxed) }
+    }
+
+    /// Writes `data` at `offset_bytes` of `chunk`; returns once every target
+    /// of the chain committed.
+    pub async fn write(&self, chain: ChainId, chunk: ChunkId, offset_bytes: u64, data: Bytes) -> Result<WriteResp> {
+        self.write_tagged(chain, chunk, offset_bytes, data, self.new_tag()).await
+    }
+
+    pub async fn write_tagged(
+        &self,
+        chain: ChainId,
+        chunk: ChunkId,
+        offset_bytes: u64,
+        data: Bytes,
+        tag: RequestTag,
+    ) -> Result<WriteResp> {
+        let len_bytes = u32::try_from(data.len())
+            .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::InvalidArgument, "write larger than 4 GiB")))?;
+        let op = UpdateOp::Write { offset_bytes, len_bytes, crc: crc32c::crc32c(&data) };
+        self.update(chain, chunk, op, data, tag).await
+    }
+
+    pub async fn truncate(&self, chain: ChainId, chunk: ChunkId, len_bytes: u64) -> Result<WriteResp> {
+        self.update(chain, chunk, UpdateOp::Truncate { len_bytes }, Bytes::new(), self.new_tag()).await
+    }
+
+    pub async fn remove(&self, chain: ChainId, chunk: ChunkId) -> Result<WriteResp> {
+        self.update(chain, chunk, UpdateOp::Remove, Bytes::new(), self.new_tag()).await
+    }
+
+    async fn update(&self, chain: ChainId, chunk: ChunkId, op: UpdateOp, data: Bytes, tag: RequestTag) -> Result<WriteResp> {
+        let span = tracing::debug_span!("storage_write", %chain, %chunk, request = tag.request);
+        let _e = span.enter();
+        self.with_retries(|attempt| {
+            let data = data.clone();
+            async move {
+                let route = self.head_route(chain)?;
+                let req = WriteReq {
+                    chain_id: chain,
+                    chain_ver: route.chain_ver,
+                    target: route.target,
+                    chunk,
+                    op,
+                    tag,
+                    chunk_size_hint_bytes: None,
+                };
+                tracing::trace!(attempt, target = %route.target, "write attempt");
+                let r = self.inner.rpc.call::<WriteChunk>(&route.addr, &req, data, self.call_opts()).await;
+                r.map(|(resp, _)| resp).map_err(|e| (StorageClientError::from(e), route.routing_version))
+            }
+        })
+        .await
+    }
+
+    /// Reads `len_bytes` at `offset_bytes` (short at the chunk end) from a
+    /// serving target of `chain`, spreading reads over the chain.
+    pub async fn read(&self, chain: ChainId, chunk: ChunkId, offset_bytes: u64, len_bytes: u32, relaxed: bool) -> Result<ReadData> {
+        let spec = ReadSpec { chain, chunk, offset_bytes, len_bytes, relaxed };
+        self.with_retries(|_| async move {
+            let route = self.read_route(chain)?;
+            let io = ReadIo {
+                chain_id: chain,
+                chain_ver: route.chain_ver,
+                target: route.target,
+                chunk,
+                offset_bytes: spec.offset_bytes,
+                len_bytes: spec.len_bytes,
+                relaxed: spec.relaxed,
+            };
+            let mut out = self.send_batch(&route.addr, vec![io]).await.map_err(|e| (e, route.routing_version))?;
+            match out.pop() {
+                Some(r) => r.map_err(|e| (e, route.routing_version)),
+                None => Err((StorageClientError::Remote(Status::new(ErrorCode::Internal, "empty batch reply")), 0)),
+            }
+        })
+        .await
+    }
+
+    /// Reads many ranges: one RPC per target (each under a sender grant),
+    /// then per-read retries for those that failed.
+    pub async fn batch_read(&self, specs: &[ReadSpec]) -> Vec<Result<ReadData>> {
+        let routing = self.inner.routing.current();
+        let mut groups: HashMap<String, Vec<(usize, ReadIo)>> = HashMap::new();
+        let mut results: Vec<Option<Result<ReadData>>> = specs.iter().map(|_| None).collect();
+        for (i, spec) in specs.iter().enumerate() {
+            // A read without a route now is left None and retried below.
+            if let Ok(route) = self.pick_readable(&routing, spec.chain) {
+                groups.entry(route.addr).or_default().push((
+                    i,
+                    ReadIo {
+                        chain_id: spec.chain,
+                        chain_ver: route.chain_ver,
+                        target: route.target,
+                        chunk: spec.chunk,
+                        offset_bytes: spec.offset_bytes,
+                        len_bytes: spec.len_bytes,
+                        relaxed: spec.relaxed,
+                    },
+                ));
+            }
+        }
+        let calls = groups.into_iter().map(|(addr, ios)| async move {
+            let (idx, ios): (Vec<usize>, Vec<ReadIo>) = ios.into_iter().unzip();
+            (idx, self.send_batch(&addr, ios).await)
+        });
+        for (idx, res) in futures::future::join_all(calls).await {
+            if let Ok(list) = res {
+                for (i, r) in idx.into_iter().zip(list) {
+                    if r.is_ok() {
+                        results[i] = Some(r);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(specs.len());
+        for (i, r) in results.into_iter().enumerate() {
+            out.push(match r {
+                Some(r) => r,
+                None => {
+                    let s = specs[i];
+                    self.read(s.chain, s.chunk, s.offset_bytes, s.len_bytes, s.relaxed).await
+                }
+            });
+        }
+        out
+    }
+
+    /// Metadata of the highest-index chunk of `inode` on `chain` (asks the head).
+    pub async fn query_last_chunk(&self, chain: ChainId, inode: InodeId) -> Result<Option<(ChunkId, RemoteChunkMeta)>> {
+        self.with_retries(|_| async move {
+            let route = self.head_route(chain)?;
+            let req = QueryLastChunkReq { chain_id: chain, chain_ver: route.chain_ver, target: route.target, inode };
+            let r = self.inner.rpc.call::<QueryLastChunk>(&route.addr, &req, Bytes::new(), self.call_opts()).await;
+            r.map(|(resp, _)| resp.last).map_err(|e| (e.into(), route.routing_version))
+        })
+        .await
+    }
+
+    /// Removes every chunk of `inode` with index `>= from_index` on `chain`;
+    /// returns the number removed.
+    pub async fn remove_chunks(&self, chain: ChainId, inode: InodeId, from_index: u64) -> Result<u64> {
+        let mut total = 0u64;
+        loop {
+            let tag = self.new_tag();
+            let resp = self
+                .with_retries(|_| async move {
+                    let route = self.head_route(chain)?;
+                    let req = RemoveChunksReq {
+                        chain_id: chain,
+                        chain_ver: route.chain_ver,
+                        target: route.target,
+                        inode,
+                        from_index,
+                        max_chunks: 256,
+                        tag,
+                    };
+                    let r = self.inner.rpc.call::<RemoveChunks>(&route.addr, &req, Bytes::new(), self.call_opts()).await;
+                    r.map(|(resp, _)| resp).map_err(|e| (e.into(), route.routing_version))
+                })
+                .await?;
+            total += u64::from(resp.removed);
+            if !resp.more {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Space of every target of the storage node at `addr`.
+    pub async fn space_info(&self, addr: &str) -> Result<SpaceInfoResp> {
+        let (resp, _) = self.inner.rpc.call::<SpaceInfo>(addr, &SpaceInfoReq {}, Bytes::new(), self.call_opts()).await?;
+        Ok(resp)
+    }
+
+    // ----- internals -----
+
+    fn call_opts(&self) -> CallOptions {
+        CallOptions { timeout_ms: self.inner.config.call_timeout_ms }
+    }
+
+    /// Runs `attempt` until it succeeds, fails with a non-retryable error or
+    /// `max_attempts` is reached. The attempt returns the routing version it
+    /// used, so a stale-version error waits for newer routing.
+    async fn with_retries<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = std::result::Result<T, (StorageClientError, u64)>>,
+    {
+        let cfg = &self.inner.config;
+        let mut last = None;
+        for n in 0..cfg.max_attempts {
+            match attempt(n).await {
+                Ok(v) => return Ok(v),
+                Err((e, routing_version)) => {
+                    let code = e.code();
+                    if !code.is_retryable() {
+                        return Err(e);
+                    }
+                    tracing::debug!(attempt = n, ?code, error = %e, "storage call failed; retrying");
+                    if code.needs_routing_refresh() {
+                        self.inner.routing.refresh(routing_version, Duration::from_millis(cfg.routing_wait_ms)).await;
+                    } else {
+                        let backoff_ms = cfg.retry_backoff_ms.saturating_mul(1 << n.min(4));
+                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        let last = last.unwrap_or_else(|| StorageClientError::NoRoute("no attempt made".into()));
+        Err(StorageClientError::RetriesExhausted { attempts: cfg.max_attempts, last: Box::new(last) })
+    }
+
+    fn chain_of(routing: &RoutingInfo, chain: ChainId) -> std::result::Result<&ChainInfo, (StorageClientError, u64)> {
+        routing
+            .chain(chain)
+            .ok_or_else(|| (StorageClientError::NoRoute(format!("{chain} not in routing v{}", routing.version)), routing.version))
+    }
+
+    fn head_route(&self, chain: ChainId) -> std::result::Result<Route, (StorageClientError, u64)> {
+        let routing = self.inner.routing.current();
+        let info = Self::chain_of(&routing, chain)?;
+        let head = info
+            .head()
+            .ok_or_else(|| (StorageClientError::NoRoute(format!("{chain} has no serving target")), routing.version))?;
+        Self::route_to(&routing, info, head.target_id, head.node_id)
+    }
+
+    fn read_route(&self, chain: ChainId) -> std::result::Result<Route, (StorageClientError, u64)> {
+        let routing = self.inner.routing.current();
+        self.pick_readable(&routing, chain)
+    }
+
+    fn pick_readable(&self, routing: &RoutingInfo, chain: ChainId) -> std::result::Result<Route, (StorageClientError, u64)> {
+        let info = Self::chain_of(routing, chain)?;
+        let readable: Vec<_> = info.readable().collect();
+        if readable.is_empty() {
+            return Err((StorageClientError::NoRoute(format!("{chain} has no serving target")), routing.version));
+        }
+        let pick = readable[self.inner.spread.fetch_add(1, Ordering::Relaxed) % readable.len()];
+        Self::route_to(routing, info, pick.target_id, pick.node_id)
+    }
+
+    fn route_to(
+        routing: &RoutingInfo,
+        info: &ChainInfo,
+        target: TargetId,
+        node: fskv_types::NodeId,
+    ) -> std::result::Result<Route, (StorageClientError, u64)> {
+        let addr = routing
+            .node_address(node)
+            .ok_or_else(|| (StorageClientError::NoRoute(format!("{node} has no address")), routing.version))?;
+        Ok(Route { chain_ver: info.chain_version, target, addr: addr.to_string(), routing_version: routing.version })
+    }
+
+    /// One batch read RPC to one target, under a sender grant. Splits the
+    /// reply payload and checks every CRC.
+    async fn send_batch(&self, addr: &str, ios: Vec<ReadIo>) -> Result<Vec<Result<ReadData>>> {
+        let _grant = self
+            .inner
+            .senders
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::ShuttingDown, "client closed")))?;
+        let chunks: Vec<ChunkId> = ios.iter().map(|io| io.chunk).collect();
+        let req = BatchReadReq { ios };
+        let (resp, payload) = self.inner.rpc.call::<BatchRead>(addr, &req, Bytes::new(), self.call_opts()).await?;
+        if resp.results.len() != chunks.len() {
+            return Err(StorageClientError::Remote(Status::new(ErrorCode::MalformedMessage, "batch read reply count mismatch")));
+        }
+        let mut offset = 0usize;
+        let mut out = Vec::with_capacity(chunks.len());
+        for (chunk, r) in chunks.into_iter().zip(resp.results) {
+            out.push(match r {
+                Err(s) => Err(StorageClientError::Remote(s)),
+                Ok(ok) => {
+                    let end = offset + ok.len_bytes as usize;
+                    let data = payload.get(offset..end).map(|_| payload.slice(offset..end)).ok_or_else(|| {
+                        StorageClientError::Remote(Status::new(ErrorCode::MalformedMessage, "batch read payload too short"))
+                    })?;
+                    offset = end;
+                    let actual = crc32c::crc32c(&data);
+                    if actual != ok.crc {
+                        Err(StorageClientError::Checksum { chunk, expected: ok.crc, actual })
+                    } else {
+                        Ok(ReadData { data, version: ok.version, chunk_len_bytes: ok.chunk_len_bytes, uncommitted: ok.uncommitted })
+                    }
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fskv_types::routing::{ChainTarget, NodeInfo, PublicTargetState};
+    use fskv_types::NodeId;
+
+    #[test]
+    fn method_ids_are_in_the_storage_range_and_unique() {
+        let ids = [
+            WriteChunk::ID,
+            ForwardChunk::ID,
+            BatchRead::ID,
+            CommitChunk::ID,
+            QueryLastChunk::ID,
+            RemoveChunks::ID,
+            SpaceInfo::ID,
+            DumpChunkMeta::ID,
+            SyncStart::ID,
+            SyncDone::ID,
+        ];
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len());
+        assert!(ids.iter().all(|id| (2000..3000).contains(id)));
+    }
+
+    #[tokio::test]
+    async fn publisher_bumps_version_and_refresh_sees_it() {
+        let info = RoutingInfo {
+            version: 1,
+            nodes: vec![NodeInfo { node_id: NodeId(1), address: "127.0.0.1:1".into() }],
+            chains: vec![ChainInfo {
+                chain_id: ChainId(1),
+                chain_version: 1,
+                targets: vec![ChainTarget { target_id: TargetId(1), node_id: NodeId(1), state: PublicTargetState::Serving }],
+            }],
+            chain_tables: vec![],
+        };
+        let (publisher, handle) = RoutingPublisher::new(info);
+        let h2 = handle.clone();
+        let waiter = tokio::spawn(async move { h2.refresh(1, Duration::from_secs(5)).await.version });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        publisher.update(|r| r.chains[0].chain_version += 1);
+        assert_eq!(waiter.await.ok(), Some(2));
+        assert_eq!(handle.current().chains[0].chain_version, 2);
+    }
+}

@@ -1,0 +1,60 @@
+//! The crate's single error enum, mapped to wire codes in one place.
+
+use crate::chain::RouteReject;
+use fskv_chunk_engine::ChunkError;
+use fskv_types::{ChainId, ChunkId, ErrorCode, Status, TargetId};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{target} on {chain}: {reject:?}")]
+    Route { chain: ChainId, target: TargetId, reject: RouteReject },
+    #[error("{0} is not hosted here")]
+    UnknownTarget(TargetId),
+    #[error("{0} is not in the routing info")]
+    UnknownChain(ChainId),
+    #[error("{chunk}: payload checksum mismatch: expected {expected:#010x}, got {actual:#010x}")]
+    Checksum { chunk: ChunkId, expected: u32, actual: u32 },
+    #[error("{chunk}: successor diverged: {detail}")]
+    VersionMismatch { chunk: ChunkId, detail: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("chunk engine: {0}")]
+    Engine(#[from] ChunkError),
+    #[error("forward to {to} failed: {status}")]
+    Forward { to: TargetId, status: Status },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl StorageError {
+    /// The wire code of this error (the one mapping of this crate).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StorageError::Route { reject, .. } => match reject {
+                RouteReject::StaleChainVersion { .. } => ErrorCode::StaleChainVersion,
+                RouteReject::NotInChain
+                | RouteReject::NotServing { .. }
+                | RouteReject::NotHead
+                | RouteReject::WrongPredecessor { .. } => ErrorCode::TargetNotServing,
+            },
+            StorageError::UnknownTarget(_) | StorageError::UnknownChain(_) => ErrorCode::TargetNotServing,
+            StorageError::Checksum { .. } => ErrorCode::ChecksumMismatch,
+            StorageError::VersionMismatch { .. } => ErrorCode::ChunkVersionMismatch,
+            StorageError::Invalid(_) => ErrorCode::InvalidArgument,
+            StorageError::Engine(ChunkError::VersionMismatch { .. }) => ErrorCode::ChunkVersionMismatch,
+            StorageError::Engine(e) => e.code(),
+            // A successor's failure is passed through with its code, so the
+            // client sees e.g. StaleChainVersion from anywhere in the chain.
+            StorageError::Forward { status, .. } => status.code,
+            StorageError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<StorageError> for Status {
+    fn from(e: StorageError) -> Status {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;

@@ -1,0 +1,18 @@
+//! `fskv-storage`: the storage service of 3FS-KV (SPEC §5).
+//!
+//! A service hosts several targets (one chunk engine each) and replicates
+//! writes along chains with CRAQ; a returning target is recovered online by
+//! its predecessor. The decisions are pure functions ([`chain`], [`sync`]);
+//! [`service`] is the async shell around them (RPC handlers, chunk locks,
+//! forwarding, the sync worker). See `docs/storage.md`.
+
+pub mod bench;
+pub mod chain;
+pub mod cluster;
+pub mod error;
+pub mod locks;
+pub mod service;
+pub mod sync;
+
+pub use error::{StorageError, Result};
+pub use service::{RunningStorage, StorageConfig, StorageService};

@@ -1,0 +1,783 @@
+//! The async shell of the storage service: RPC handlers, per-chunk locks,
+//! forwarding along the chain, and the recovery (sync) worker. Every
+//! routing decision is made by [`crate::chain`], every sync decision by
+//! [`crate::sync`]; this module only does the I/O around them.
+
+use crate::chain::{self, AfterApply, ChainPosition, ForwardKind, Origin, Successor};
+use crate::error::{Result, StorageError};
+use crate::locks::ChunkLocks;
+use crate::sync::{self, LocalChunk, SyncAction};
+use bytes::{Bytes, BytesMut};
+use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag};
+use fskv_client::storage::{
+    BatchRead, CommitChunk, DumpChunkMeta, ForwardChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo, SyncDone,
+    SyncStart, WriteChunk,
+};
+use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport};
+use fskv_types::routing::{ChainInfo, LocalTargetState, RoutingInfo};
+use fskv_types::storage::*;
+use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
+use parking_lot::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+/// Service limits; units are in the names.
+#[derive(Clone, Debug)]
+pub struct StorageConfig {
+    /// This service's node id in the routing info.
+    pub node_id: NodeId,
+    /// Client writes being replicated at once (forwards from predecessors
+    /// are not limited here, only by the RPC server's per-connection limit,
+    /// so two services heading each other's chains cannot deadlock on it).
+    pub max_in_flight_client_writes: usize,
+    /// Batch reads served at once.
+    pub max_in_flight_reads: usize,
+    /// Bytes one batch read may return.
+    pub max_read_batch_bytes: u64,
+    /// Deadline of one forward (and of each sync RPC).
+    pub forward_timeout_ms: u64,
+    /// How often the sync worker re-checks routing even without a change.
+    pub sync_poll_ms: u64,
+    /// Pause before a failed sync is retried.
+    pub sync_retry_delay_ms: u64,
+    /// Pause between two chunk transfers of a sync (throttles recovery in
+    /// favour of foreground I/O; 0 = none).
+    pub sync_pause_between_chunks_ms: u64,
+}
+
+impl StorageConfig {
+    pub fn new(node_id: NodeId) -> Self {
+        StorageConfig {
+            node_id,
+            max_in_flight_client_writes: 256,
+            max_in_flight_reads: 256,
+            max_read_batch_bytes: 64 << 20,
+            forward_timeout_ms: 10_000,
+            sync_poll_ms: 200,
+            sync_retry_delay_ms: 200,
+            sync_pause_between_chunks_ms: 0,
+        }
+    }
+}
+
+/// One hosted target.
+pub struct Target {
+    pub id: TargetId,
+    pub engine: Arc<ChunkEngine>,
+    locks: ChunkLocks,
+    /// Set by the predecessor's sync-done, cleared by sync-start.
+    sync_done: Mutex<bool>,
+}
+
+/// The storage service (cheap to clone).
+#[derive(Clone)]
+pub struct StorageService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: StorageConfig,
+    targets: HashMap<TargetId, Arc<Target>>,
+    routing: RoutingHandle,
+    rpc: RpcClient,
+    client_write_slots: Semaphore,
+    read_slots: Semaphore,
+    /// (me, successor, chain version) of syncs running now.
+    syncs: Mutex<HashSet<(TargetId, TargetId, u32)>>,
+    /// Plan of the last completed sync driven by each local target.
+    last_sync: Mutex<HashMap<TargetId, sync::PlanSummary>>,
+}
+
+/// A running service: its RPC server and its sync worker.
+pub struct RunningStorage {
+    pub service: StorageService,
+    server: Server,
+    worker: tokio::task::JoinHandle<()>,
+}
+
+impl RunningStorage {
+    pub fn local_addr(&self) -> &str {
+        self.server.local_addr()
+    }
+
+    /// Stops the sync worker and the server (in-flight requests get the
+    /// server's grace period).
+    pub async fn shutdown(self) {
+        self.worker.abort();
+        self.server.shutdown().await;
+    }
+}
+
+/// Builds an `UpdateTag` from a request tag (one identity end to end).
+fn engine_tag(tag: RequestTag) -> UpdateTag {
+    UpdateTag { client: tag.client, request: tag.request }
+}
+
+fn check_payload(chunk: ChunkId, payload: &[u8], len_bytes: u32, crc: u32) -> Result<()> {
+    if payload.len() != len_bytes as usize {
+        return Err(StorageError::Invalid(format!("{chunk}: payload of {} bytes, header says {len_bytes}", payload.len())));
+    }
+    let actual = crc32c::crc32c(payload);
+    if actual != crc {
+        return Err(StorageError::Checksum { chunk, expected: crc, actual });
+    }
+    Ok(())
+}
+
+/// Runs blocking engine work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| StorageError::Internal(format!("blocking task: {e}")))?
+}
+
+impl StorageService {
+    /// A service over already opened engines.
+    pub fn new(config: StorageConfig, engines: Vec<(TargetId, Arc<ChunkEngine>)>, routing: RoutingHandle, rpc: RpcClient) -> Self {
+        let targets = engines
+            .into_iter()
+            .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(false) })))
+            .collect();
+        StorageService {
+            inner: Arc::new(Inner {
+                client_write_slots: Semaphore::new(config.max_in_flight_client_writes.max(1)),
+                read_slots: Semaphore::new(config.max_in_flight_reads.max(1)),
+                config,
+                targets,
+                routing,
+                rpc,
+                syncs: Mutex::new(HashSet::new()),
+                last_sync: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Opens (or creates) one chunk engine per target under `data_dir/target-<id>`.
+    pub fn open(
+        config: StorageConfig,
+        data_dir: &Path,
+        targets: &[TargetId],
+        engine_config: EngineConfig,
+        routing: RoutingHandle,
+        rpc: RpcClient,
+    ) -> anyhow::Result<Self> {
+        let mut engines = Vec::new();
+        for t in targets {
+            let dir = data_dir.join(format!("target-{}", t.0));
+            let engine = ChunkEngine::open(&dir, engine_config.clone())
+                .map_err(|e| anyhow::anyhow!("opening the chunk engine of {t} in {}: {e}", dir.display()))?;
+            engines.push((*t, Arc::new(engine)));
+        }
+        Ok(Self::new(config, engines, routing, rpc))
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.config.node_id
+    }
+
+    pub fn target_ids(&self) -> Vec<TargetId> {
+        let mut ids: Vec<_> = self.inner.targets.keys().copied().collect();
+        ids.sort();
+        ids
+    }
+
+    pub fn engine(&self, target: TargetId) -> Option<Arc<ChunkEngine>> {
+        self.inner.targets.get(&target).map(|t| t.engine.clone())
+    }
+
+    /// The local state to report in heartbeats (SPEC §6): up-to-date when
+    /// the target is serving or its predecessor finished syncing it,
+    /// online otherwise.
+    pub fn local_state(&self, target: TargetId) -> Option<LocalTargetState> {
+        let t = self.inner.targets.get(&target)?;
+        let routing = self.inner.routing.current();
+        let serving = routing.locate_target(target).is_some_and(|(_, ct)| ct.state.can_read());
+        Some(if serving || *t.sync_done.lock() { LocalTargetState::UpToDate } else { LocalTargetState::Online })
+    }
+
+    /// The plan summary of the last sync `target` completed as predecessor.
+    pub fn last_sync(&self, target: TargetId) -> Option<sync::PlanSummary> {
+        self.inner.last_sync.lock().get(&target).copied()
+    }
+
+    /// Binds `addr`, serves the storage RPCs and starts the sync worker.
+    pub async fn serve(self, addr: &str) -> anyhow::Result<RunningStorage> {
+        let server = Server::bind(Arc::new(TcpTransport::new()), addr, self.router(), ServerConfig::default()).await?;
+        let worker = tokio::spawn(self.clone().sync_worker().instrument(info_span!("sync_worker", node = %self.node_id())));
+        info!(addr = server.local_addr(), node = %self.node_id(), targets = ?self.target_ids(), "storage service up");
+        Ok(RunningStorage { service: self, server, worker })
+    }
+
+    /// The RPC routes of the service.
+    pub fn router(&self) -> Router {
+        let s = self.clone();
+        let router = Router::new().route::<WriteChunk, _, _>(move |_ctx: RequestContext, req: WriteReq, payload: Bytes| {
+            let s = s.clone();
+            async move { s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<ForwardChunk, _, _>(move |_ctx, req: ForwardReq, payload: Bytes| {
+            let s = s.clone();
+            async move { s.handle_forward(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<BatchRead, _, _>(move |_ctx, req: BatchReadReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_batch_read(req).await.map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<CommitChunk, _, _>(move |_ctx, req: CommitReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_commit(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<QueryLastChunk, _, _>(move |_ctx, req: QueryLastChunkReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_query_last(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<RemoveChunks, _, _>(move |_ctx, req: RemoveChunksReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_remove_chunks(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<SpaceInfo, _, _>(move |_ctx, _req: SpaceInfoReq, _payload| {
+            let s = s.clone();
+            async move { Ok((s.space_info(), Bytes::new())) }
+        });
+        let s = self.clone();
+        let router = router.route::<DumpChunkMeta, _, _>(move |_ctx, req: DumpChunkMetaReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_dump(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        let router = router.route::<SyncStart, _, _>(move |_ctx, req: SyncReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_sync_mark(req, false).map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
+        router.route::<SyncDone, _, _>(move |_ctx, req: SyncReq, _payload| {
+            let s = s.clone();
+            async move { s.handle_sync_mark(req, true).map(|r| (r, Bytes::new())).map_err(Status::from) }
+        })
+    }
+
+    // ----- helpers -----
+
+    fn target(&self, id: TargetId) -> Result<Arc<Target>> {
+        self.inner.targets.get(&id).cloned().ok_or(StorageError::UnknownTarget(id))
+    }
+
+    fn chain_of(routing: &RoutingInfo, id: ChainId) -> Result<&ChainInfo> {
+        routing.chain(id).ok_or(StorageError::UnknownChain(id))
+    }
+
+    /// Routing check of a write: the current routing info, through the pure
+    /// decision function.
+    fn check_write(&self, chain_id: ChainId, target: TargetId, chain_ver: u32, origin: Origin) -> Result<(Arc<RoutingInfo>, ChainPosition)> {
+        let routing = self.inner.routing.current();
+        let chain = Self::chain_of(&routing, chain_id)?;
+        let pos = chain::check_write(chain, target, chain_ver, origin)
+            .map_err(|reject| StorageError::Route { chain: chain_id, target, reject })?;
+        Ok((routing, pos))
+    }
+
+    fn call_opts(&self) -> CallOptions {
+        CallOptions { timeout_ms: self.inner.config.forward_timeout_ms }
+    }
+
+    fn addr_of(routing: &RoutingInfo, node: NodeId) -> Result<String> {
+        routing.node_address(node).map(str::to_string).ok_or_else(|| StorageError::Internal(format!("{node} has no address")))
+    }
+
+    // ----- write path -----
+
+    async fn handle_write(&self, req: WriteReq, payload: Bytes) -> Result<WriteResp> {
+        let span = info_span!("write", chain = %req.chain_id, target = %req.target, chunk = %req.chunk, request = req.tag.request);
+        async move {
+            let _slot = self
+                .inner
+                .client_write_slots
+                .acquire()
+                .await
+                .map_err(|_| StorageError::Internal("write slots closed".into()))?;
+            let target = self.target(req.target)?;
+            // Stale chain version first (before touching data or locks).
+            self.check_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
+            if let UpdateOp::Write { len_bytes, crc, .. } = req.op {
+                check_payload(req.chunk, &payload, len_bytes, crc)?;
+            }
+            let fwd = ForwardReq {
+                chain_id: req.chain_id,
+                chain_ver: req.chain_ver,
+                from: req.target,
+                to: req.target,
+                chunk: req.chunk,
+                op: req.op,
+                mode: ForwardMode::Update { version: 0 },
+                tag: req.tag,
+                chunk_size_hint_bytes: req.chunk_size_hint_bytes,
+            };
+            let applied = self.apply_update(&target, Origin::Client, &fwd, payload).await?;
+            Ok(WriteResp { version: applied.version, len_bytes: applied.len_bytes, crc: applied.crc, duplicate: applied.duplicate })
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn handle_forward(&self, req: ForwardReq, payload: Bytes) -> Result<ForwardResp> {
+        let span = info_span!("forward", chain = %req.chain_id, target = %req.to, chunk = %req.chunk, from = %req.from);
+        async move {
+            let target = self.target(req.to)?;
+            let origin = Origin::Predecessor(req.from);
+            self.check_write(req.chain_id, req.to, req.chain_ver, origin)?;
+            let version = match req.mode {
+                ForwardMode::Update { .. } => {
+                    if let UpdateOp::Write { len_bytes, crc, .. } = req.op {
+                        check_payload(req.chunk, &payload, len_bytes, crc)?;
+                    }
+                    self.apply_update(&target, origin, &req, payload).await?.version
+                }
+                ForwardMode::FullReplace { len_bytes, crc, .. } => {
+                    check_payload(req.chunk, &payload, len_bytes, crc)?;
+                    self.apply_replace(&target, &req, payload).await?
+                }
+                ForwardMode::ReplaceRemove => self.apply_replace(&target, &req, payload).await?,
+            };
+            Ok(ForwardResp { committed_ver: version })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// CRAQ step at one target: lock, apply as pending `committed + 1`,
+    /// forward (or commit at the tail), commit on the ack, unlock.
+    async fn apply_update(&self, target: &Arc<Target>, origin: Origin, req: &ForwardReq, payload: Bytes) -> Result<Applied> {
+        let _guard = target.locks.lock(req.chunk).await;
+        // Routing may have changed while we waited for the lock.
+        let (routing, pos) = self.check_write(req.chain_id, target.id, req.chain_ver, origin)?;
+        let expected_ver = match (origin, req.mode) {
+            (Origin::Predecessor(_), ForwardMode::Update { version }) => Some(version),
+            _ => None,
+        };
+        let outcome = {
+            let (engine, req, payload) = (target.engine.clone(), req.clone(), payload.clone());
+            blocking(move || {
+                let kind = match req.op {
+                    UpdateOp::Write { offset_bytes, .. } => UpdateKind::Write { offset_bytes, data: &payload },
+                    UpdateOp::Truncate { len_bytes } => UpdateKind::Truncate { len_bytes },
+                    UpdateOp::Remove => UpdateKind::Remove,
+                };
+                Ok(engine.update(&UpdateRequest {
+                    chunk: req.chunk,
+                    chain_ver: req.chain_ver,
+                    kind,
+                    tag: engine_tag(req.tag),
+                    expected_ver,
+                    chunk_size_hint_bytes: req.chunk_size_hint_bytes,
+                })?)
+            })
+            .await?
+        };
+        let version = outcome.pending_ver;
+        assert!(version >= outcome.committed_ver && version > 0, "update produced version {version} under committed {}", outcome.committed_ver);
+        let already_committed = outcome.duplicate && outcome.pending_ver == outcome.committed_ver;
+        match chain::after_apply(&pos, already_committed) {
+            AfterApply::AckDuplicate => {
+                debug!(version, "duplicate of a committed write");
+                return Ok(Applied { version, len_bytes: outcome.len_bytes, crc: outcome.crc, duplicate: true });
+            }
+            AfterApply::CommitAndAck => {}
+            AfterApply::Forward(succ) => {
+                self.forward_update(target, &routing, succ, req, payload, version).await?;
+            }
+        }
+        let engine = target.engine.clone();
+        let chunk = req.chunk;
+        blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+        debug!(version, duplicate = outcome.duplicate, "committed");
+        Ok(Applied { version, len_bytes: outcome.len_bytes, crc: outcome.crc, duplicate: outcome.duplicate })
+    }
+
+    /// Sends a just-applied update on to the successor: as the same update,
+    /// or as a full-chunk replace when the successor is syncing or its
+    /// version diverged.
+    async fn forward_update(
+        &self,
+        target: &Arc<Target>,
+        routing: &RoutingInfo,
+        succ: Successor,
+        req: &ForwardReq,
+        payload: Bytes,
+        version: u64,
+    ) -> Result<()> {
+        let addr = Self::addr_of(routing, succ.node)?;
+        let base = ForwardReq { from: target.id, to: succ.target, ..req.clone() };
+        if succ.kind == ForwardKind::Update {
+            let fwd = ForwardReq { mode: ForwardMode::Update { version }, ..base.clone() };
+            match self.inner.rpc.call::<ForwardChunk>(&addr, &fwd, payload, self.call_opts()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.code() == fskv_types::ErrorCode::ChunkVersionMismatch => {
+                    warn!(successor = %succ.target, version, "successor diverged; repairing with a full-chunk replace");
+                }
+                Err(e) => return Err(StorageError::Forward { to: succ.target, status: e.to_status() }),
+            }
+        }
+        let (mode, data) = self.full_content(target, req.chunk, version, req.chain_ver, req.op).await?;
+        let fwd = ForwardReq { mode, ..base };
+        self.inner
+            .rpc
+            .call::<ForwardChunk>(&addr, &fwd, data, self.call_opts())
+            .await
+            .map(|_| ())
+            .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })
+    }
+
+    /// The whole pending content of `chunk` at `version` as a replace.
+    async fn full_content(&self, target: &Arc<Target>, chunk: ChunkId, version: u64, chain_ver: u32, op: UpdateOp) -> Result<(ForwardMode, Bytes)> {
+        if op == UpdateOp::Remove {
+            return Ok((ForwardMode::ReplaceRemove, Bytes::new()));
+        }
+        let engine = target.engine.clone();
+        let read = blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::Relaxed)?)).await?;
+        if read.version != version {
+            return Err(StorageError::Internal(format!("{chunk}: expected pending {version} under the lock, found {}", read.version)));
+        }
+        let data = Bytes::from(read.data);
+        let mode = ForwardMode::FullReplace {
+            version,
+            chunk_chain_ver: chain_ver,
+            len_bytes: data.len() as u32,
+            crc: crc32c::crc32c(&data),
+        };
+        Ok((mode, data))
+    }
+
+    /// A full-chunk replace (or remove) at a target: committed at once,
+    /// passed on to the successor (if any) before the ack.
+    async fn apply_replace(&self, target: &Arc<Target>, req: &ForwardReq, payload: Bytes) -> Result<u64> {
+        let _guard = target.locks.lock(req.chunk).await;
+        let (routing, pos) = self.check_write(req.chain_id, target.id, req.chain_ver, Origin::Predecessor(req.from))?;
+        let (engine, chunk, mode, tag, data) = (target.engine.clone(), req.chunk, req.mode, engine_tag(req.tag), payload.clone());
+        let version = blocking(move || replace_locally(&engine, chunk, mode, tag, &data)).await?;
+        if let Some(succ) = pos.successor {
+            let addr = Self::addr_of(&routing, succ.node)?;
+            let fwd = ForwardReq { from: target.id, to: succ.target, ..req.clone() };
+            self.inner
+                .rpc
+                .call::<ForwardChunk>(&addr, &fwd, payload, self.call_opts())
+                .await
+                .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })?;
+        }
+        Ok(version)
+    }
+
+    // ----- other RPCs -----
+
+    async fn handle_batch_read(&self, req: BatchReadReq) -> Result<(BatchReadResp, Bytes)> {
+        let _slot = self.inner.read_slots.acquire().await.map_err(|_| StorageError::Internal("read slots closed".into()))?;
+        let total: u64 = req.ios.iter().map(|io| u64::from(io.len_bytes)).sum();
+        if total > self.inner.config.max_read_batch_bytes {
+            return Err(StorageError::Invalid(format!(
+                "batch of {total} bytes exceeds max_read_batch_bytes {}",
+                self.inner.config.max_read_batch_bytes
+            )));
+        }
+        let routing = self.inner.routing.current();
+        let mut jobs = Vec::with_capacity(req.ios.len());
+        for io in &req.ios {
+            let checked = self.target(io.target).and_then(|t| {
+                let chain = Self::chain_of(&routing, io.chain_id)?;
+                chain::check_read(chain, io.target, io.chain_ver)
+                    .map_err(|reject| StorageError::Route { chain: io.chain_id, target: io.target, reject })?;
+                Ok(t)
+            });
+            jobs.push((io.clone(), checked.map(|t| t.engine.clone())));
+        }
+        let results = blocking(move || {
+            let mut payload = BytesMut::with_capacity(total as usize);
+            let mut results = Vec::with_capacity(jobs.len());
+            for (io, engine) in jobs {
+                let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
+                let r = engine.and_then(|e| Ok(e.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)?));
+                results.push(match r {
+                    Ok(read) => {
+                        payload.extend_from_slice(&read.data);
+                        Ok(ReadOk {
+                            len_bytes: read.data.len() as u32,
+                            crc: crc32c::crc32c(&read.data),
+                            version: read.version,
+                            chunk_len_bytes: read.chunk_len_bytes,
+                            uncommitted: read.uncommitted,
+                        })
+                    }
+                    Err(e) => Err(Status::from(e)),
+                });
+            }
+            Ok((BatchReadResp { results }, payload.freeze()))
+        })
+        .await?;
+        Ok(results)
+    }
+
+    async fn handle_commit(&self, req: CommitReq) -> Result<CommitResp> {
+        let target = self.target(req.target)?;
+        let _guard = target.locks.lock(req.chunk).await;
+        let engine = target.engine.clone();
+        let committed_ver = blocking(move || Ok(engine.commit(req.chunk, req.version)?)).await?;
+        Ok(CommitResp { committed_ver })
+    }
+
+    async fn handle_query_last(&self, req: QueryLastChunkReq) -> Result<QueryLastChunkResp> {
+        let target = self.target(req.target)?;
+        let routing = self.inner.routing.current();
+        let chain = Self::chain_of(&routing, req.chain_id)?;
+        chain::check_read(chain, req.target, req.chain_ver)
+            .map_err(|reject| StorageError::Route { chain: req.chain_id, target: req.target, reject })?;
+        let engine = target.engine.clone();
+        let last = blocking(move || Ok(engine.last_chunk(req.inode)?)).await?;
+        Ok(QueryLastChunkResp { last: last.map(|(id, m)| (id, sync::remote_meta(&m))) })
+    }
+
+    /// Removes chunks from the end of the file down to `from_index`, each as
+    /// a replicated remove through the chain.
+    async fn handle_remove_chunks(&self, req: RemoveChunksReq) -> Result<RemoveChunksResp> {
+        let target = self.target(req.target)?;
+        self.check_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
+        let mut removed = 0u32;
+        loop {
+            let engine = target.engine.clone();
+            let inode = req.inode;
+            let last = blocking(move || Ok(engine.last_chunk(inode)?)).await?;
+            let Some((chunk, meta)) = last.filter(|(c, _)| c.index >= req.from_index) else {
+                return Ok(RemoveChunksResp { removed, more: false });
+            };
+            if removed >= req.max_chunks.max(1) {
+                return Ok(RemoveChunksResp { removed, more: true });
+            }
+            if meta.committed_ver == 0 {
+                // Never committed: nothing readable to remove; stop rather than loop.
+                warn!(%chunk, "uncommitted-only chunk left in place by remove-chunks");
+                return Ok(RemoveChunksResp { removed, more: false });
+            }
+            let fwd = ForwardReq {
+                chain_id: req.chain_id,
+                chain_ver: req.chain_ver,
+                from: req.target,
+                to: req.target,
+                chunk,
+                op: UpdateOp::Remove,
+                mode: ForwardMode::Update { version: 0 },
+                tag: req.tag,
+                chunk_size_hint_bytes: None,
+            };
+            self.apply_update(&target, Origin::Client, &fwd, Bytes::new()).await?;
+            removed += 1;
+        }
+    }
+
+    fn space_info(&self) -> SpaceInfoResp {
+        let mut targets: Vec<TargetSpace> = self
+            .inner
+            .targets
+            .values()
+            .map(|t| {
+                let stats = t.engine.pool_stats();
+                TargetSpace {
+                    target: t.id,
+                    capacity_bytes: stats.iter().map(|p| p.capacity_blocks * p.block_bytes).sum(),
+                    used_bytes: stats.iter().map(|p| p.used_blocks * p.block_bytes).sum(),
+                }
+            })
+            .collect();
+        targets.sort_by_key(|t| t.target);
+        SpaceInfoResp { targets }
+    }
+
+    async fn handle_dump(&self, req: DumpChunkMetaReq) -> Result<DumpChunkMetaResp> {
+        let engine = self.target(req.target)?.engine.clone();
+        let dump = blocking(move || Ok(engine.dump()?)).await?;
+        Ok(DumpChunkMetaResp { chunks: dump.iter().map(|(id, m)| (*id, sync::remote_meta(m))).collect() })
+    }
+
+    fn handle_sync_mark(&self, req: SyncReq, done: bool) -> Result<SyncResp> {
+        let target = self.target(req.target)?;
+        *target.sync_done.lock() = done;
+        info!(target = %req.target, from = %req.from, chain_ver = req.chain_ver, done, "sync mark");
+        Ok(SyncResp {})
+    }
+
+    // ----- recovery -----
+
+    /// Watches routing; for every local serving target whose successor is
+    /// syncing, runs one sync per (successor, chain version).
+    async fn sync_worker(self) {
+        let mut rx = self.inner.routing.subscribe();
+        loop {
+            let routing = self.inner.routing.current();
+            for me in self.target_ids() {
+                let Some((chain, _)) = routing.locate_target(me) else { continue };
+                let Some(succ) = chain::sync_successor(chain, me) else { continue };
+                let key = (me, succ.target, chain.chain_version);
+                if !self.inner.syncs.lock().insert(key) {
+                    continue;
+                }
+                let s = self.clone();
+                let (chain_id, chain_ver) = (chain.chain_id, chain.chain_version);
+                let span = info_span!("sync", chain = %chain_id, target = %me, successor = %succ.target, chain_ver);
+                tokio::spawn(
+                    async move {
+                        let result = s.run_sync(me, succ, chain_id, chain_ver).await;
+                        if let Err(e) = &result {
+                            warn!(error = %e, "sync failed; will retry");
+                            tokio::time::sleep(Duration::from_millis(s.inner.config.sync_retry_delay_ms)).await;
+                            s.inner.syncs.lock().remove(&key);
+                        }
+                        // On success the key stays: this chain version is synced.
+                    }
+                    .instrument(span),
+                );
+            }
+            let poll = Duration::from_millis(self.inner.config.sync_poll_ms);
+            let _ = tokio::time::timeout(poll, rx.changed()).await;
+        }
+    }
+
+    /// Recovers `succ` from `me`: sync-start, dump remote metadata, plan,
+    /// transfer each chunk under its lock, sync-done.
+    pub async fn run_sync(&self, me: TargetId, succ: Successor, chain_id: ChainId, chain_ver: u32) -> Result<sync::PlanSummary> {
+        let target = self.target(me)?;
+        let routing = self.inner.routing.current();
+        let addr = Self::addr_of(&routing, succ.node)?;
+        let mark = SyncReq { chain_id, chain_ver, from: me, target: succ.target };
+        let rpc_err = |e: fskv_rpc::RpcError| StorageError::Forward { to: succ.target, status: e.to_status() };
+        self.inner.rpc.call::<SyncStart>(&addr, &mark, Bytes::new(), self.call_opts()).await.map_err(rpc_err)?;
+        let (remote, _) = self
+            .inner
+            .rpc
+            .call::<DumpChunkMeta>(&addr, &DumpChunkMetaReq { target: succ.target }, Bytes::new(), self.call_opts())
+            .await
+            .map_err(rpc_err)?;
+        let engine = target.engine.clone();
+        let local = blocking(move || Ok(engine.dump()?)).await?;
+        let plan = sync::plan_sync(&local, &remote.chunks);
+        let summary = sync::summarize(&plan);
+        info!(?summary, remote_chunks = remote.chunks.len(), local_chunks = local.len(), "sync plan");
+        let remote_by_id: HashMap<ChunkId, RemoteChunkMeta> = remote.chunks.into_iter().collect();
+        // Every planned chunk, plus local chunks that were pending-only at the
+        // dump (a write may have committed them since), re-decided under the lock.
+        let mut ids: Vec<ChunkId> = plan.iter().map(SyncAction::chunk).collect();
+        let planned: HashSet<ChunkId> = ids.iter().copied().collect();
+        ids.extend(local.iter().map(|(id, _)| *id).filter(|id| !planned.contains(id)));
+        let pause_ms = self.inner.config.sync_pause_between_chunks_ms;
+        for chunk in ids {
+            self.sync_chunk(&target, &addr, succ, chain_id, chain_ver, chunk, remote_by_id.get(&chunk)).await?;
+            if pause_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            }
+        }
+        self.inner.rpc.call::<SyncDone>(&addr, &mark, Bytes::new(), self.call_opts()).await.map_err(rpc_err)?;
+        self.inner.last_sync.lock().insert(me, summary);
+        info!("sync done");
+        Ok(summary)
+    }
+
+    /// One chunk of a sync: lock, re-decide with the current local
+    /// metadata, read the committed content, full-chunk replace, unlock.
+    #[allow(clippy::too_many_arguments)]
+    async fn sync_chunk(
+        &self,
+        target: &Arc<Target>,
+        addr: &str,
+        succ: Successor,
+        chain_id: ChainId,
+        chain_ver: u32,
+        chunk: ChunkId,
+        remote: Option<&RemoteChunkMeta>,
+    ) -> Result<()> {
+        let _guard = target.locks.lock(chunk).await;
+        let current = target.engine.meta(chunk);
+        let decision = sync::decide(chunk, current.as_ref().map(LocalChunk::from), remote);
+        let (mode, data) = match decision {
+            None | Some(SyncAction::Skip(_)) => return Ok(()),
+            Some(SyncAction::Delete(_)) => (ForwardMode::ReplaceRemove, Bytes::new()),
+            Some(SyncAction::Send(..)) => {
+                let engine = target.engine.clone();
+                let read = blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly)?)).await?;
+                let data = Bytes::from(read.data);
+                let chunk_chain_ver = current.as_ref().map_or(chain_ver, |m| m.chain_ver);
+                let mode = ForwardMode::FullReplace {
+                    version: read.version,
+                    chunk_chain_ver,
+                    len_bytes: data.len() as u32,
+                    crc: crc32c::crc32c(&data),
+                };
+                (mode, data)
+            }
+        };
+        debug!(%chunk, ?decision, "sync transfer");
+        let fwd = ForwardReq {
+            chain_id,
+            chain_ver,
+            from: target.id,
+            to: succ.target,
+            chunk,
+            op: UpdateOp::Remove,
+            mode,
+            tag: RequestTag::default(),
+            chunk_size_hint_bytes: None,
+        };
+        self.inner
+            .rpc
+            .call::<ForwardChunk>(addr, &fwd, data, self.call_opts())
+            .await
+            .map(|_| ())
+            .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })
+    }
+}
+
+/// What a local apply produced.
+struct Applied {
+    version: u64,
+    len_bytes: u32,
+    crc: u32,
+    duplicate: bool,
+}
+
+/// Applies a full-chunk replace or a replace-remove to the local engine;
+/// idempotent (an equal committed version is left alone).
+fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag: UpdateTag, data: &[u8]) -> Result<u64> {
+    match mode {
+        ForwardMode::FullReplace { version, chunk_chain_ver, crc, len_bytes } => {
+            let same = engine.meta(chunk).is_some_and(|m| {
+                m.committed_ver == version && m.pending.is_none() && m.committed.crc == crc && m.committed.len_bytes == len_bytes
+            });
+            if !same {
+                engine.replace(chunk, chunk_chain_ver, version, data, tag)?;
+            }
+            Ok(version)
+        }
+        ForwardMode::ReplaceRemove => {
+            let Some(meta) = engine.meta(chunk) else { return Ok(0) };
+            if meta.committed_ver == 0 {
+                // Pending only: make it committed (empty) so it can be removed.
+                engine.replace(chunk, meta.chain_ver, 1, &[], tag)?;
+            }
+            let committed = engine.meta(chunk).map_or(0, |m| m.committed_ver);
+            let out = engine.update(&UpdateRequest {
+                chunk,
+                chain_ver: meta.chain_ver,
+                kind: UpdateKind::Remove,
+                tag,
+                expected_ver: None,
+                chunk_size_hint_bytes: None,
+            })?;
+            engine.commit(chunk, out.pending_ver)?;
+            debug_assert!(engine.meta(chunk).is_none(), "{chunk} still present after remove");
+            Ok(committed + 1)
+        }
+        ForwardMode::Update { .. } => Err(StorageError::Invalid("update passed to replace".into())),
+    }
+}

@@ -1,0 +1,231 @@
+//! Wire messages of the storage service (SPEC §5). The method definitions
+//! (ids 2000–2999) live with the calling side in `fskv-client::storage`.
+//!
+//! Bulk data never goes in these bodies: it travels as the RPC payload, and
+//! each message that describes data carries its length and CRC32C, checked
+//! at every hop.
+
+use crate::error::Status;
+use crate::ids::{ChainId, ChunkId, InodeId, TargetId};
+use serde::{Deserialize, Serialize};
+
+/// Identifies one client request so a retry is applied once: the storage
+/// service stores it as the chunk engine's update tag.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RequestTag {
+    pub client: u64,
+    pub request: u64,
+}
+
+/// What a write does to a chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateOp {
+    /// Write the payload (of `len_bytes`, CRC32C `crc`) at `offset_bytes`.
+    Write { offset_bytes: u64, len_bytes: u32, crc: u32 },
+    /// Cut or zero-extend the chunk to `len_bytes`.
+    Truncate { len_bytes: u64 },
+    /// Remove the chunk.
+    Remove,
+}
+
+/// A client write, sent to the head of the chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteReq {
+    pub chain_id: ChainId,
+    /// The chain version the client routed with.
+    pub chain_ver: u32,
+    /// The head target the client believes in.
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub op: UpdateOp,
+    pub tag: RequestTag,
+    /// The file layout's chunk size, if known (block sizing hint).
+    pub chunk_size_hint_bytes: Option<u64>,
+}
+
+/// The head's answer once every target of the chain committed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteResp {
+    /// The committed version the write produced.
+    pub version: u64,
+    /// Length and CRC32C of the chunk after the write (0, 0 after a remove).
+    pub len_bytes: u32,
+    pub crc: u32,
+    /// The request had already been applied (a retry).
+    pub duplicate: bool,
+}
+
+/// How a forwarded write is applied by the successor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ForwardMode {
+    /// Apply `op` as pending version `version` (must be the successor's
+    /// committed + 1), forward, commit on the ack.
+    Update { version: u64 },
+    /// Replace the whole chunk with the payload as committed version
+    /// `version` (to a syncing target, by recovery, or to repair a
+    /// diverged successor). `op` is ignored.
+    /// `chunk_chain_ver` is recorded as the chunk's chain version (recovery
+    /// keeps the predecessor's, so replicas end with equal metadata).
+    FullReplace { version: u64, chunk_chain_ver: u32, len_bytes: u32, crc: u32 },
+    /// Remove the chunk if present (recovery's "delete"); committed at once.
+    ReplaceRemove,
+}
+
+/// A write forwarded by a predecessor to its successor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardReq {
+    pub chain_id: ChainId,
+    pub chain_ver: u32,
+    pub from: TargetId,
+    pub to: TargetId,
+    pub chunk: ChunkId,
+    pub op: UpdateOp,
+    pub mode: ForwardMode,
+    pub tag: RequestTag,
+    pub chunk_size_hint_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardResp {
+    /// The version the successor (and everything after it) committed.
+    pub committed_ver: u64,
+}
+
+/// One read of a batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadIo {
+    pub chain_id: ChainId,
+    pub chain_ver: u32,
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub offset_bytes: u64,
+    pub len_bytes: u32,
+    /// Return the pending version if there is one (instead of `ChunkUncommitted`).
+    pub relaxed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchReadReq {
+    pub ios: Vec<ReadIo>,
+}
+
+/// The data of one successful read; its bytes are the next `len_bytes` of
+/// the reply payload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadOk {
+    pub len_bytes: u32,
+    pub crc: u32,
+    pub version: u64,
+    pub chunk_len_bytes: u32,
+    pub uncommitted: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchReadResp {
+    /// One per request io, in order; the payload holds the data of the `Ok`
+    /// results back to back.
+    pub results: Vec<Result<ReadOk, Status>>,
+}
+
+/// Commits a pending version on one target (repair / admin; the write path
+/// commits on the acknowledgement without this call).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitReq {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub version: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitResp {
+    pub committed_ver: u64,
+}
+
+/// Chunk metadata as another target sees it (recovery compares these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteChunkMeta {
+    pub chain_ver: u32,
+    pub committed_ver: u64,
+    /// `None` when there is no pending version.
+    pub pending_ver: Option<u64>,
+    pub len_bytes: u32,
+    pub crc: u32,
+}
+
+impl RemoteChunkMeta {
+    /// The latest version the target has (pending if any, else committed):
+    /// 3FS's "update version".
+    pub fn update_ver(&self) -> u64 {
+        self.pending_ver.unwrap_or(self.committed_ver)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryLastChunkReq {
+    pub chain_id: ChainId,
+    pub chain_ver: u32,
+    pub target: TargetId,
+    pub inode: InodeId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryLastChunkResp {
+    pub last: Option<(ChunkId, RemoteChunkMeta)>,
+}
+
+/// Removes every chunk of `inode` with index `>= from_index` through the
+/// chain (sent to the head), at most `max_chunks` per call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveChunksReq {
+    pub chain_id: ChainId,
+    pub chain_ver: u32,
+    pub target: TargetId,
+    pub inode: InodeId,
+    pub from_index: u64,
+    pub max_chunks: u32,
+    pub tag: RequestTag,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveChunksResp {
+    pub removed: u32,
+    /// More chunks remain (call again).
+    pub more: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceInfoReq {}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetSpace {
+    pub target: TargetId,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceInfoResp {
+    pub targets: Vec<TargetSpace>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpChunkMetaReq {
+    pub target: TargetId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DumpChunkMetaResp {
+    pub chunks: Vec<(ChunkId, RemoteChunkMeta)>,
+}
+
+/// Recovery start / end, sent by the predecessor to the syncing target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncReq {
+    pub chain_id: ChainId,
+    pub chain_ver: u32,
+    pub from: TargetId,
+    pub target: TargetId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncResp {}
