@@ -35,53 +35,17 @@
 use fskv_types::TargetId;
 use serde::{Deserialize, Serialize};
 
-/// Public state of a target, as published in routing info.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum PublicState {
-    /// Alive and serving reads and writes.
-    Serving,
-    /// Down, and it was the last serving target of its chain.
-    LastSrv,
-    /// Alive, recovery in progress: takes writes, not reads.
-    Syncing,
-    /// Alive, recovery not started.
-    Waiting,
-    /// Down, or its medium failed.
-    Offline,
-}
+pub use fskv_types::routing::{LocalTargetState as LocalState, PublicTargetState as PublicState};
 
-impl PublicState {
-    /// Whether clients may read from a target in this state.
-    pub fn readable(self) -> bool {
-        self == PublicState::Serving
+/// Position of a state's group in the chain order.
+fn group(state: PublicState) -> u8 {
+    match state {
+        PublicState::Serving => 0,
+        PublicState::LastSrv => 1,
+        PublicState::Syncing => 2,
+        PublicState::Waiting => 3,
+        PublicState::Offline => 4,
     }
-
-    /// Whether a target in this state takes (replicated) writes.
-    pub fn writable(self) -> bool {
-        matches!(self, PublicState::Serving | PublicState::Syncing)
-    }
-
-    /// Position of the state's group in the chain order.
-    fn group(self) -> u8 {
-        match self {
-            PublicState::Serving => 0,
-            PublicState::LastSrv => 1,
-            PublicState::Syncing => 2,
-            PublicState::Waiting => 3,
-            PublicState::Offline => 4,
-        }
-    }
-}
-
-/// Local state of a target, reported by its storage service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum LocalState {
-    /// Holds all committed data; serving clients.
-    UpToDate,
-    /// Alive, but its data may be behind (syncing or waiting).
-    Online,
-    /// No heartbeat within the timeout, or the medium failed.
-    Offline,
 }
 
 /// One target of a chain as mgmtd sees it.
@@ -102,7 +66,7 @@ pub struct ChainView {
 impl ChainView {
     /// The head: the first target that takes writes, if any.
     pub fn head(&self) -> Option<TargetId> {
-        self.targets.iter().find(|t| t.public.writable()).map(|t| t.target)
+        self.targets.iter().find(|t| t.public.can_write()).map(|t| t.target)
     }
 }
 
@@ -177,7 +141,7 @@ pub fn next_chain(chain: &ChainView) -> ChainView {
         .map(|(t, n)| TargetView { public: n.unwrap_or(t.public), ..*t })
         .collect();
     // Stable sort keeps the old order inside each group.
-    targets.sort_by_key(|t| t.public.group());
+    targets.sort_by_key(|t| group(t.public));
     debug_assert!(targets.iter().filter(|t| t.public == PublicState::Syncing).count() <= 1 || chain_had_two_syncing(chain));
     let changed = targets != chain.targets;
     ChainView { version: if changed { chain.version.wrapping_add(1) } else { chain.version }, targets }
@@ -354,13 +318,13 @@ mod tests {
                 prop_assert!(!(count(P::Serving) > 0 && count(P::LastSrv) > 0));
                 prop_assert!(count(P::LastSrv) <= 1 || c.targets.iter().filter(|t| t.public == P::LastSrv).count() > 1);
                 prop_assert!(count(P::LastSrv) <= c.targets.iter().filter(|t| t.public == P::LastSrv).count().max(1));
-                prop_assert!(n.targets.windows(2).all(|w| w[0].public.group() <= w[1].public.group()));
+                prop_assert!(n.targets.windows(2).all(|w| group(w[0].public) <= group(w[1].public)));
                 let mut ids: Vec<u64> = n.targets.iter().map(|t| t.target.0).collect();
                 ids.sort();
                 prop_assert_eq!(ids, (0..states.len() as u64).collect::<Vec<_>>());
                 prop_assert_eq!(n.version != c.version, n.targets != c.targets);
                 // Offline locals are never readable or writable.
-                prop_assert!(n.targets.iter().all(|t| t.local != L::Offline || !t.public.writable()));
+                prop_assert!(n.targets.iter().all(|t| t.local != L::Offline || !t.public.can_write()));
                 let mut cur = n;
                 for _ in 0..4 {
                     cur = next_chain(&cur);
