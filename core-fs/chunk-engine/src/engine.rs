@@ -352,6 +352,7 @@ impl ChunkEngine {
             committed_ver,
             committed: old.as_ref().map(|c| c.meta.committed.clone()).unwrap_or_default(),
             pending: Some((pending_ver, state)),
+            recent: old.as_ref().map(|c| c.meta.recent.clone()).unwrap_or_default(),
         };
         let committed_block = old.as_ref().and_then(|c| c.committed_block.clone());
         let new = Cached { meta, committed_block, pending_block: handle };
@@ -525,7 +526,13 @@ impl ChunkEngine {
         let new = match state {
             PendingState::Removed { .. } => None,
             PendingState::Data(v) => Some(Cached {
-                meta: ChunkMeta { chain_ver: old.meta.chain_ver, committed_ver: *pending_ver, committed: v.clone(), pending: None },
+                meta: ChunkMeta {
+                    chain_ver: old.meta.chain_ver,
+                    committed_ver: *pending_ver,
+                    committed: v.clone(),
+                    pending: None,
+                    recent: old.meta.recent_after_commit(),
+                },
                 committed_block: old.pending_block.clone(),
                 pending_block: None,
             }),
@@ -550,7 +557,9 @@ impl ChunkEngine {
         let _guard = self.lock(chunk);
         let old = self.cached(chunk);
         let nc = self.write_new_block(chunk, data.to_vec(), tag, 0)?;
-        let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None };
+        // Recovery replaces the whole history: tags of versions this target
+        // never applied are unknown, so none are kept.
+        let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None, recent: Vec::new() };
         let new = Cached { meta, committed_block: nc.handle, pending_block: None };
         self.persist_and_swap(chunk, old.as_deref(), Some(new), true)
     }
@@ -763,8 +772,10 @@ fn check_engine_config(db: &DB, config: &EngineConfig) -> Result<()> {
     }
 }
 
-/// If `tag` identifies the pending or the committed version, the outcome of
-/// the original update.
+/// If `tag` identifies the pending, the committed or one of the recent
+/// committed versions, the outcome of the original update. For a recent
+/// (older) version, `pending_ver` and `committed_ver` are both that version:
+/// it was committed, and nothing is to be done for it.
 fn duplicate_outcome(meta: &ChunkMeta, tag: UpdateTag) -> Option<UpdateOutcome> {
     if tag == UpdateTag::default() {
         return None;
@@ -787,8 +798,20 @@ fn duplicate_outcome(meta: &ChunkMeta, tag: UpdateTag) -> Option<UpdateOutcome> 
             }
             Some(out)
         }
-        None if meta.committed_ver > 0 && meta.committed.tag == tag => Some(out),
-        _ => None,
+        // The committed version's request, retried (possibly while another
+        // write is pending).
+        _ if meta.committed_ver > 0 && meta.committed.tag == tag => Some(out),
+        _ => {
+            let old = meta.recent.iter().rev().find(|r| r.tag == tag)?;
+            Some(UpdateOutcome {
+                pending_ver: old.version,
+                committed_ver: old.version,
+                len_bytes: old.len_bytes,
+                crc: old.crc,
+                in_place: false,
+                duplicate: true,
+            })
+        }
     }
 }
 

@@ -21,7 +21,7 @@ pub use engine::{
 };
 pub use error::{ChunkError, Result};
 pub use layout::{SizeClass, MAX_CHUNK_BYTES, MIN_BLOCK_BYTES, NUM_CLASSES};
-pub use meta::{BlockRef, ChunkMeta, PendingState, UpdateTag, VersionData};
+pub use meta::{BlockRef, ChunkMeta, PendingState, RecentCommit, UpdateTag, VersionData, RECENT_COMMITS};
 
 #[cfg(test)]
 mod assert_traits {

@@ -4,9 +4,10 @@
 //! big-endian), so all chunks of a file are adjacent and the last one is a
 //! single `seek_for_prev`.
 //!
-//! Value (little-endian, format 2):
+//! Value (little-endian, format 3; format 2 is format 3 without the
+//! trailing `recent` list and is still read):
 //! ```text
-//! u8  format = 2
+//! u8  format = 3
 //! u32 chain_ver
 //! u64 committed_ver            0 = never committed (chunk only pending)
 //! Version committed
@@ -15,6 +16,8 @@
 //! Version pending | Tag        data: a Version; removed: the update tag
 //! Version := u8 has_block, [u8 class, u64 block_idx], u32 len, u32 crc,
 //!            Tag, u32 tail_page_crc (CRC of the last, partial page; 0 if none)
+//! u8  recent_count            (≤ RECENT_COMMITS) then per entry:
+//!     Tag, u64 version, u32 len, u32 crc   older committed versions' tags
 //! Tag := u64 client, u64 request
 //! ```
 //!
@@ -33,7 +36,12 @@ use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
 use fskv_types::ChunkId;
 use serde::Serialize;
 
-const FORMAT: u8 = 2;
+const FORMAT: u8 = 3;
+const FORMAT_V2: u8 = 2;
+/// Committed versions before the current one whose update tags are kept, so
+/// a retried write is recognised even after other writes to the chunk
+/// committed in between.
+pub const RECENT_COMMITS: usize = 8;
 pub(crate) const SEGMENT_PAGES: usize = 64;
 const SEGMENT_KEY_PREFIX: u8 = b'b';
 pub(crate) const CHUNK_KEY_PREFIX: u8 = b'c';
@@ -124,6 +132,36 @@ pub struct ChunkMeta {
     pub committed: VersionData,
     /// `(pending_ver, state)`; `pending_ver == committed_ver + 1`.
     pub pending: Option<(u64, PendingState)>,
+    /// Older committed versions (oldest first, at most [`RECENT_COMMITS`])
+    /// with a non-default tag, for duplicate detection of late retries.
+    pub recent: Vec<RecentCommit>,
+}
+
+/// A committed version that has since been replaced by a newer one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RecentCommit {
+    pub tag: UpdateTag,
+    pub version: u64,
+    pub len_bytes: u32,
+    pub crc: u32,
+}
+
+impl ChunkMeta {
+    /// `recent` after the current committed version is replaced by a newer one.
+    pub fn recent_after_commit(&self) -> Vec<RecentCommit> {
+        let mut recent = self.recent.clone();
+        if self.committed_ver > 0 && self.committed.tag != UpdateTag::default() {
+            recent.push(RecentCommit {
+                tag: self.committed.tag,
+                version: self.committed_ver,
+                len_bytes: self.committed.len_bytes,
+                crc: self.committed.crc,
+            });
+        }
+        let excess = recent.len().saturating_sub(RECENT_COMMITS);
+        recent.drain(..excess);
+        recent
+    }
 }
 
 impl ChunkMeta {
@@ -165,6 +203,15 @@ impl ChunkMeta {
                     }
                 }
             }
+        }
+        debug_assert!(self.recent.len() <= RECENT_COMMITS);
+        let recent = &self.recent[self.recent.len().saturating_sub(RECENT_COMMITS)..];
+        w.push(recent.len() as u8);
+        for r in recent {
+            encode_tag(&mut w, r.tag);
+            w.extend_from_slice(&r.version.to_le_bytes());
+            w.extend_from_slice(&r.len_bytes.to_le_bytes());
+            w.extend_from_slice(&r.crc.to_le_bytes());
         }
         w
     }
@@ -216,7 +263,7 @@ impl ChunkMeta {
     ) -> Result<ChunkMeta> {
         let mut r = Reader { buf: bytes };
         let format = r.u8()?;
-        if format != FORMAT {
+        if format != FORMAT && format != FORMAT_V2 {
             return Err(ChunkError::CorruptMetadata(format!("unknown chunk record format {format}")));
         }
         let chain_ver = r.u32()?;
@@ -233,10 +280,20 @@ impl ChunkMeta {
             };
             Some((pending_ver, state))
         };
+        let mut recent = Vec::new();
+        if format == FORMAT {
+            let count = r.u8()? as usize;
+            if count > RECENT_COMMITS {
+                return Err(ChunkError::CorruptMetadata(format!("{count} recent commits (limit {RECENT_COMMITS})")));
+            }
+            for _ in 0..count {
+                recent.push(RecentCommit { tag: decode_tag(&mut r)?, version: r.u64()?, len_bytes: r.u32()?, crc: r.u32()? });
+            }
+        }
         if !r.buf.is_empty() {
             return Err(ChunkError::CorruptMetadata(format!("{} trailing bytes in chunk record", r.buf.len())));
         }
-        Ok(ChunkMeta { chain_ver, committed_ver, committed, pending })
+        Ok(ChunkMeta { chain_ver, committed_ver, committed, pending, recent })
     }
 }
 
@@ -437,6 +494,7 @@ mod tests {
             committed_ver: 3,
             committed: version(300_000, 74, 0),
             pending: Some((4, PendingState::Removed { tag: UpdateTag { client: 1, request: 3 } })),
+            recent: vec![RecentCommit { tag: UpdateTag { client: 1, request: 1 }, version: 2, len_bytes: 5, crc: 6 }],
         };
         let bytes = store(&meta, None, &mut segs);
         assert_eq!(segs.len(), 2, "73 full pages = 2 segments");
@@ -454,7 +512,7 @@ mod tests {
     fn in_place_append_writes_only_new_segments() {
         let mut segs = HashMap::new();
         let committed = version(200 * 4096, 200, 0);
-        let c = ChunkMeta { chain_ver: 1, committed_ver: 1, committed: committed.clone(), pending: None };
+        let c = ChunkMeta { chain_ver: 1, committed_ver: 1, committed: committed.clone(), pending: None, recent: vec![] };
         let bytes = store(&c, None, &mut segs);
         assert_eq!(load(&bytes, &segs).unwrap(), c);
         // Pending extends the same block by 16 pages: only segment 3 changes.
@@ -468,7 +526,7 @@ mod tests {
         assert!(bytes.len() < 120);
         assert_eq!(load(&bytes, &segs).unwrap(), with_pending);
         // Commit: nothing new to write.
-        let committed2 = ChunkMeta { chain_ver: 1, committed_ver: 2, committed: p, pending: None };
+        let committed2 = ChunkMeta { chain_ver: 1, committed_ver: 2, committed: p, pending: None, recent: c.recent_after_commit() };
         assert!(committed2.segment_puts(Some(&with_pending)).unwrap().is_empty());
     }
 }

@@ -433,3 +433,31 @@ fn open_rejects_double_referenced_blocks_and_garbage_records() {
     assert_eq!(read_all(&e, cid(70, 1)), b"b");
     e.check_invariants().unwrap();
 }
+
+#[test]
+fn late_retry_after_other_commits_is_still_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    let c = cid(13, 0);
+    let first = write_commit(&e, c, 0, b"AAAA", 100);
+    // Other writers commit over it before the first writer's retry arrives.
+    for t in 101..105 {
+        write_commit(&e, c, 0, format!("{t:04}").as_bytes(), t);
+    }
+    let retry = write(&e, c, 0, b"AAAA", 100);
+    assert!(retry.duplicate, "a late retry was applied again");
+    assert_eq!((retry.pending_ver, retry.crc, retry.len_bytes), (first.pending_ver, first.crc, first.len_bytes));
+    assert_eq!(read_all(&e, c), b"0104", "the retry overwrote newer data");
+    // The memory of old tags survives a restart and is bounded.
+    drop(e);
+    let e = open(&dir);
+    assert!(write(&e, c, 0, b"AAAA", 100).duplicate);
+    let meta = e.meta(c).unwrap();
+    assert!(meta.recent.len() <= fskv_chunk_engine::RECENT_COMMITS);
+    for t in 105..(105 + fskv_chunk_engine::RECENT_COMMITS as u64 + 1) {
+        write_commit(&e, c, 0, b"BBBB", t);
+    }
+    assert_eq!(e.meta(c).unwrap().recent.len(), fskv_chunk_engine::RECENT_COMMITS);
+    let forgotten = write(&e, c, 0, b"AAAA", 100);
+    assert!(!forgotten.duplicate, "tags older than RECENT_COMMITS versions are forgotten (documented limit)");
+}
