@@ -134,7 +134,7 @@ mod tests {
     }
 
     fn local(chain_ver: u32, committed_ver: u64) -> ChunkMeta {
-        ChunkMeta { chain_ver, committed_ver, committed: VersionData::default(), pending: None }
+        ChunkMeta { chain_ver, committed_ver, committed: VersionData::default(), pending: None, recent: Vec::new() }
     }
 
     fn remote(chain_ver: u32, committed_ver: u64, pending_ver: Option<u64>) -> RemoteChunkMeta {
