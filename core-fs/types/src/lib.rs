@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod ids;
+pub mod meta;
 
 pub use error::{ErrorCode, Status};
 pub use ids::{ChainId, ChunkId, InodeId, NodeId, TargetId};
