@@ -15,6 +15,7 @@
 pub mod alloc;
 pub mod bench;
 pub mod error;
+pub mod fsck;
 pub mod gc;
 pub mod ops;
 pub mod perm;
