@@ -11,6 +11,8 @@ pub enum BenchCommand {
     Rpc(RpcArgs),
     /// Small-transaction commits/s of the embedded KV engine vs raw RocksDB write batches.
     Kv(KvArgs),
+    /// Meta creates/stats/readdir pages/renames per second over loopback RPC vs the KV engine's raw small commits.
+    Meta(crate::meta_cmd::MetaBenchArgs),
 }
 
 #[derive(Args)]
@@ -47,7 +49,7 @@ pub struct KvArgs {
     committers: Vec<usize>,
 }
 
-fn emit<T: std::fmt::Display + serde::Serialize>(report: &T, json: Option<&PathBuf>) -> anyhow::Result<()> {
+pub fn emit<T: std::fmt::Display + serde::Serialize>(report: &T, json: Option<&PathBuf>) -> anyhow::Result<()> {
     println!("{report}");
     if let Some(path) = json {
         std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
@@ -80,5 +82,6 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
             let report = fskv_kv::bench::run(opts).await?;
             emit(&report, a.common.json.as_ref())
         }
+        BenchCommand::Meta(a) => crate::meta_cmd::bench(a, config).await,
     }
 }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod config;
+mod meta_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +26,8 @@ enum Command {
     /// Benchmarks, each next to its baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Serve the metadata service on one KV engine.
+    Meta(meta_cmd::MetaArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
+            Command::Meta(args) => meta_cmd::run(args, &config).await,
             Command::Config(ConfigCommand::Default) => {
                 print!("{}", config::DEFAULT_TOML);
                 Ok(())
