@@ -32,13 +32,13 @@ fn step() -> impl Strategy<Value = Step> {
     let d = any::<u8>();
     let n = 0u8..3;
     prop_oneof![
-        3 => (d.clone(), n.clone()).prop_map(|(d, n)| Step::Create(d, n)),
-        4 => (d.clone(), n.clone()).prop_map(|(d, n)| Step::Mkdir(d, n)),
-        1 => (d.clone(), n.clone()).prop_map(|(d, n)| Step::Symlink(d, n)),
-        2 => (d.clone(), n.clone()).prop_map(|(d, n)| Step::Unlink(d, n)),
-        2 => (d.clone(), n.clone()).prop_map(|(d, n)| Step::Rmdir(d, n)),
-        6 => (d.clone(), n.clone(), d.clone(), n.clone()).prop_map(|(a, b, c, e)| Step::Rename(a, b, c, e)),
-        2 => (d.clone(), n.clone(), d.clone(), n.clone()).prop_map(|(a, b, c, e)| Step::Link(a, b, c, e)),
+        3 => (d, n.clone()).prop_map(|(d, n)| Step::Create(d, n)),
+        4 => (d, n.clone()).prop_map(|(d, n)| Step::Mkdir(d, n)),
+        1 => (d, n.clone()).prop_map(|(d, n)| Step::Symlink(d, n)),
+        2 => (d, n.clone()).prop_map(|(d, n)| Step::Unlink(d, n)),
+        2 => (d, n.clone()).prop_map(|(d, n)| Step::Rmdir(d, n)),
+        6 => (d, n.clone(), d, n.clone()).prop_map(|(a, b, c, e)| Step::Rename(a, b, c, e)),
+        2 => (d, n.clone(), d, n.clone()).prop_map(|(a, b, c, e)| Step::Link(a, b, c, e)),
         1 => (d, n).prop_map(|(d, n)| Step::RemoveTree(d, n)),
     ]
 }
