@@ -319,3 +319,22 @@ async fn layouts_are_shuffled_round_robin_stripes() {
     // Chunk 0 is the first shuffled chain.
     assert_eq!(chain_for_chunk(la, 0), la.shuffled_chains().first().copied());
 }
+
+#[tokio::test]
+async fn exact_length_on_close_widens_the_dynamic_stripe() {
+    let mut cfg = common::test_config();
+    cfg.root_layout.stripe_size = 64;
+    cfg.root_layout.chunk_size_bytes = 4096;
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "big".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+        MetaReply::Opened { inode, session } => (inode, session),
+        other => panic!("{other:?}"),
+    };
+    let data = f.file().unwrap();
+    assert_eq!((data.layout.stripe_size(), data.dyn_stripe), (64, 16));
+    // 40 chunks written, no length report: chains 17..40 (shuffled order) are beyond the hint.
+    fs.storage.write_file(f.id, &data.layout, 40 * 4096 - 100);
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    assert_eq!(closed.size_bytes(), 40 * 4096 - 100);
+    assert_eq!(closed.file().unwrap().dyn_stripe, 64);
+}
