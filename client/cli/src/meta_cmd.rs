@@ -30,6 +30,9 @@ pub struct MetaBenchArgs {
     /// Concurrent callers to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     callers: Vec<usize>,
+    /// Per-inode batch queues of the measured server (0 disables batching).
+    #[arg(long, default_value_t = 8)]
+    batch_shards: usize,
 }
 
 pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
@@ -63,6 +66,7 @@ pub async fn bench(args: MetaBenchArgs, config: &Config) -> anyhow::Result<()> {
         seconds: args.common.seconds,
         callers: args.callers,
         sync_writes: config.kv.sync_writes,
+        batch_shards: args.batch_shards,
         ..Default::default()
     };
     eprintln!("bench meta: {} s per measurement, callers {:?} ...", opts.seconds, opts.callers);

@@ -35,11 +35,13 @@ pub struct MetaBenchOptions {
     pub sync_writes: bool,
     /// Entries per readdir page.
     pub readdir_page_entries: u32,
+    /// Per-inode batch queues of the server (0 = no batching).
+    pub batch_shards: usize,
 }
 
 impl Default for MetaBenchOptions {
     fn default() -> Self {
-        MetaBenchOptions { dir: PathBuf::from("."), seconds: 3.0, callers: vec![1, 32], sync_writes: true, readdir_page_entries: 128 }
+        MetaBenchOptions { dir: PathBuf::from("."), seconds: 3.0, callers: vec![1, 32], sync_writes: true, readdir_page_entries: 128, batch_shards: 8 }
     }
 }
 
@@ -59,6 +61,7 @@ pub struct MetaBenchReport {
     pub sync_writes: bool,
     pub seconds: f64,
     pub readdir_page_entries: u32,
+    pub batch_shards: usize,
     pub rows: Vec<MetaBenchRow>,
 }
 
@@ -66,8 +69,8 @@ impl fmt::Display for MetaBenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "Meta service over loopback RPC, engine {} (sync_writes={}), {} s per run, readdir pages of {} entries",
-            self.engine, self.sync_writes, self.seconds, self.readdir_page_entries
+            "Meta service over loopback RPC, engine {} (sync_writes={}), {} s per run, readdir pages of {} entries, batch_shards={}",
+            self.engine, self.sync_writes, self.seconds, self.readdir_page_entries, self.batch_shards
         )?;
         writeln!(
             f,
@@ -104,7 +107,7 @@ pub async fn run(opts: MetaBenchOptions) -> anyhow::Result<MetaBenchReport> {
 async fn run_in(root: &std::path::Path, opts: &MetaBenchOptions) -> anyhow::Result<MetaBenchReport> {
     let engine: Arc<dyn KvEngine> =
         Arc::new(RocksEngine::open(root, RocksOptions { sync_writes: opts.sync_writes, ..RocksOptions::default() })?);
-    let cfg = MetaConfig { gc_interval_ms: 0, ..MetaConfig::default() };
+    let cfg = MetaConfig { gc_interval_ms: 0, batch_shards: opts.batch_shards, ..MetaConfig::default() };
     let svc = MetaService::open(engine.clone(), Arc::new(NoStorage), cfg).await?;
     let server = svc.serve("127.0.0.1:0").await?;
     let client = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()]))?;
@@ -189,6 +192,7 @@ async fn run_in(root: &std::path::Path, opts: &MetaBenchOptions) -> anyhow::Resu
         sync_writes: opts.sync_writes,
         seconds: duration.as_secs_f64(),
         readdir_page_entries: opts.readdir_page_entries,
+        batch_shards: opts.batch_shards,
         rows,
     })
 }
