@@ -185,5 +185,13 @@ mod tests {
         assert!(matches!(decode::<DentryValue>(b"k", &[]), Err(MetaError::Corrupt { .. })));
         assert!(matches!(decode::<DentryValue>(b"k", &[9, 1, 2]), Err(MetaError::Corrupt { .. })));
         assert!(matches!(decode::<DentryValue>(b"k", &raw[..raw.len() - 1]), Err(MetaError::Corrupt { .. })));
+        let mut trailing = raw.clone();
+        trailing.push(0);
+        assert!(matches!(decode::<DentryValue>(b"k", &trailing), Err(MetaError::Corrupt { .. })));
+        // A corrupt length prefix must not allocate gigabytes.
+        let mut huge = encode(&IdempotencyValue { created_ns: 1, reply: MetaReply::Data(vec![1, 2, 3]) }).unwrap();
+        let len_at = huge.len() - 3 - 8;
+        huge[len_at..len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(decode::<IdempotencyValue>(b"k", &huge), Err(MetaError::Corrupt { .. })));
     }
 }
