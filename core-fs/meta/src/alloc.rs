@@ -44,7 +44,10 @@ impl InodeAllocator {
 
     async fn take_batch(&self, shard: u8) -> MetaResult<u64> {
         let key = alloc_key(shard);
-        let first = run_transaction(&*self.engine, &RetryOptions::default(), |txn| {
+        // Retrying after an unknown result is safe: the retry re-reads the
+        // counter, so at worst a batch is skipped, never handed out twice.
+        let opts = RetryOptions { retry_unknown_result: true, ..RetryOptions::default() };
+        let first = run_transaction(&*self.engine, &opts, |txn| {
             let key = key.clone();
             Box::pin(async move {
                 let current = match txn.get(&key).await? {

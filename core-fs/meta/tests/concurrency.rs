@@ -135,3 +135,55 @@ async fn batched_creates_in_one_directory() {
     assert_eq!(fs.readdir_all(d.id).await.unwrap().len(), 200);
     fs.fsck_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn creates_racing_a_directory_removal_leave_no_orphans() {
+    for use_tree in [false, true] {
+        let fs = Arc::new(Fs::new().await);
+        let victim = fs.mkdir(ROOT, "victim").await.unwrap();
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let fs = fs.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..20 {
+                    match fs.create(victim.id, &format!("t{t}-{i}")).await {
+                        Ok(_) => {}
+                        Err(e) => assert!(matches!(e.code(), ErrorCode::NotFound | ErrorCode::NotDirectory), "{e}"),
+                    }
+                }
+            }));
+        }
+        let remover = {
+            let fs = fs.clone();
+            tokio::spawn(async move {
+                loop {
+                    let op = if use_tree {
+                        MetaOp::RemoveTree { parent: ROOT, name: "victim".into() }
+                    } else {
+                        MetaOp::Rmdir { parent: ROOT, name: "victim".into() }
+                    };
+                    match fs.op(op).await {
+                        Ok(_) => return,
+                        Err(e) if e.code() == ErrorCode::NotEmpty => {
+                            // Empty it and try again.
+                            for entry in fs.readdir_all(victim.id).await.unwrap_or_default() {
+                                let _ = fs.op(MetaOp::Unlink { parent: victim.id, name: entry.name }).await;
+                            }
+                            tokio::task::yield_now().await;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            })
+        };
+        for t in tasks {
+            t.await.unwrap();
+        }
+        remover.await.unwrap();
+        fs.svc.run_gc_until_idle().await.unwrap();
+        fs.fsck_clean().await;
+        let report = fskv_meta::fsck::check(&**fs.svc.engine()).await.unwrap();
+        assert_eq!(report.inodes, 1, "only the root is left (use_tree={use_tree})");
+        assert_eq!(report.entries, 0);
+    }
+}
