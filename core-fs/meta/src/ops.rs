@@ -41,6 +41,8 @@ pub struct MetaConfig {
     pub batch_shards: usize,
     /// Most ops committed in one batch transaction.
     pub max_batch_ops: usize,
+    /// Batch transactions of one queue committing at once.
+    pub batch_groups_in_flight: usize,
 }
 
 impl Default for MetaConfig {
@@ -58,6 +60,7 @@ impl Default for MetaConfig {
             gc_interval_ms: 1000,
             batch_shards: 8,
             max_batch_ops: 64,
+            batch_groups_in_flight: 4,
         }
     }
 }

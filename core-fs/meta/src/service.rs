@@ -21,7 +21,7 @@ use fskv_types::InodeId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 use tracing::Instrument;
 
 /// Attempts of one transaction on conflicts before the error goes to the caller.
@@ -428,8 +428,14 @@ impl Inner {
     }
 }
 
+/// Drains one shard's queue: up to `max_batch_ops` queued ops form a group
+/// committed in one transaction; up to `batch_groups_in_flight` groups of a
+/// shard commit at once (while all are busy, the queue fills the next group).
 async fn batch_worker(inner: Arc<Inner>, mut rx: mpsc::Receiver<BatchItem>) {
-    while let Some(first) = rx.recv().await {
+    let slots = Arc::new(Semaphore::new(inner.cfg.batch_groups_in_flight.max(1)));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Some(first) = rx.recv().await else { return };
         let mut items = vec![first];
         while items.len() < inner.cfg.max_batch_ops.max(1) {
             match rx.try_recv() {
@@ -437,7 +443,14 @@ async fn batch_worker(inner: Arc<Inner>, mut rx: mpsc::Receiver<BatchItem>) {
                 Err(_) => break,
             }
         }
-        inner.run_batch(items).await;
+        let inner = inner.clone();
+        tokio::spawn(
+            async move {
+                inner.run_batch(items).await;
+                drop(permit);
+            }
+            .in_current_span(),
+        );
     }
 }
 
