@@ -25,7 +25,8 @@ use std::sync::Arc;
 
 pub const TREE_ENTRIES_PER_TXN: usize = 256;
 pub const GC_ENTRIES_PER_PASS: usize = 128;
-pub const IDEMPOTENCY_EXPIRE_PER_PASS: usize = 1024;
+pub const IDEMPOTENCY_EXPIRE_PER_TXN: usize = 2048;
+pub const IDEMPOTENCY_EXPIRE_TXNS_PER_PASS: usize = 64;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GcStats {
@@ -215,23 +216,29 @@ async fn drain_tree(engine: &Arc<dyn KvEngine>, dir: InodeId, stats: &mut GcStat
     }
 }
 
+/// Clears idempotency records created before the TTL, oldest first, through
+/// the `IDEX` time index (bounded work per pass).
 async fn expire_idempotency(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig, now: u64) -> MetaResult<u64> {
     let cutoff = now.saturating_sub(cfg.idempotency_ttl_ms * 1_000_000);
-    let mut txn = engine.begin().await?;
-    let r = txn
-        .snapshot_get_range(&RangeRequest::prefix(PREFIX_IDEMPOTENCY).limit(IDEMPOTENCY_EXPIRE_PER_PASS))
-        .await?;
-    let mut n = 0;
-    for (k, v) in &r.kvs {
-        // Unreadable records are expired too: they can never be returned.
-        let expired = decode::<IdempotencyValue>(k, v).map(|rec| rec.created_ns < cutoff).unwrap_or(true);
-        if expired {
+    let mut end = PREFIX_IDEMPOTENCY_EXPIRY.to_vec();
+    end.extend_from_slice(&cutoff.to_be_bytes());
+    let mut total = 0;
+    for _ in 0..IDEMPOTENCY_EXPIRE_TXNS_PER_PASS {
+        let mut txn = engine.begin().await?;
+        let range = RangeRequest::new(PREFIX_IDEMPOTENCY_EXPIRY.to_vec(), end.clone()).limit(IDEMPOTENCY_EXPIRE_PER_TXN);
+        let r = txn.snapshot_get_range(&range).await?;
+        for (k, _) in &r.kvs {
             txn.clear(k)?;
-            n += 1;
+            txn.clear(&idempotency_key_of_expiry(k)?)?;
+        }
+        let n = r.kvs.len() as u64;
+        if n > 0 {
+            txn.commit().await?;
+        }
+        total += n;
+        if !r.more {
+            break;
         }
     }
-    if n > 0 {
-        txn.commit().await?;
-    }
-    Ok(n)
+    Ok(total)
 }

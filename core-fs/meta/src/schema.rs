@@ -17,6 +17,8 @@ pub const PREFIX_DENTRY: &[u8; 4] = b"DENT";
 pub const PREFIX_XATTR: &[u8; 4] = b"XATR";
 pub const PREFIX_SESSION: &[u8; 4] = b"SESS";
 pub const PREFIX_IDEMPOTENCY: &[u8; 4] = b"IDEM";
+/// Time index of idempotency records (for expiry without a full scan).
+pub const PREFIX_IDEMPOTENCY_EXPIRY: &[u8; 4] = b"IDEX";
 pub const PREFIX_GC: &[u8; 4] = b"GCQU";
 pub const PREFIX_ALLOC: &[u8; 4] = b"IALC";
 pub const PREFIX_STATS: &[u8; 4] = b"MSTA";
@@ -73,6 +75,24 @@ pub fn idempotency_key(client_id: u64, request_id: u64) -> Vec<u8> {
     k.extend_from_slice(&client_id.to_be_bytes());
     k.extend_from_slice(&request_id.to_be_bytes());
     k
+}
+
+/// `IDEX` + created ns (u64 BE) + client id (u64 BE) + request id (u64 BE).
+pub fn idempotency_expiry_key(created_ns: u64, client_id: u64, request_id: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(28);
+    k.extend_from_slice(PREFIX_IDEMPOTENCY_EXPIRY);
+    k.extend_from_slice(&created_ns.to_be_bytes());
+    k.extend_from_slice(&client_id.to_be_bytes());
+    k.extend_from_slice(&request_id.to_be_bytes());
+    k
+}
+
+/// The `IDEM` key named by an `IDEX` key.
+pub fn idempotency_key_of_expiry(expiry_key: &[u8]) -> MetaResult<Vec<u8>> {
+    let ids = expiry_key.get(12..28).filter(|_| expiry_key.len() == 28).ok_or_else(|| corrupt(expiry_key, "expiry key is not 28 bytes"))?;
+    let mut k = PREFIX_IDEMPOTENCY.to_vec();
+    k.extend_from_slice(ids);
+    Ok(k)
 }
 
 pub fn alloc_key(shard: u8) -> Vec<u8> {

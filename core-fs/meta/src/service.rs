@@ -387,6 +387,7 @@ impl Inner {
         let reply = ops::apply(txn, &ctx, &req.op).await?;
         if recorded {
             txn.set(&key, &encode(&IdempotencyValue { created_ns: prep.now_ns, reply: reply.clone() })?)?;
+            txn.set(&idempotency_expiry_key(prep.now_ns, req.client_id, req.request_id), &[])?;
         }
         Ok(reply)
     }

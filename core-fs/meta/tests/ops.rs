@@ -338,3 +338,20 @@ async fn exact_length_on_close_widens_the_dynamic_stripe() {
     assert_eq!(closed.size_bytes(), 40 * 4096 - 100);
     assert_eq!(closed.file().unwrap().dyn_stripe, 64);
 }
+
+#[tokio::test]
+async fn idempotency_records_expire_through_the_time_index() {
+    let cfg = fskv_meta::MetaConfig { idempotency_ttl_ms: 0, ..common::test_config() };
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    for i in 0..10 {
+        fs.create(ROOT, &format!("f{i}")).await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    let stats = fs.svc.run_gc_once().await.unwrap();
+    assert_eq!(stats.idempotency_expired, 10);
+    let mut txn = fs.svc.engine().begin().await.unwrap();
+    for prefix in [&b"IDEM"[..], &b"IDEX"[..]] {
+        let left = txn.snapshot_get_range(&fskv_kv::RangeRequest::prefix(prefix)).await.unwrap();
+        assert!(left.kvs.is_empty(), "{} records left", left.kvs.len());
+    }
+}
