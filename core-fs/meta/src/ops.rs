@@ -797,7 +797,8 @@ pub async fn remove_tree(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: Ino
 pub async fn create_unlinked(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, mode: u32) -> MetaResult<Inode> {
     let dir = load_dir(txn, parent).await?;
     perm::check(&dir, ctx.user, WRITE | EXEC)?;
-    let data = InodeData::File(new_file_data(ctx, &dir, Some(Vec::new())));
+    // Not inline yet: WriteInline makes it inline, or the data path writes chunks.
+    let data = InodeData::File(new_file_data(ctx, &dir, None));
     let inode = new_inode(ctx, data, mode, 0, &dir)?;
     save_inode(txn, &inode)?;
     queue_gc(txn, inode.id, GcKind::Temp, ctx.prep.now_ns)?;

@@ -355,3 +355,20 @@ async fn idempotency_records_expire_through_the_time_index() {
         assert!(left.kvs.is_empty(), "{} records left", left.kvs.len());
     }
 }
+
+#[tokio::test]
+async fn unpublished_temp_inodes_are_reclaimed_after_their_ttl() {
+    let cfg = fskv_meta::MetaConfig { temp_inode_ttl_ms: 0, ..common::test_config() };
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    let tmp = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    // Written through the data path (chunks), then abandoned.
+    fs.storage.write_file(tmp.id, &tmp.file().unwrap().layout, 100_000);
+    let published = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    fs.inode(MetaOp::Replace { parent: ROOT, name: "kept".into(), inode: published.id, expected: None }).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    fs.svc.run_gc_until_idle().await.unwrap();
+    assert_eq!(code(fs.stat(tmp.id).await), ErrorCode::NotFound);
+    assert_eq!(fs.storage.chunk_count(tmp.id), 0);
+    assert_eq!(fs.lookup(ROOT, "kept").await.unwrap().id, published.id);
+    fs.fsck_clean().await;
+}
