@@ -187,3 +187,37 @@ async fn creates_racing_a_directory_removal_leave_no_orphans() {
         assert_eq!(report.entries, 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_servers_on_one_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = RocksOptions { sync_writes: false, ..RocksOptions::default() };
+    let engine: Arc<dyn KvEngine> = Arc::new(RocksEngine::open(dir.path(), opts).unwrap());
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(Arc::new(Fs::with(engine.clone(), test_config()).await));
+    }
+    let mut tasks = Vec::new();
+    for (s, fs) in servers.iter().enumerate() {
+        for t in 0..4 {
+            let fs = fs.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for i in 0..300 {
+                    ids.push(fs.create(ROOT, &format!("s{s}-t{t}-{i}")).await.unwrap().id);
+                }
+                ids
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "inode ids are unique across servers");
+    assert_eq!(servers[2].readdir_all(ROOT).await.unwrap().len(), n);
+    servers[0].fsck_clean().await;
+}

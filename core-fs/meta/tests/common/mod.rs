@@ -29,7 +29,8 @@ impl Fs {
     pub async fn with(engine: Arc<dyn KvEngine>, cfg: MetaConfig) -> Fs {
         let storage = Arc::new(FakeStorage::new());
         let svc = MetaService::open(engine, storage.clone() as Arc<dyn StorageBackend>, cfg).await.unwrap();
-        Fs { svc, storage, user: UserInfo::root(), client_id: 7, next: Arc::new(AtomicU64::new(1)) }
+        // Random like a real client: two Fs on one engine must not share request ids.
+        Fs { svc, storage, user: UserInfo::root(), client_id: rand::random::<u64>() | 1, next: Arc::new(AtomicU64::new(1)) }
     }
 
     pub fn as_user(&self, uid: u32, gid: u32) -> Fs {
