@@ -152,6 +152,8 @@ pub struct GcValue {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyValue {
     pub created_ns: u64,
+    /// Name of the op that recorded it: a request id reused for another op is refused.
+    pub op: String,
     pub reply: MetaReply,
 }
 
@@ -209,7 +211,7 @@ mod tests {
         trailing.push(0);
         assert!(matches!(decode::<DentryValue>(b"k", &trailing), Err(MetaError::Corrupt { .. })));
         // A corrupt length prefix must not allocate gigabytes.
-        let mut huge = encode(&IdempotencyValue { created_ns: 1, reply: MetaReply::Data(vec![1, 2, 3]) }).unwrap();
+        let mut huge = encode(&IdempotencyValue { created_ns: 1, op: String::new(), reply: MetaReply::Data(vec![1, 2, 3]) }).unwrap();
         let len_at = huge.len() - 3 - 8;
         huge[len_at..len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(decode::<IdempotencyValue>(b"k", &huge), Err(MetaError::Corrupt { .. })));

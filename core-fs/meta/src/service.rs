@@ -379,6 +379,15 @@ impl Inner {
         if recorded {
             if let Some(raw) = txn.get(&key).await? {
                 let rec: IdempotencyValue = decode(&key, &raw)?;
+                if rec.op != op_name(&req.op) {
+                    return Err(MetaError::InvalidArgument(format!(
+                        "request id {} of client {} was used for {} and now for {}",
+                        req.request_id,
+                        req.client_id,
+                        rec.op,
+                        op_name(&req.op)
+                    )));
+                }
                 tracing::debug!(client = req.client_id, request = req.request_id, "replaying recorded result");
                 return Ok(rec.reply);
             }
@@ -386,7 +395,7 @@ impl Inner {
         let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep };
         let reply = ops::apply(txn, &ctx, &req.op).await?;
         if recorded {
-            txn.set(&key, &encode(&IdempotencyValue { created_ns: prep.now_ns, reply: reply.clone() })?)?;
+            txn.set(&key, &encode(&IdempotencyValue { created_ns: prep.now_ns, op: op_name(&req.op).to_string(), reply: reply.clone() })?)?;
             txn.set(&idempotency_expiry_key(prep.now_ns, req.client_id, req.request_id), &[])?;
         }
         Ok(reply)

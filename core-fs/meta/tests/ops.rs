@@ -253,7 +253,11 @@ async fn idempotent_retry_returns_the_first_result() {
     fs.create(ROOT, "a").await.unwrap();
     let rename = fs.req(MetaOp::Rename { src_parent: ROOT, src_name: "a".into(), dst_parent: ROOT, dst_name: "b".into() });
     fs.svc.execute(rename.clone()).await.unwrap();
-    fs.svc.execute(rename).await.unwrap();
+    fs.svc.execute(rename.clone()).await.unwrap();
+    // The same request id for a different op is refused, not answered with the rename's reply.
+    let mut reused = fs.req(MetaOp::Mkdir { parent: ROOT, name: "x".into(), mode: 0o755 });
+    reused.request_id = rename.request_id;
+    assert_eq!(code(fs.svc.execute(reused).await), ErrorCode::InvalidArgument);
     fs.fsck_clean().await;
 }
 
