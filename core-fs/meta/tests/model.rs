@@ -26,6 +26,8 @@ enum Step {
     Rename(u8, u8, u8, u8),
     Link(u8, u8, u8, u8),
     RemoveTree(u8, u8),
+    /// CreateWritePublish without precondition: replaces a non-directory.
+    Publish(u8, u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -39,7 +41,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (d, n.clone()).prop_map(|(d, n)| Step::Rmdir(d, n)),
         6 => (d, n.clone(), d, n.clone()).prop_map(|(a, b, c, e)| Step::Rename(a, b, c, e)),
         2 => (d, n.clone(), d, n.clone()).prop_map(|(a, b, c, e)| Step::Link(a, b, c, e)),
-        1 => (d, n).prop_map(|(d, n)| Step::RemoveTree(d, n)),
+        1 => (d, n.clone()).prop_map(|(d, n)| Step::RemoveTree(d, n)),
+        2 => (d, n).prop_map(|(d, n)| Step::Publish(d, n)),
     ]
 }
 
@@ -162,6 +165,19 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
                 if let Some((id, _)) = m.dirs.get_mut(&dir).unwrap().remove(&name) {
                     m.remove_subtree(id);
                 }
+            }
+        }
+        Step::Publish(d, n) => {
+            let (dir, name) = (m.dir(*d), name(*n));
+            let expect = match m.entry(dir, &name) {
+                Some((_, InodeKind::Directory)) => err(ErrorCode::IsDirectory),
+                _ => Ok(()),
+            };
+            let op = MetaOp::CreateWritePublish { parent: dir, name: name.clone(), mode: 0o644, data: b"x".to_vec(), expected: None };
+            let got = fs.inode(op).await;
+            assert_eq!(got.as_ref().map(|_| ()).map_err(|e| e.code()), expect, "{s:?}");
+            if let Ok(inode) = got {
+                m.dirs.get_mut(&dir).unwrap().insert(name, (inode.id, InodeKind::File));
             }
         }
         Step::Link(sd, sn, dd, dn) => {
