@@ -15,6 +15,8 @@ pub enum BenchCommand {
     Chunk(ChunkArgs),
     /// 1 MiB writes/reads and 4 KiB random reads through loopback chains of 3 and 1 targets vs iperf3 and fio.
     Storage(crate::storage_cmd::StorageBenchArgs),
+    /// Meta creates/stats/readdir pages/renames per second over loopback RPC vs the KV engine's raw small commits.
+    Meta(crate::meta_cmd::MetaBenchArgs),
 }
 
 #[derive(Args)]
@@ -72,7 +74,7 @@ pub struct KvArgs {
     committers: Vec<usize>,
 }
 
-fn emit<T: std::fmt::Display + serde::Serialize>(report: &T, json: Option<&PathBuf>) -> anyhow::Result<()> {
+pub fn emit<T: std::fmt::Display + serde::Serialize>(report: &T, json: Option<&PathBuf>) -> anyhow::Result<()> {
     println!("{report}");
     if let Some(path) = json {
         std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
@@ -119,5 +121,6 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
             let report = fskv_kv::bench::run(opts).await?;
             emit(&report, a.common.json.as_ref())
         }
+        BenchCommand::Meta(a) => crate::meta_cmd::bench(a, config).await,
     }
 }

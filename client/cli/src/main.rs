@@ -7,6 +7,7 @@ mod config;
 #[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
 mod supervisor;
 mod storage_cmd;
+mod meta_cmd;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -34,6 +35,8 @@ enum Command {
     Admin(admin::AdminCommand),
     /// Run one storage service (chunk engines + CRAQ replication).
     Storage(storage_cmd::StorageArgs),
+    /// Serve the metadata service on one KV engine.
+    Meta(meta_cmd::MetaArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -79,6 +82,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(cmd) => bench::run(cmd, &config).await,
             Command::Admin(cmd) => admin::run(cmd),
             Command::Storage(args) => storage_cmd::run(args).await,
+            Command::Meta(args) => meta_cmd::run(args, &config).await,
             Command::Config(ConfigCommand::Default) => {
                 print!("{}", config::DEFAULT_TOML);
                 Ok(())

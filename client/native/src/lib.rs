@@ -1,7 +1,14 @@
 //! `fskv-client`: the native client library of 3FS-KV.
 //!
-//! [`storage`] holds the storage RPC definitions and the [`storage::StorageClient`]
-//! (writes to the chain head, reads from any serving target, retries on
-//! uncommitted data and stale chain versions, read flow control).
+//! * [`meta`]: the metadata client ([`meta::MetaClient`]): typed calls over
+//!   `fskv-rpc` to a list of meta servers, with failover and idempotent retries.
+//! * [`storage`]: the storage RPC definitions and [`storage::StorageClient`]
+//!   (writes to the chain head, reads from any serving target, retries on
+//!   uncommitted data and stale chain versions, read flow control).
+//!
+//! It links neither a server nor the KV engine.
 
+pub mod meta;
 pub mod storage;
+
+pub use meta::{MetaBatchCall, MetaCall, MetaClient, MetaClientConfig, MetaClientError};

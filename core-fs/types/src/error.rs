@@ -58,6 +58,19 @@ pub enum ErrorCode {
     /// A forwarded update's version does not follow the successor's committed
     /// version (replicas diverged); the predecessor repairs with a full-chunk replace.
     ChunkVersionMismatch = 404,
+    // --- metadata (10xx) ---
+    /// A path component or the operand is not a directory (ENOTDIR).
+    NotDirectory = 1000,
+    /// The operand is a directory where a non-directory is required (EISDIR).
+    IsDirectory = 1001,
+    /// The directory is not empty (ENOTEMPTY).
+    NotEmpty = 1002,
+    /// A name is longer than the limit (ENAMETOOLONG).
+    NameTooLong = 1003,
+    /// A compare-and-swap precondition (expected inode / version) did not hold.
+    PreconditionFailed = 1004,
+    /// A rename would move a directory into its own subtree (EINVAL in POSIX).
+    WouldCreateCycle = 1005,
 }
 
 impl ErrorCode {
@@ -116,6 +129,12 @@ impl ErrorCode {
             ChecksumMismatch,
             TargetNotServing,
             ChunkVersionMismatch,
+            NotDirectory,
+            IsDirectory,
+            NotEmpty,
+            NameTooLong,
+            PreconditionFailed,
+            WouldCreateCycle,
         ];
         ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(Internal)
     }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod ids;
 pub mod routing;
 pub mod storage;
+pub mod meta;
 
 pub use error::{ErrorCode, Status};
 pub use ids::{ChainId, ChunkId, InodeId, NodeId, TargetId};

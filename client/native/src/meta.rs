@@ -1,0 +1,380 @@
+//! Meta client: typed metadata calls with failover between meta servers.
+//!
+//! * Every request carries this client's random `client_id` and a fresh
+//!   `request_id`; a retry of the same call reuses both, so the server's
+//!   idempotency record returns the first result of a create/rename/unlink
+//!   whose reply was lost.
+//! * The first server tried is chosen by the hash of the op's routing inode
+//!   (the parent directory for namespace ops, the file for length reports), so
+//!   ops on one inode meet on one server and are batched there; on a retryable
+//!   error (connection failed, deadline, overloaded, KV conflict) the next
+//!   server in the list is tried, up to `max_attempts`.
+
+use fskv_rpc::{CallOptions, ClientConfig, Method, RpcClient, RpcError, TcpTransport};
+use fskv_types::meta::*;
+use fskv_types::{ErrorCode, InodeId, Status};
+use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `meta.Call`: one [`MetaRequest`].
+pub struct MetaCall;
+impl Method for MetaCall {
+    const ID: u16 = 1000;
+    const NAME: &'static str = "meta.Call";
+    type Req = MetaRequest;
+    type Resp = MetaReply;
+}
+
+/// `meta.Batch`: several independent requests in one round trip.
+pub struct MetaBatchCall;
+impl Method for MetaBatchCall {
+    const ID: u16 = 1001;
+    const NAME: &'static str = "meta.Batch";
+    type Req = MetaBatchRequest;
+    type Resp = MetaBatchResponse;
+}
+
+/// The client's single error type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaClientError {
+    /// The server answered with an error (e.g. NotFound, AlreadyExists).
+    #[error("meta error {0}")]
+    Status(Status),
+    /// Every attempt failed at the RPC level; the last error.
+    #[error("meta rpc failed after {attempts} attempts: {last}")]
+    Unavailable { attempts: u32, last: RpcError },
+    #[error("meta client misconfigured: {0}")]
+    Config(String),
+    /// The server answered with a reply of the wrong kind (a version mismatch).
+    #[error("unexpected reply to {op}: {reply}")]
+    UnexpectedReply { op: &'static str, reply: String },
+}
+
+impl MetaClientError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            MetaClientError::Status(s) => s.code,
+            MetaClientError::Unavailable { last, .. } => last.code(),
+            MetaClientError::Config(_) => ErrorCode::InvalidArgument,
+            MetaClientError::UnexpectedReply { .. } => ErrorCode::Internal,
+        }
+    }
+}
+
+pub type Result<T, E = MetaClientError> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug)]
+pub struct MetaClientConfig {
+    /// Addresses of the meta servers (`host:port`).
+    pub servers: Vec<String>,
+    /// Identity used for permission checks.
+    pub user: UserInfo,
+    pub call_timeout_ms: u64,
+    /// Attempts per call across all servers.
+    pub max_attempts: u32,
+    /// Pause before a retry; doubles per attempt up to 8x.
+    pub retry_backoff_ms: u64,
+    pub rpc: ClientConfig,
+}
+
+impl MetaClientConfig {
+    pub fn new(servers: Vec<String>) -> Self {
+        MetaClientConfig {
+            servers,
+            user: UserInfo::root(),
+            call_timeout_ms: 10_000,
+            max_attempts: 8,
+            retry_backoff_ms: 5,
+            rpc: ClientConfig::default(),
+        }
+    }
+}
+
+/// A cheap-to-clone metadata client.
+#[derive(Clone)]
+pub struct MetaClient {
+    rpc: RpcClient,
+    cfg: Arc<MetaClientConfig>,
+    client_id: u64,
+    next_request_id: Arc<AtomicU64>,
+}
+
+fn route_hash(inode: InodeId) -> u64 {
+    // SplitMix64 finalizer: spreads consecutive ids.
+    SplitMix64::new(inode.0).next_u64()
+}
+
+impl MetaClient {
+    pub fn new(cfg: MetaClientConfig) -> Result<Self> {
+        if cfg.servers.is_empty() {
+            return Err(MetaClientError::Config("no meta server address".into()));
+        }
+        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), cfg.rpc.clone());
+        let client_id = rand::random::<u64>() | 1;
+        Ok(MetaClient { rpc, cfg: Arc::new(cfg), client_id, next_request_id: Arc::new(AtomicU64::new(1)) })
+    }
+
+    /// The same client acting as another user (shares connections and client id).
+    pub fn with_user(&self, user: UserInfo) -> Self {
+        let mut cfg = (*self.cfg).clone();
+        cfg.user = user;
+        MetaClient { rpc: self.rpc.clone(), cfg: Arc::new(cfg), client_id: self.client_id, next_request_id: self.next_request_id.clone() }
+    }
+
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
+    /// A request for `op` with a fresh request id.
+    pub fn request(&self, op: MetaOp) -> MetaRequest {
+        MetaRequest {
+            client_id: self.client_id,
+            request_id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
+            user: self.cfg.user.clone(),
+            op,
+        }
+    }
+
+    /// Sends `op`, failing over between servers on retryable errors.
+    pub async fn call(&self, op: MetaOp) -> Result<MetaReply> {
+        let req = self.request(op);
+        self.send(&req).await
+    }
+
+    /// Sends a prepared request (retries reuse its request id).
+    pub async fn send(&self, req: &MetaRequest) -> Result<MetaReply> {
+        let start = route_hash(req.op.routing_inode());
+        self.with_failover(start, |addr| {
+            let rpc = self.rpc.clone();
+            let opts = CallOptions { timeout_ms: self.cfg.call_timeout_ms };
+            async move { rpc.call::<MetaCall>(&addr, req, Bytes::new(), opts).await.map(|(r, _)| r) }
+        })
+        .await
+    }
+
+    /// Several independent ops in one round trip; one result per op.
+    pub async fn batch(&self, ops: Vec<MetaOp>) -> Result<Vec<Result<MetaReply, Status>>> {
+        let req = MetaBatchRequest { requests: ops.into_iter().map(|op| self.request(op)).collect() };
+        let start = req.requests.first().map(|r| route_hash(r.op.routing_inode())).unwrap_or(0);
+        let resp = self
+            .with_failover(start, |addr| {
+                let rpc = self.rpc.clone();
+                let req = &req;
+                let opts = CallOptions { timeout_ms: self.cfg.call_timeout_ms };
+                async move { rpc.call::<MetaBatchCall>(&addr, req, Bytes::new(), opts).await.map(|(r, _)| r) }
+            })
+            .await?;
+        Ok(resp.results)
+    }
+
+    async fn with_failover<T, F, Fut>(&self, start: u64, mut attempt_fn: F) -> Result<T>
+    where
+        F: FnMut(String) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, RpcError>>,
+    {
+        let n = self.cfg.servers.len() as u64;
+        let attempts = self.cfg.max_attempts.max(1);
+        let mut last = None;
+        for attempt in 0..attempts {
+            let idx = ((start % n) + u64::from(attempt)) % n;
+            let addr = self.cfg.servers.get(idx as usize).cloned().unwrap_or_default();
+            match attempt_fn(addr.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(RpcError::Remote(s)) if !s.is_retryable() => return Err(MetaClientError::Status(s)),
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(%addr, attempt, error = %e, "meta call failed; trying the next server");
+                    last = Some(e);
+                    let backoff = self.cfg.retry_backoff_ms << attempt.min(3);
+                    tokio::time::sleep(Duration::from_millis(backoff)).await;
+                }
+                Err(e) => return Err(MetaClientError::Unavailable { attempts: attempt + 1, last: e }),
+            }
+        }
+        let last = last.unwrap_or(RpcError::ShuttingDown);
+        Err(MetaClientError::Unavailable { attempts, last })
+    }
+
+    // ----- typed wrappers -----
+
+    async fn inode(&self, op: MetaOp, name: &'static str) -> Result<Inode> {
+        match self.call(op).await? {
+            MetaReply::Inode(i) => Ok(i),
+            MetaReply::Opened { inode, .. } => Ok(inode),
+            other => Err(unexpected(name, &other)),
+        }
+    }
+
+    async fn done(&self, op: MetaOp, name: &'static str) -> Result<()> {
+        match self.call(op).await? {
+            MetaReply::Done => Ok(()),
+            other => Err(unexpected(name, &other)),
+        }
+    }
+
+    pub async fn lookup(&self, parent: InodeId, name: &str) -> Result<Inode> {
+        self.inode(MetaOp::Lookup { parent, name: name.into() }, "lookup").await
+    }
+
+    pub async fn stat(&self, inode: InodeId) -> Result<Inode> {
+        self.inode(MetaOp::Stat { inode }, "stat").await
+    }
+
+    /// Resolves a `/`-separated path from the root by successive lookups
+    /// (symlinks are not followed).
+    pub async fn resolve(&self, path: &str) -> Result<Inode> {
+        let mut cur = self.stat(InodeId::ROOT).await?;
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            cur = self.lookup(cur.id, part).await?;
+        }
+        Ok(cur)
+    }
+
+    pub async fn create(&self, parent: InodeId, name: &str, mode: u32, exclusive: bool) -> Result<Inode> {
+        self.inode(MetaOp::Create { parent, name: name.into(), mode, exclusive, write: false }, "create").await
+    }
+
+    /// Creates (or opens) a file for writing: the inode and a write session.
+    pub async fn create_for_write(&self, parent: InodeId, name: &str, mode: u32, exclusive: bool) -> Result<(Inode, u64)> {
+        match self.call(MetaOp::Create { parent, name: name.into(), mode, exclusive, write: true }).await? {
+            MetaReply::Opened { inode, session } => Ok((inode, session)),
+            other => Err(unexpected("create", &other)),
+        }
+    }
+
+    /// Opens; with `write` returns a write session id, else 0.
+    pub async fn open(&self, inode: InodeId, write: bool) -> Result<(Inode, u64)> {
+        match self.call(MetaOp::Open { inode, write }).await? {
+            MetaReply::Opened { inode, session } => Ok((inode, session)),
+            MetaReply::Inode(i) => Ok((i, 0)),
+            other => Err(unexpected("open", &other)),
+        }
+    }
+
+    pub async fn close(&self, inode: InodeId, session: u64, length_hint: Option<u64>) -> Result<Inode> {
+        self.inode(MetaOp::Close { inode, session, length_hint }, "close").await
+    }
+
+    pub async fn mkdir(&self, parent: InodeId, name: &str, mode: u32) -> Result<Inode> {
+        self.inode(MetaOp::Mkdir { parent, name: name.into(), mode }, "mkdir").await
+    }
+
+    pub async fn rmdir(&self, parent: InodeId, name: &str) -> Result<()> {
+        self.done(MetaOp::Rmdir { parent, name: name.into() }, "rmdir").await
+    }
+
+    pub async fn unlink(&self, parent: InodeId, name: &str) -> Result<()> {
+        self.done(MetaOp::Unlink { parent, name: name.into() }, "unlink").await
+    }
+
+    pub async fn rename(&self, src_parent: InodeId, src_name: &str, dst_parent: InodeId, dst_name: &str) -> Result<()> {
+        let op = MetaOp::Rename { src_parent, src_name: src_name.into(), dst_parent, dst_name: dst_name.into() };
+        self.done(op, "rename").await
+    }
+
+    pub async fn symlink(&self, parent: InodeId, name: &str, target: &str) -> Result<Inode> {
+        self.inode(MetaOp::Symlink { parent, name: name.into(), target: target.into() }, "symlink").await
+    }
+
+    pub async fn readlink(&self, inode: InodeId) -> Result<String> {
+        match self.call(MetaOp::Readlink { inode }).await? {
+            MetaReply::Target(t) => Ok(t),
+            other => Err(unexpected("readlink", &other)),
+        }
+    }
+
+    pub async fn link(&self, inode: InodeId, parent: InodeId, name: &str) -> Result<Inode> {
+        self.inode(MetaOp::Link { inode, parent, name: name.into() }, "link").await
+    }
+
+    /// One page of entries after `start_after`; `more` says whether to ask again.
+    pub async fn readdir(&self, dir: InodeId, start_after: &str, limit: u32, with_attrs: bool) -> Result<(Vec<DirEntry>, bool)> {
+        match self.call(MetaOp::Readdir { dir, start_after: start_after.into(), limit, with_attrs }).await? {
+            MetaReply::Entries { entries, more } => Ok((entries, more)),
+            other => Err(unexpected("readdir", &other)),
+        }
+    }
+
+    pub async fn setattr(&self, inode: InodeId, attr: SetAttr) -> Result<Inode> {
+        self.inode(MetaOp::SetAttr { inode, attr }, "setattr").await
+    }
+
+    pub async fn truncate(&self, inode: InodeId, length: u64) -> Result<Inode> {
+        self.inode(MetaOp::Truncate { inode, length }, "truncate").await
+    }
+
+    pub async fn report_length(&self, inode: InodeId, length: u64, truncate_version: u64) -> Result<Inode> {
+        self.inode(MetaOp::ReportLength { inode, length, truncate_version }, "report_length").await
+    }
+
+    pub async fn get_xattr(&self, inode: InodeId, name: &str) -> Result<Vec<u8>> {
+        match self.call(MetaOp::GetXattr { inode, name: name.into() }).await? {
+            MetaReply::Xattr(v) => Ok(v),
+            other => Err(unexpected("get_xattr", &other)),
+        }
+    }
+
+    pub async fn set_xattr(&self, inode: InodeId, name: &str, value: &[u8], flag: XattrFlag) -> Result<()> {
+        self.done(MetaOp::SetXattr { inode, name: name.into(), value: value.to_vec(), flag }, "set_xattr").await
+    }
+
+    pub async fn list_xattr(&self, inode: InodeId) -> Result<Vec<String>> {
+        match self.call(MetaOp::ListXattr { inode }).await? {
+            MetaReply::XattrNames(v) => Ok(v),
+            other => Err(unexpected("list_xattr", &other)),
+        }
+    }
+
+    pub async fn remove_xattr(&self, inode: InodeId, name: &str) -> Result<()> {
+        self.done(MetaOp::RemoveXattr { inode, name: name.into() }, "remove_xattr").await
+    }
+
+    pub async fn statfs(&self) -> Result<StatFs> {
+        match self.call(MetaOp::StatFs).await? {
+            MetaReply::StatFs(s) => Ok(s),
+            other => Err(unexpected("statfs", &other)),
+        }
+    }
+
+    pub async fn remove_tree(&self, parent: InodeId, name: &str) -> Result<()> {
+        self.done(MetaOp::RemoveTree { parent, name: name.into() }, "remove_tree").await
+    }
+
+    pub async fn create_unlinked(&self, parent: InodeId, mode: u32) -> Result<Inode> {
+        self.inode(MetaOp::CreateUnlinked { parent, mode }, "create_unlinked").await
+    }
+
+    pub async fn write_inline(&self, inode: InodeId, offset: u64, data: &[u8]) -> Result<Inode> {
+        self.inode(MetaOp::WriteInline { inode, offset, data: data.to_vec() }, "write_inline").await
+    }
+
+    pub async fn read_inline(&self, inode: InodeId, offset: u64, len: u32) -> Result<Vec<u8>> {
+        match self.call(MetaOp::ReadInline { inode, offset, len }).await? {
+            MetaReply::Data(d) => Ok(d),
+            other => Err(unexpected("read_inline", &other)),
+        }
+    }
+
+    pub async fn replace(&self, parent: InodeId, name: &str, inode: InodeId, expected: Option<Expected>) -> Result<Inode> {
+        self.inode(MetaOp::Replace { parent, name: name.into(), inode, expected }, "replace").await
+    }
+
+    pub async fn create_write_publish(
+        &self,
+        parent: InodeId,
+        name: &str,
+        mode: u32,
+        data: &[u8],
+        expected: Option<Expected>,
+    ) -> Result<Inode> {
+        let op = MetaOp::CreateWritePublish { parent, name: name.into(), mode, data: data.to_vec(), expected };
+        self.inode(op, "create_write_publish").await
+    }
+}
+
+fn unexpected(op: &'static str, reply: &MetaReply) -> MetaClientError {
+    let mut text = format!("{reply:?}");
+    text.truncate(200);
+    MetaClientError::UnexpectedReply { op, reply: text }
+}

@@ -1,0 +1,29 @@
+//! `fskv-meta`: the metadata service of 3FS-KV (SPEC §3; design note
+//! `docs/meta.md`).
+//!
+//! * [`schema`]: the 3FS key schema (`INOD` + inode id LE, `DENT` + parent
+//!   id LE + name, …) and the versioned value encoding.
+//! * [`ops`]: every operation as a function over one KV transaction.
+//! * [`alloc`]: sharded inode-id allocation in batches.
+//! * [`perm`]: uid/gid/mode checks, sticky bit.
+//! * [`storage`]: the storage side as a trait (+ fakes).
+//! * [`gc`]: background reclamation of unlinked files and removed trees.
+//! * [`service`]: preparation, idempotency records, per-inode batching, the
+//!   RPC router.
+//! * [`bench`]: `fskv bench meta`.
+
+pub mod alloc;
+pub mod bench;
+pub mod error;
+pub mod fsck;
+pub mod gc;
+pub mod ops;
+pub mod perm;
+pub mod schema;
+pub mod service;
+pub mod storage;
+
+pub use error::{MetaError, MetaResult};
+pub use ops::MetaConfig;
+pub use service::MetaService;
+pub use storage::{FakeStorage, NoStorage, StorageBackend};

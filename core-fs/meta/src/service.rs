@@ -1,0 +1,480 @@
+//! The meta service: prepares each op, runs it in a transaction with its
+//! idempotency record, batches ops on one inode, reclaims in the background,
+//! and serves it all over `fskv-rpc`.
+//!
+//! Servers are stateless: everything lives in the KV engine (the inode-id
+//! batch in memory is only a cache of reserved ids), so any number of them can
+//! serve one engine that supports it (FoundationDB).
+
+use crate::alloc::InodeAllocator;
+use crate::error::{MetaError, MetaResult};
+use crate::gc::{self, now_ns, GcStats};
+use crate::ops::{self, MetaConfig, OpCtx, Prepared};
+use crate::schema::*;
+use crate::storage::StorageBackend;
+use bytes::Bytes;
+use fskv_client::meta::{MetaBatchCall, MetaCall};
+use fskv_kv::{KvEngine, Transaction};
+use fskv_rpc::{Router, Server, ServerConfig, Status, TcpTransport};
+use fskv_types::meta::*;
+use fskv_types::InodeId;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tracing::Instrument;
+
+/// Attempts of one transaction on conflicts before the error goes to the caller.
+pub const MAX_TXN_ATTEMPTS: u32 = 100;
+/// Capacity of each per-shard batch queue.
+pub const BATCH_QUEUE_CAPACITY: usize = 4096;
+
+struct BatchItem {
+    req: MetaRequest,
+    prep: Prepared,
+    reply: oneshot::Sender<MetaResult<MetaReply>>,
+}
+
+struct Inner {
+    engine: Arc<dyn KvEngine>,
+    cfg: MetaConfig,
+    alloc: InodeAllocator,
+    storage: Arc<dyn StorageBackend>,
+    layout_rr: AtomicU64,
+    batch_queues: Vec<mpsc::Sender<BatchItem>>,
+    gc_wakeup: Notify,
+}
+
+/// Aborts the background tasks when the last handle of a service is dropped.
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// A cheap-to-clone handle to one meta server's logic.
+#[derive(Clone)]
+pub struct MetaService {
+    inner: Arc<Inner>,
+    _tasks: Arc<Tasks>,
+}
+
+/// Short op name for spans and logs.
+pub fn op_name(op: &MetaOp) -> &'static str {
+    match op {
+        MetaOp::Lookup { .. } => "lookup",
+        MetaOp::Stat { .. } => "stat",
+        MetaOp::Create { .. } => "create",
+        MetaOp::Open { .. } => "open",
+        MetaOp::Close { .. } => "close",
+        MetaOp::Mkdir { .. } => "mkdir",
+        MetaOp::Rmdir { .. } => "rmdir",
+        MetaOp::Unlink { .. } => "unlink",
+        MetaOp::Rename { .. } => "rename",
+        MetaOp::Symlink { .. } => "symlink",
+        MetaOp::Readlink { .. } => "readlink",
+        MetaOp::Link { .. } => "link",
+        MetaOp::Readdir { .. } => "readdir",
+        MetaOp::SetAttr { .. } => "setattr",
+        MetaOp::Truncate { .. } => "truncate",
+        MetaOp::ReportLength { .. } => "report_length",
+        MetaOp::GetXattr { .. } => "getxattr",
+        MetaOp::SetXattr { .. } => "setxattr",
+        MetaOp::ListXattr { .. } => "listxattr",
+        MetaOp::RemoveXattr { .. } => "removexattr",
+        MetaOp::StatFs => "statfs",
+        MetaOp::RemoveTree { .. } => "remove_tree",
+        MetaOp::CreateUnlinked { .. } => "create_unlinked",
+        MetaOp::WriteInline { .. } => "write_inline",
+        MetaOp::ReadInline { .. } => "read_inline",
+        MetaOp::Replace { .. } => "replace",
+        MetaOp::CreateWritePublish { .. } => "create_write_publish",
+    }
+}
+
+fn is_read_only(op: &MetaOp) -> bool {
+    matches!(
+        op,
+        MetaOp::Lookup { .. }
+            | MetaOp::Stat { .. }
+            | MetaOp::Readlink { .. }
+            | MetaOp::Readdir { .. }
+            | MetaOp::GetXattr { .. }
+            | MetaOp::ListXattr { .. }
+            | MetaOp::StatFs
+            | MetaOp::ReadInline { .. }
+            | MetaOp::Open { write: false, .. }
+    )
+}
+
+/// Ops the per-inode queues group into one transaction.
+pub fn is_batchable(op: &MetaOp) -> bool {
+    matches!(
+        op,
+        MetaOp::Create { .. }
+            | MetaOp::Mkdir { .. }
+            | MetaOp::Symlink { .. }
+            | MetaOp::CreateWritePublish { .. }
+            | MetaOp::ReportLength { .. }
+    )
+}
+
+fn creates_inode(op: &MetaOp) -> bool {
+    matches!(
+        op,
+        MetaOp::Create { .. }
+            | MetaOp::Mkdir { .. }
+            | MetaOp::Symlink { .. }
+            | MetaOp::CreateUnlinked { .. }
+            | MetaOp::CreateWritePublish { .. }
+    )
+}
+
+fn shard_of(inode: InodeId, shards: usize) -> usize {
+    (SplitMix64::new(inode.0).next_u64() % shards.max(1) as u64) as usize
+}
+
+impl MetaService {
+    /// Opens the service on `engine`: creates the root directory on first
+    /// start, starts the batch workers and the GC task.
+    pub async fn open(engine: Arc<dyn KvEngine>, storage: Arc<dyn StorageBackend>, cfg: MetaConfig) -> MetaResult<Self> {
+        if cfg.chains.is_empty() {
+            return Err(MetaError::InvalidArgument("the chain table has no chains".into()));
+        }
+        ensure_root(&engine, &cfg).await?;
+        let mut receivers = Vec::new();
+        let mut batch_queues = Vec::new();
+        for _ in 0..cfg.batch_shards {
+            let (tx, rx) = mpsc::channel(BATCH_QUEUE_CAPACITY);
+            batch_queues.push(tx);
+            receivers.push(rx);
+        }
+        let inner = Arc::new(Inner {
+            alloc: InodeAllocator::new(engine.clone()),
+            engine,
+            cfg,
+            storage,
+            layout_rr: AtomicU64::new(rand::random::<u32>() as u64),
+            batch_queues,
+            gc_wakeup: Notify::new(),
+        });
+        let mut tasks = Vec::new();
+        for (i, rx) in receivers.into_iter().enumerate() {
+            let inner = inner.clone();
+            tasks.push(tokio::spawn(batch_worker(inner, rx).instrument(tracing::info_span!("meta_batch", shard = i))));
+        }
+        if inner.cfg.gc_interval_ms > 0 {
+            tasks.push(tokio::spawn(gc_loop(inner.clone()).instrument(tracing::info_span!("meta_gc"))));
+        }
+        Ok(MetaService { inner, _tasks: Arc::new(Tasks(tasks)) })
+    }
+
+    pub fn config(&self) -> &MetaConfig {
+        &self.inner.cfg
+    }
+
+    pub fn engine(&self) -> &Arc<dyn KvEngine> {
+        &self.inner.engine
+    }
+
+    /// Runs one request (through the batch queue of its inode when batchable).
+    pub async fn execute(&self, req: MetaRequest) -> MetaResult<MetaReply> {
+        let span = tracing::debug_span!("meta_op", op = op_name(&req.op), inode = %req.op.routing_inode(), client = req.client_id, request = req.request_id);
+        self.execute_inner(req).instrument(span).await
+    }
+
+    async fn execute_inner(&self, req: MetaRequest) -> MetaResult<MetaReply> {
+        let prep = self.inner.prepare(&req).await?;
+        let reply = if is_batchable(&req.op) && !self.inner.batch_queues.is_empty() {
+            let shard = shard_of(req.op.routing_inode(), self.inner.batch_queues.len());
+            let (tx, rx) = oneshot::channel();
+            let queue = self.inner.batch_queues.get(shard).ok_or_else(|| MetaError::Internal("no batch queue".into()))?;
+            queue
+                .send(BatchItem { req: req.clone(), prep, reply: tx })
+                .await
+                .map_err(|_| MetaError::Internal("batch worker stopped".into()))?;
+            rx.await.map_err(|_| MetaError::Internal("batch worker dropped the request".into()))??
+        } else {
+            let mut replies = self.inner.commit_group(&[(req.clone(), prep)]).await?;
+            replies.pop().ok_or_else(|| MetaError::Internal("empty group result".into()))?
+        };
+        self.inner.after_commit(&req.op, &reply).await;
+        Ok(reply)
+    }
+
+    /// Runs independent requests concurrently; one result each.
+    pub async fn execute_batch(&self, reqs: Vec<MetaRequest>) -> Vec<MetaResult<MetaReply>> {
+        futures::future::join_all(reqs.into_iter().map(|r| self.execute(r))).await
+    }
+
+    /// One GC pass now (the background task also runs them).
+    pub async fn run_gc_once(&self) -> MetaResult<GcStats> {
+        gc::run_once(&self.inner.engine, &*self.inner.storage, &self.inner.cfg).await
+    }
+
+    /// GC passes until nothing but deferred work is left.
+    pub async fn run_gc_until_idle(&self) -> MetaResult<GcStats> {
+        gc::run_until_idle(&self.inner.engine, &*self.inner.storage, &self.inner.cfg).await
+    }
+
+    /// The RPC routes of this service (`meta.Call`, `meta.Batch`).
+    pub fn router(&self) -> Router {
+        let one = self.clone();
+        let many = self.clone();
+        Router::new()
+            .route::<MetaCall, _, _>(move |_ctx, req: MetaRequest, _payload| {
+                let svc = one.clone();
+                async move { svc.execute(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            })
+            .route::<MetaBatchCall, _, _>(move |_ctx, req: MetaBatchRequest, _payload| {
+                let svc = many.clone();
+                async move {
+                    if req.requests.len() > MAX_BATCH_OPS {
+                        return Err(Status::new(
+                            fskv_types::ErrorCode::InvalidArgument,
+                            format!("batch of {} ops (max {MAX_BATCH_OPS})", req.requests.len()),
+                        ));
+                    }
+                    let results = svc.execute_batch(req.requests).await;
+                    let results = results.into_iter().map(|r| r.map_err(Status::from)).collect();
+                    Ok((MetaBatchResponse { results }, Bytes::new()))
+                }
+            })
+    }
+
+    /// Binds `addr` and serves this service over TCP.
+    pub async fn serve(&self, addr: &str) -> MetaResult<Server> {
+        Server::bind(Arc::new(TcpTransport::new()), addr, self.router(), ServerConfig::default())
+            .await
+            .map_err(|e| MetaError::Internal(format!("cannot serve meta on {addr}: {e}")))
+    }
+}
+
+async fn ensure_root(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig) -> MetaResult<()> {
+    for attempt in 1..=MAX_TXN_ATTEMPTS {
+        let result: MetaResult<bool> = async {
+            let mut txn = engine.begin().await?;
+            if txn.get(&inode_key(InodeId::ROOT)).await?.is_some() {
+                return Ok(false);
+            }
+            ops::save_inode(&mut *txn, &ops::root_inode(cfg, now_ns()))?;
+            txn.atomic_add(KEY_INODE_COUNT, 1)?;
+            txn.commit().await?;
+            Ok(true)
+        }
+        .await;
+        match result {
+            Ok(created) => {
+                if created {
+                    tracing::info!("created the root directory");
+                }
+                return Ok(());
+            }
+            Err(e) if e.is_retryable_kv() && attempt < MAX_TXN_ATTEMPTS => {
+                tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(50)))).await
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(MetaError::Internal("root creation did not converge".into()))
+}
+
+impl Inner {
+    async fn prepare(&self, req: &MetaRequest) -> MetaResult<Prepared> {
+        let mut p = Prepared { now_ns: now_ns(), ..Prepared::default() };
+        if creates_inode(&req.op) {
+            p.new_id = Some(self.alloc.allocate().await?);
+            p.seed = rand::random();
+            p.layout_start = self.layout_rr.fetch_add(1, Ordering::Relaxed);
+        }
+        match &req.op {
+            MetaOp::Create { write: true, .. } | MetaOp::Open { write: true, .. } => p.session = rand::random::<u64>() | 1,
+            MetaOp::Close { inode, .. } => p.exact_length = self.exact_length(*inode).await?,
+            MetaOp::StatFs => p.capacity = self.storage.capacity_bytes().await,
+            _ => {}
+        }
+        Ok(p)
+    }
+
+    /// The exact length of a chunked file from storage: the last chunk on
+    /// each of the first `dyn_stripe` chains (in shuffled order), doubling the
+    /// number of chains asked while the file may extend beyond them.
+    async fn exact_length(&self, id: InodeId) -> MetaResult<Option<u64>> {
+        if !self.storage.knows_lengths() {
+            return Ok(None);
+        }
+        let inode: Inode = {
+            let mut txn = self.engine.begin().await?;
+            let key = inode_key(id);
+            match txn.snapshot_get(&key).await? {
+                Some(raw) => decode(&key, &raw)?,
+                None => return Ok(None),
+            }
+        };
+        let Some(f) = inode.file() else { return Ok(None) };
+        if f.inline.is_some() {
+            return Ok(None);
+        }
+        let shuffled = f.layout.shuffled_chains();
+        let stripe = shuffled.len();
+        let chunk = u64::from(f.layout.chunk_size_bytes);
+        let mut asked = 0usize;
+        let mut upto = (f.dyn_stripe as usize).clamp(1, stripe.max(1)).min(stripe);
+        let mut length = 0u64;
+        let mut max_index: Option<u64> = None;
+        loop {
+            for chain in shuffled.get(asked..upto).unwrap_or(&[]) {
+                let last = self.storage.last_chunk(id, *chain).await.map_err(|e| MetaError::Storage(e.to_string()))?;
+                if let Some(lc) = last {
+                    length = length.max(lc.index * chunk + u64::from(lc.len_bytes));
+                    max_index = Some(max_index.map_or(lc.index, |m| m.max(lc.index)));
+                }
+            }
+            asked = upto;
+            let may_extend = max_index.is_some_and(|m| m + 1 >= upto as u64);
+            if upto >= stripe || !may_extend {
+                break;
+            }
+            upto = (upto * 2).min(stripe);
+        }
+        Ok(Some(length))
+    }
+
+    /// Runs `items` in one transaction (all or nothing), retrying conflicts.
+    async fn commit_group(&self, items: &[(MetaRequest, Prepared)]) -> MetaResult<Vec<MetaReply>> {
+        let retry_unknown =
+            items.iter().all(|(r, _)| is_read_only(&r.op) || (r.request_id != 0 && r.op.needs_idempotency()));
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let result: MetaResult<Vec<MetaReply>> = async {
+                let mut txn = self.engine.begin().await?;
+                let mut replies = Vec::with_capacity(items.len());
+                for (req, prep) in items {
+                    replies.push(self.apply_recorded(&mut *txn, req, prep).await?);
+                }
+                txn.commit().await?;
+                Ok(replies)
+            }
+            .await;
+            match result {
+                Err(e) if e.is_retryable_kv() && (!e.is_maybe_committed() || retry_unknown) && attempt < MAX_TXN_ATTEMPTS => {
+                    let backoff_ms = u64::from(attempt.min(20));
+                    tokio::time::sleep(Duration::from_millis(backoff_ms / 2 + rand::random::<u64>() % (backoff_ms + 1))).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Applies one request, returning (and keeping) its first result when it
+    /// carries an idempotency record.
+    async fn apply_recorded(&self, txn: &mut dyn Transaction, req: &MetaRequest, prep: &Prepared) -> MetaResult<MetaReply> {
+        let recorded = req.request_id != 0 && req.op.needs_idempotency();
+        let key = idempotency_key(req.client_id, req.request_id);
+        if recorded {
+            if let Some(raw) = txn.get(&key).await? {
+                let rec: IdempotencyValue = decode(&key, &raw)?;
+                if rec.op != op_name(&req.op) {
+                    return Err(MetaError::InvalidArgument(format!(
+                        "request id {} of client {} was used for {} and now for {}",
+                        req.request_id,
+                        req.client_id,
+                        rec.op,
+                        op_name(&req.op)
+                    )));
+                }
+                tracing::debug!(client = req.client_id, request = req.request_id, "replaying recorded result");
+                return Ok(rec.reply);
+            }
+        }
+        let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep };
+        let reply = ops::apply(txn, &ctx, &req.op).await?;
+        if recorded {
+            txn.set(&key, &encode(&IdempotencyValue { created_ns: prep.now_ns, op: op_name(&req.op).to_string(), reply: reply.clone() })?)?;
+            txn.set(&idempotency_expiry_key(prep.now_ns, req.client_id, req.request_id), &[])?;
+        }
+        Ok(reply)
+    }
+
+    async fn after_commit(&self, op: &MetaOp, reply: &MetaReply) {
+        match (op, reply) {
+            (MetaOp::Truncate { length, .. }, MetaReply::Inode(inode)) => {
+                if let Some(f) = inode.file().filter(|f| f.inline.is_none()) {
+                    if let Err(e) = self.storage.truncate_chunks(inode.id, &f.layout, *length).await {
+                        tracing::warn!(inode = %inode.id, error = %e, "truncating chunks failed");
+                    }
+                }
+            }
+            (MetaOp::RemoveTree { .. } | MetaOp::Unlink { .. } | MetaOp::Rename { .. } | MetaOp::Replace { .. }, _) => {
+                self.gc_wakeup.notify_one()
+            }
+            _ => {}
+        }
+    }
+
+    async fn run_batch(&self, items: Vec<BatchItem>) {
+        if items.len() > 1 {
+            let group: Vec<(MetaRequest, Prepared)> = items.iter().map(|i| (i.req.clone(), i.prep.clone())).collect();
+            if let Ok(replies) = self.commit_group(&group).await {
+                for (item, reply) in items.into_iter().zip(replies) {
+                    let _ = item.reply.send(Ok(reply));
+                }
+                return;
+            }
+            // Some op failed: the group's transaction was dropped; run each alone.
+        }
+        for item in items {
+            let group = [(item.req, item.prep)];
+            let result = self.commit_group(&group).await.and_then(|mut r| {
+                r.pop().ok_or_else(|| MetaError::Internal("empty group result".into()))
+            });
+            let _ = item.reply.send(result);
+        }
+    }
+}
+
+/// Drains one shard's queue: up to `max_batch_ops` queued ops form a group
+/// committed in one transaction; up to `batch_groups_in_flight` groups of a
+/// shard commit at once (while all are busy, the queue fills the next group).
+async fn batch_worker(inner: Arc<Inner>, mut rx: mpsc::Receiver<BatchItem>) {
+    let slots = Arc::new(Semaphore::new(inner.cfg.batch_groups_in_flight.max(1)));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let Some(first) = rx.recv().await else { return };
+        let mut items = vec![first];
+        while items.len() < inner.cfg.max_batch_ops.max(1) {
+            match rx.try_recv() {
+                Ok(item) => items.push(item),
+                Err(_) => break,
+            }
+        }
+        let inner = inner.clone();
+        tokio::spawn(
+            async move {
+                inner.run_batch(items).await;
+                drop(permit);
+            }
+            .in_current_span(),
+        );
+    }
+}
+
+async fn gc_loop(inner: Arc<Inner>) {
+    let interval = Duration::from_millis(inner.cfg.gc_interval_ms.max(1));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = inner.gc_wakeup.notified() => {}
+        }
+        match gc::run_once(&inner.engine, &*inner.storage, &inner.cfg).await {
+            Ok(stats) if stats != GcStats::default() => tracing::debug!(?stats, "gc pass"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "gc pass failed"),
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! Operation-level tests on the service (no RPC): permissions, xattrs,
+//! pagination, CAS replace, recursive remove + GC, idempotent retries,
+//! lengths, inline data.
+
+mod common;
+
+use common::Fs;
+use fskv_meta::MetaError;
+use fskv_types::meta::*;
+use fskv_types::{ErrorCode, InodeId};
+
+const ROOT: InodeId = InodeId::ROOT;
+
+fn code<T: std::fmt::Debug>(r: Result<T, MetaError>) -> ErrorCode {
+    r.expect_err("expected an error").code()
+}
+
+#[tokio::test]
+async fn root_exists_and_basic_namespace_ops() {
+    let fs = Fs::new().await;
+    let root = fs.stat(ROOT).await.unwrap();
+    assert_eq!(root.kind(), InodeKind::Directory);
+    let d = fs.mkdir(ROOT, "d").await.unwrap();
+    let f = fs.create(d.id, "f").await.unwrap();
+    assert_eq!(fs.lookup(d.id, "f").await.unwrap().id, f.id);
+    assert_eq!(code(fs.create(d.id, "f").await), ErrorCode::AlreadyExists);
+    // Non-exclusive create opens the existing file.
+    let again = fs.inode(MetaOp::Create { parent: d.id, name: "f".into(), mode: 0o644, exclusive: false, write: false }).await.unwrap();
+    assert_eq!(again.id, f.id);
+    assert_eq!(code(fs.op(MetaOp::Rmdir { parent: ROOT, name: "d".into() }).await), ErrorCode::NotEmpty);
+    assert_eq!(code(fs.op(MetaOp::Unlink { parent: ROOT, name: "d".into() }).await), ErrorCode::IsDirectory);
+    assert_eq!(code(fs.op(MetaOp::Rmdir { parent: d.id, name: "f".into() }).await), ErrorCode::NotDirectory);
+    assert_eq!(code(fs.create(f.id, "x").await), ErrorCode::NotDirectory);
+    assert_eq!(code(fs.create(ROOT, &"n".repeat(256)).await), ErrorCode::NameTooLong);
+    assert_eq!(code(fs.create(ROOT, "a/b").await), ErrorCode::InvalidArgument);
+
+    let s = fs.inode(MetaOp::Symlink { parent: d.id, name: "s".into(), target: "../t".into() }).await.unwrap();
+    assert_eq!(fs.op(MetaOp::Readlink { inode: s.id }).await.unwrap(), MetaReply::Target("../t".into()));
+    let l = fs.inode(MetaOp::Link { inode: f.id, parent: ROOT, name: "hard".into() }).await.unwrap();
+    assert_eq!(l.nlink, 2);
+    fs.op(MetaOp::Unlink { parent: d.id, name: "f".into() }).await.unwrap();
+    assert_eq!(fs.stat(f.id).await.unwrap().nlink, 1);
+    assert_eq!(code(fs.op(MetaOp::Link { inode: d.id, parent: ROOT, name: "dl".into() }).await), ErrorCode::IsDirectory);
+
+    // Rename over an existing file replaces it; a dir over a file is refused.
+    let g = fs.create(ROOT, "g").await.unwrap();
+    fs.op(MetaOp::Rename { src_parent: ROOT, src_name: "hard".into(), dst_parent: ROOT, dst_name: "g".into() }).await.unwrap();
+    assert_eq!(fs.lookup(ROOT, "g").await.unwrap().id, f.id);
+    assert_eq!(fs.stat(g.id).await.unwrap().nlink, 0, "the replaced file waits for GC");
+    fs.svc.run_gc_until_idle().await.unwrap();
+    assert_eq!(code(fs.stat(g.id).await), ErrorCode::NotFound);
+    assert_eq!(
+        code(fs.op(MetaOp::Rename { src_parent: ROOT, src_name: "d".into(), dst_parent: ROOT, dst_name: "g".into() }).await),
+        ErrorCode::NotDirectory
+    );
+    let e = fs.mkdir(ROOT, "e").await.unwrap();
+    fs.op(MetaOp::Rename { src_parent: ROOT, src_name: "d".into(), dst_parent: e.id, dst_name: "d".into() }).await.unwrap();
+    // d is now under e; moving e into d is a cycle.
+    assert_eq!(
+        code(fs.op(MetaOp::Rename { src_parent: ROOT, src_name: "e".into(), dst_parent: d.id, dst_name: "e".into() }).await),
+        ErrorCode::WouldCreateCycle
+    );
+    assert_eq!(
+        code(fs.op(MetaOp::Rename { src_parent: ROOT, src_name: "e".into(), dst_parent: e.id, dst_name: "e".into() }).await),
+        ErrorCode::WouldCreateCycle
+    );
+    let moved = fs.stat(d.id).await.unwrap();
+    assert_eq!(moved.dir().map(|x| x.parent), Some(e.id));
+    fs.fsck_clean().await;
+}
+
+#[tokio::test]
+async fn permission_checks() {
+    let fs = Fs::new().await;
+    let alice = fs.as_user(1000, 1000);
+    let bob = fs.as_user(1001, 1001);
+    // Root-owned 0755 root: others cannot create there.
+    assert_eq!(code(alice.create(ROOT, "x").await), ErrorCode::PermissionDenied);
+    let home = fs.mkdir(ROOT, "home").await.unwrap();
+    fs.op(MetaOp::SetAttr { inode: home.id, attr: SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() } }).await.unwrap();
+    let f = alice.create(home.id, "f").await.unwrap();
+    assert_eq!(f.acl.uid, 1000);
+    // Bob can look up (x for other) but not create or unlink.
+    assert!(bob.lookup(home.id, "f").await.is_ok());
+    assert_eq!(code(bob.create(home.id, "g").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(bob.op(MetaOp::Unlink { parent: home.id, name: "f".into() }).await), ErrorCode::PermissionDenied);
+    // Mode 0600: bob cannot open for read; alice can.
+    alice.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(0o600), ..Default::default() } }).await.unwrap();
+    assert_eq!(code(bob.op(MetaOp::Open { inode: f.id, write: false }).await), ErrorCode::PermissionDenied);
+    assert!(alice.op(MetaOp::Open { inode: f.id, write: false }).await.is_ok());
+    // Only the owner chmods; only root chowns.
+    assert_eq!(code(bob.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(0o777), ..Default::default() } }).await), ErrorCode::PermissionDenied);
+    assert_eq!(code(alice.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { uid: Some(1001), ..Default::default() } }).await), ErrorCode::PermissionDenied);
+    // Group class: bob in group 1000 may read a 0640 file.
+    alice.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(0o640), ..Default::default() } }).await.unwrap();
+    let mut bob_in_group = fs.as_user(1001, 1001);
+    bob_in_group.user.groups = vec![1000];
+    assert!(bob_in_group.op(MetaOp::Open { inode: f.id, write: false }).await.is_ok());
+    assert_eq!(code(bob_in_group.op(MetaOp::Open { inode: f.id, write: true }).await), ErrorCode::PermissionDenied);
+    // Sticky /tmp: bob cannot remove alice's file, alice can.
+    let tmp = fs.mkdir(ROOT, "tmp").await.unwrap();
+    fs.op(MetaOp::SetAttr { inode: tmp.id, attr: SetAttr { mode: Some(0o1777), ..Default::default() } }).await.unwrap();
+    alice.create(tmp.id, "a").await.unwrap();
+    assert_eq!(code(bob.op(MetaOp::Unlink { parent: tmp.id, name: "a".into() }).await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        code(bob.op(MetaOp::Rename { src_parent: tmp.id, src_name: "a".into(), dst_parent: tmp.id, dst_name: "b".into() }).await),
+        ErrorCode::PermissionDenied
+    );
+    alice.op(MetaOp::Unlink { parent: tmp.id, name: "a".into() }).await.unwrap();
+    fs.fsck_clean().await;
+}
+
+#[tokio::test]
+async fn xattrs() {
+    let fs = Fs::new().await;
+    let f = fs.create(ROOT, "f").await.unwrap();
+    let set = |name: &str, v: &[u8], flag| MetaOp::SetXattr { inode: f.id, name: name.into(), value: v.to_vec(), flag };
+    fs.op(set("user.a", b"1", XattrFlag::Create)).await.unwrap();
+    assert_eq!(code(fs.op(set("user.a", b"2", XattrFlag::Create)).await), ErrorCode::AlreadyExists);
+    assert_eq!(code(fs.op(set("user.b", b"2", XattrFlag::Replace)).await), ErrorCode::NotFound);
+    fs.op(set("user.a", b"3", XattrFlag::Replace)).await.unwrap();
+    fs.op(set("user.b", &[7u8; 1000], XattrFlag::Any)).await.unwrap();
+    assert_eq!(fs.op(MetaOp::GetXattr { inode: f.id, name: "user.a".into() }).await.unwrap(), MetaReply::Xattr(b"3".to_vec()));
+    assert_eq!(
+        fs.op(MetaOp::ListXattr { inode: f.id }).await.unwrap(),
+        MetaReply::XattrNames(vec!["user.a".into(), "user.b".into()])
+    );
+    assert_eq!(code(fs.op(set("user.big", &vec![0u8; MAX_XATTR_VALUE_BYTES + 1], XattrFlag::Any)).await), ErrorCode::ResourceExhausted);
+    fs.op(MetaOp::RemoveXattr { inode: f.id, name: "user.a".into() }).await.unwrap();
+    assert_eq!(code(fs.op(MetaOp::RemoveXattr { inode: f.id, name: "user.a".into() }).await), ErrorCode::NotFound);
+    assert_eq!(code(fs.op(MetaOp::GetXattr { inode: f.id, name: "user.a".into() }).await), ErrorCode::NotFound);
+    // Others without write permission cannot set.
+    let bob = fs.as_user(1001, 1001);
+    assert_eq!(code(bob.op(set("user.c", b"x", XattrFlag::Any)).await), ErrorCode::PermissionDenied);
+}
+
+#[tokio::test]
+async fn readdir_pagination_and_attrs() {
+    let fs = Fs::new().await;
+    let d = fs.mkdir(ROOT, "d").await.unwrap();
+    let mut names: Vec<String> = (0..25).map(|i| format!("n{i:02}")).collect();
+    for n in &names {
+        fs.create(d.id, n).await.unwrap();
+    }
+    names.sort();
+    let all = fs.readdir_all(d.id).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.name.clone()).collect::<Vec<_>>(), names);
+    match fs.op(MetaOp::Readdir { dir: d.id, start_after: "n10".into(), limit: 5, with_attrs: true }).await.unwrap() {
+        MetaReply::Entries { entries, more } => {
+            assert!(more);
+            assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["n11", "n12", "n13", "n14", "n15"]);
+            assert!(entries.iter().all(|e| e.attr.as_ref().is_some_and(|a| a.id == e.inode)));
+        }
+        other => panic!("{other:?}"),
+    }
+    match fs.op(MetaOp::Readdir { dir: d.id, start_after: "n24".into(), limit: 5, with_attrs: false }).await.unwrap() {
+        MetaReply::Entries { entries, more } => assert!(entries.is_empty() && !more),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn cas_replace_and_create_write_publish() {
+    let fs = Fs::new().await;
+    let v1 = fs
+        .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"one".to_vec(), expected: Some(Expected::Absent) })
+        .await
+        .unwrap();
+    assert_eq!(v1.size_bytes(), 3);
+    assert_eq!(
+        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"x".to_vec(), expected: Some(Expected::Absent) }).await),
+        ErrorCode::PreconditionFailed
+    );
+    // Temp inode, written, then published with the right expectation.
+    let tmp = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    assert_eq!(tmp.nlink, 0);
+    fs.inode(MetaOp::WriteInline { inode: tmp.id, offset: 0, data: b"two!".to_vec() }).await.unwrap();
+    let wrong = Expected::Inode { id: v1.id, version: v1.version + 5 };
+    assert_eq!(
+        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(wrong) }).await),
+        ErrorCode::PreconditionFailed
+    );
+    let right = Expected::Inode { id: v1.id, version: v1.version };
+    let v2 = fs.inode(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(right.clone()) }).await.unwrap();
+    assert_eq!(v2.nlink, 1);
+    assert_eq!(fs.lookup(ROOT, "obj").await.unwrap().id, tmp.id);
+    assert_eq!(fs.op(MetaOp::ReadInline { inode: tmp.id, offset: 0, len: 100 }).await.unwrap(), MetaReply::Data(b"two!".to_vec()));
+    // The old inline inode is gone at once; a second replace with the stale expectation fails.
+    assert_eq!(code(fs.stat(v1.id).await), ErrorCode::NotFound);
+    let tmp2 = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    assert_eq!(
+        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp2.id, expected: Some(right) }).await),
+        ErrorCode::PreconditionFailed
+    );
+    // Inline size limit.
+    assert_eq!(
+        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "big".into(), mode: 0o644, data: vec![0; 5000], expected: None }).await),
+        ErrorCode::ResourceExhausted
+    );
+    fs.fsck_clean().await;
+}
+
+#[tokio::test]
+async fn recursive_remove_reclaims_chunks() {
+    let fs = Fs::new().await;
+    let top = fs.mkdir(ROOT, "top").await.unwrap();
+    let mut files = Vec::new();
+    let mut parent = top.id;
+    for depth in 0..4 {
+        let sub = fs.mkdir(parent, &format!("sub{depth}")).await.unwrap();
+        for i in 0..5 {
+            let f = fs.create(sub.id, &format!("f{i}")).await.unwrap();
+            let layout = f.file().unwrap().layout.clone();
+            fs.storage.write_file(f.id, &layout, 3 * 512 * 1024 + 10);
+            files.push(f.id);
+        }
+        parent = sub.id;
+    }
+    // A hard link from outside keeps one file alive.
+    fs.inode(MetaOp::Link { inode: files[0], parent: ROOT, name: "keep".into() }).await.unwrap();
+    assert_eq!(fs.storage.total_chunks(), 20 * 4);
+    fs.op(MetaOp::RemoveTree { parent: ROOT, name: "top".into() }).await.unwrap();
+    assert_eq!(code(fs.lookup(ROOT, "top").await), ErrorCode::NotFound);
+    // Creating inside the detached tree fails.
+    assert_eq!(code(fs.create(top.id, "late").await), ErrorCode::NotFound);
+    let stats = fs.svc.run_gc_until_idle().await.unwrap();
+    assert_eq!(stats.dirs_removed, 5);
+    assert_eq!(stats.files_removed, 19);
+    assert_eq!(fs.storage.total_chunks(), 4, "only the hard-linked file keeps its chunks");
+    assert_eq!(fs.stat(files[0]).await.unwrap().nlink, 1);
+    for f in &files[1..] {
+        assert_eq!(code(fs.stat(*f).await), ErrorCode::NotFound);
+    }
+    fs.fsck_clean().await;
+    match fs.op(MetaOp::StatFs).await.unwrap() {
+        MetaReply::StatFs(s) => assert_eq!(s.inodes, 2, "root + the kept file"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn idempotent_retry_returns_the_first_result() {
+    let fs = Fs::new().await;
+    let create = fs.req(MetaOp::Create { parent: ROOT, name: "once".into(), mode: 0o644, exclusive: true, write: false });
+    let first = fs.svc.execute(create.clone()).await.unwrap();
+    let retry = fs.svc.execute(create.clone()).await.unwrap();
+    assert_eq!(first, retry, "a retried exclusive create returns the original inode, not EEXIST");
+    // A new request id is a new create.
+    assert_eq!(code(fs.create(ROOT, "once").await), ErrorCode::AlreadyExists);
+    let unlink = fs.req(MetaOp::Unlink { parent: ROOT, name: "once".into() });
+    fs.svc.execute(unlink.clone()).await.unwrap();
+    assert_eq!(fs.svc.execute(unlink).await.unwrap(), MetaReply::Done, "retried unlink does not say ENOENT");
+    fs.create(ROOT, "a").await.unwrap();
+    let rename = fs.req(MetaOp::Rename { src_parent: ROOT, src_name: "a".into(), dst_parent: ROOT, dst_name: "b".into() });
+    fs.svc.execute(rename.clone()).await.unwrap();
+    fs.svc.execute(rename.clone()).await.unwrap();
+    // The same request id for a different op is refused, not answered with the rename's reply.
+    let mut reused = fs.req(MetaOp::Mkdir { parent: ROOT, name: "x".into(), mode: 0o755 });
+    reused.request_id = rename.request_id;
+    assert_eq!(code(fs.svc.execute(reused).await), ErrorCode::InvalidArgument);
+    fs.fsck_clean().await;
+}
+
+#[tokio::test]
+async fn lengths_sessions_truncate_versions() {
+    let fs = Fs::new().await;
+    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+        MetaReply::Opened { inode, session } => (inode, session),
+        other => panic!("{other:?}"),
+    };
+    let layout = f.file().unwrap().layout.clone();
+    let chunk = u64::from(layout.chunk_size_bytes);
+    // Periodic reports raise the length and the dynamic stripe.
+    let r = fs.inode(MetaOp::ReportLength { inode: f.id, length: 40 * chunk, truncate_version: 0 }).await.unwrap();
+    assert_eq!(r.size_bytes(), 40 * chunk);
+    // Truncate wins over a stale report.
+    let t = fs.inode(MetaOp::Truncate { inode: f.id, length: 100 }).await.unwrap();
+    assert_eq!(t.file().unwrap().truncate_version, 1);
+    let stale = fs.inode(MetaOp::ReportLength { inode: f.id, length: 50 * chunk, truncate_version: 0 }).await.unwrap();
+    assert_eq!(stale.size_bytes(), 100);
+    // Close asks storage for the exact length (beyond the first 16 chains).
+    fs.storage.write_file(f.id, &layout, 20 * chunk + 7);
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    assert_eq!(closed.size_bytes(), 20 * chunk + 7);
+    // Unlink with the file closed: GC removes its chunks.
+    fs.op(MetaOp::Unlink { parent: ROOT, name: "f".into() }).await.unwrap();
+    fs.svc.run_gc_until_idle().await.unwrap();
+    assert_eq!(fs.storage.chunk_count(f.id), 0);
+    assert_eq!(code(fs.stat(f.id).await), ErrorCode::NotFound);
+}
+
+#[tokio::test]
+async fn open_session_defers_gc_of_unlinked_file() {
+    let fs = Fs::new().await;
+    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+        MetaReply::Opened { inode, session } => (inode, session),
+        other => panic!("{other:?}"),
+    };
+    fs.storage.write_file(f.id, &f.file().unwrap().layout, 10);
+    fs.op(MetaOp::Unlink { parent: ROOT, name: "f".into() }).await.unwrap();
+    let s = fs.svc.run_gc_once().await.unwrap();
+    assert_eq!(s.deferred, 1);
+    assert_eq!(fs.storage.chunk_count(f.id), 1);
+    fs.op(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    fs.svc.run_gc_until_idle().await.unwrap();
+    assert_eq!(fs.storage.chunk_count(f.id), 0);
+    fs.fsck_clean().await;
+}
+
+#[tokio::test]
+async fn layouts_are_shuffled_round_robin_stripes() {
+    let fs = Fs::new().await;
+    let a = fs.create(ROOT, "a").await.unwrap();
+    let b = fs.create(ROOT, "b").await.unwrap();
+    let la = &a.file().unwrap().layout;
+    let lb = &b.file().unwrap().layout;
+    assert_eq!(la.stripe_size(), 16);
+    // Consecutive chains, and the next file starts one chain later.
+    let start = la.chains[0].0;
+    assert!(la.chains.iter().enumerate().all(|(i, c)| c.0 == (start - 1 + i as u32) % 64 + 1));
+    assert_eq!(lb.chains[0].0, start % 64 + 1);
+    assert_ne!(la.seed, lb.seed);
+    // Chunk 0 is the first shuffled chain.
+    assert_eq!(chain_for_chunk(la, 0), la.shuffled_chains().first().copied());
+}
+
+#[tokio::test]
+async fn exact_length_on_close_widens_the_dynamic_stripe() {
+    let mut cfg = common::test_config();
+    cfg.root_layout.stripe_size = 64;
+    cfg.root_layout.chunk_size_bytes = 4096;
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "big".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+        MetaReply::Opened { inode, session } => (inode, session),
+        other => panic!("{other:?}"),
+    };
+    let data = f.file().unwrap();
+    assert_eq!((data.layout.stripe_size(), data.dyn_stripe), (64, 16));
+    // 40 chunks written, no length report: chains 17..40 (shuffled order) are beyond the hint.
+    fs.storage.write_file(f.id, &data.layout, 40 * 4096 - 100);
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    assert_eq!(closed.size_bytes(), 40 * 4096 - 100);
+    assert_eq!(closed.file().unwrap().dyn_stripe, 64);
+}
+
+#[tokio::test]
+async fn idempotency_records_expire_through_the_time_index() {
+    let cfg = fskv_meta::MetaConfig { idempotency_ttl_ms: 0, ..common::test_config() };
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    for i in 0..10 {
+        fs.create(ROOT, &format!("f{i}")).await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    let stats = fs.svc.run_gc_once().await.unwrap();
+    assert_eq!(stats.idempotency_expired, 10);
+    let mut txn = fs.svc.engine().begin().await.unwrap();
+    for prefix in [&b"IDEM"[..], &b"IDEX"[..]] {
+        let left = txn.snapshot_get_range(&fskv_kv::RangeRequest::prefix(prefix)).await.unwrap();
+        assert!(left.kvs.is_empty(), "{} records left", left.kvs.len());
+    }
+}
+
+#[tokio::test]
+async fn unpublished_temp_inodes_are_reclaimed_after_their_ttl() {
+    let cfg = fskv_meta::MetaConfig { temp_inode_ttl_ms: 0, ..common::test_config() };
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    let tmp = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    // Written through the data path (chunks), then abandoned.
+    fs.storage.write_file(tmp.id, &tmp.file().unwrap().layout, 100_000);
+    let published = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    fs.inode(MetaOp::Replace { parent: ROOT, name: "kept".into(), inode: published.id, expected: None }).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    fs.svc.run_gc_until_idle().await.unwrap();
+    assert_eq!(code(fs.stat(tmp.id).await), ErrorCode::NotFound);
+    assert_eq!(fs.storage.chunk_count(tmp.id), 0);
+    assert_eq!(fs.lookup(ROOT, "kept").await.unwrap().id, published.id);
+    fs.fsck_clean().await;
+}
