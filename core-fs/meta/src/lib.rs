@@ -14,6 +14,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod chain_storage;
 pub mod error;
 pub mod fsck;
 pub mod gc;
@@ -26,4 +27,5 @@ pub mod storage;
 pub use error::{MetaError, MetaResult};
 pub use ops::MetaConfig;
 pub use service::MetaService;
+pub use chain_storage::ChainStorage;
 pub use storage::{FakeStorage, NoStorage, StorageBackend};

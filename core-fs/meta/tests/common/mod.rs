@@ -33,6 +33,11 @@ impl Fs {
         Fs { svc, storage, user: UserInfo::root(), client_id: rand::random::<u64>() | 1, next: Arc::new(AtomicU64::new(1)) }
     }
 
+    /// Acting as root on an existing service (whose storage is not the fake).
+    pub fn over(svc: MetaService) -> Fs {
+        Fs { svc, storage: Arc::new(FakeStorage::new()), user: UserInfo::root(), client_id: rand::random::<u64>() | 1, next: Arc::new(AtomicU64::new(1)) }
+    }
+
     pub fn as_user(&self, uid: u32, gid: u32) -> Fs {
         Fs {
             svc: self.svc.clone(),
