@@ -4,4 +4,5 @@
 //! (writes to the chain head, reads from any serving target, retries on
 //! uncommitted data and stale chain versions, read flow control).
 
+pub mod mgmtd;
 pub mod storage;

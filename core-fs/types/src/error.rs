@@ -58,6 +58,13 @@ pub enum ErrorCode {
     /// A forwarded update's version does not follow the successor's committed
     /// version (replicas diverged); the predecessor repairs with a full-chunk replace.
     ChunkVersionMismatch = 404,
+    // --- cluster manager (5xx) ---
+    /// This mgmtd is not the primary; the message names the primary if
+    /// known. Retry against another mgmtd.
+    NotPrimary = 500,
+    /// A heartbeat's node generation is older than the registered one: the
+    /// sender was replaced and must stop (fencing).
+    StaleNodeGeneration = 501,
 }
 
 impl ErrorCode {
@@ -76,6 +83,7 @@ impl ErrorCode {
                 | ErrorCode::StaleChainVersion
                 | ErrorCode::ChunkUncommitted
                 | ErrorCode::TargetNotServing
+                | ErrorCode::NotPrimary
         )
     }
 
@@ -116,6 +124,8 @@ impl ErrorCode {
             ChecksumMismatch,
             TargetNotServing,
             ChunkVersionMismatch,
+            NotPrimary,
+            StaleNodeGeneration,
         ];
         ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(Internal)
     }
