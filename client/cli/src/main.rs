@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod config;
+mod mgmtd_cmd;
 #[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
 mod supervisor;
 mod storage_cmd;
@@ -32,6 +33,8 @@ enum Command {
     /// Cluster administration.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
+    /// Run one cluster manager (heartbeats, target states, routing info).
+    Mgmtd(mgmtd_cmd::MgmtdArgs),
     /// Run one storage service (chunk engines + CRAQ replication).
     Storage(storage_cmd::StorageArgs),
     /// Show the configuration.
@@ -78,6 +81,7 @@ fn main() -> std::process::ExitCode {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
             Command::Admin(cmd) => admin::run(cmd),
+            Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Config(ConfigCommand::Default) => {
                 print!("{}", config::DEFAULT_TOML);
