@@ -15,6 +15,8 @@ pub enum BenchCommand {
     Chunk(ChunkArgs),
     /// 1 MiB writes/reads and 4 KiB random reads through loopback chains of 3 and 1 targets vs iperf3 and fio.
     Storage(crate::storage_cmd::StorageBenchArgs),
+    /// Real processes: kill -9 of a storage node -> writes flowing again, and re-sync MiB/s next to raw chain-3 writes.
+    Failover(crate::failover_bench::FailoverBenchArgs),
 }
 
 #[derive(Args)]
@@ -108,6 +110,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
             emit(&report, a.common.json.as_ref())
         }
         BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
+        BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

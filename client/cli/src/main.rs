@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod config;
+mod failover_bench;
 mod mgmtd_cmd;
 #[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
 mod supervisor;
