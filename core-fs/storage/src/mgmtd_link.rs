@@ -138,3 +138,36 @@ pub async fn run_heartbeats(service: StorageService, source: Arc<MgmtdRoutingSou
         let _ = tokio::time::timeout_at(wake, rx.changed()).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fskv_types::routing::{ChainInfo, ChainTarget, NodeInfo};
+    use fskv_types::ChainId;
+
+    fn routing(registered: bool, state: PublicTargetState) -> RoutingInfo {
+        RoutingInfo {
+            version: 3,
+            nodes: if registered { vec![NodeInfo { node_id: NodeId(2), address: "127.0.0.1:1".into() }] } else { vec![] },
+            chains: vec![ChainInfo {
+                chain_id: ChainId(1),
+                chain_version: 2,
+                targets: vec![
+                    ChainTarget { target_id: TargetId(101), node_id: NodeId(1), state: PublicTargetState::Serving },
+                    ChainTarget { target_id: TargetId(201), node_id: NodeId(2), state },
+                ],
+            }],
+            chain_tables: vec![],
+        }
+    }
+
+    #[test]
+    fn a_restarted_node_starts_only_once_its_targets_are_down_or_it_was_never_registered() {
+        let t = [TargetId(201)];
+        assert!(safe_to_start(&routing(false, PublicTargetState::Serving), NodeId(2), &t));
+        assert!(!safe_to_start(&routing(true, PublicTargetState::Serving), NodeId(2), &t));
+        assert!(!safe_to_start(&routing(true, PublicTargetState::Syncing), NodeId(2), &t));
+        assert!(safe_to_start(&routing(true, PublicTargetState::Offline), NodeId(2), &t));
+        assert!(safe_to_start(&routing(true, PublicTargetState::LastSrv), NodeId(2), &t));
+    }
+}
