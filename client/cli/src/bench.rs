@@ -17,6 +17,8 @@ pub enum BenchCommand {
     Storage(crate::storage_cmd::StorageBenchArgs),
     /// Meta creates/stats/readdir pages/renames per second over loopback RPC vs the KV engine's raw small commits.
     Meta(crate::meta_cmd::MetaBenchArgs),
+    /// Real processes: kill -9 of a storage node -> writes flowing again, and re-sync MiB/s next to raw chain-3 writes.
+    Failover(crate::failover_bench::FailoverBenchArgs),
 }
 
 #[derive(Args)]
@@ -110,6 +112,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
             emit(&report, a.common.json.as_ref())
         }
         BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
+        BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

@@ -4,6 +4,8 @@
 mod admin;
 mod bench;
 mod config;
+mod failover_bench;
+mod mgmtd_cmd;
 #[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
 mod supervisor;
 mod storage_cmd;
@@ -33,6 +35,8 @@ enum Command {
     /// Cluster administration.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
+    /// Run one cluster manager (heartbeats, target states, routing info).
+    Mgmtd(mgmtd_cmd::MgmtdArgs),
     /// Run one storage service (chunk engines + CRAQ replication).
     Storage(storage_cmd::StorageArgs),
     /// Serve the metadata service on one KV engine.
@@ -81,6 +85,7 @@ fn main() -> std::process::ExitCode {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
             Command::Admin(cmd) => admin::run(cmd),
+            Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,
             Command::Config(ConfigCommand::Default) => {

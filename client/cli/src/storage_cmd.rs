@@ -1,15 +1,21 @@
 //! `fskv storage` (one storage service) and `fskv bench storage`.
 //!
-//! Routing: until mgmtd exists, the service reads a fixed routing table
-//! from `--routing FILE` (JSON [`RoutingInfo`], see `docs/storage.md`) and
-//! re-reads it every `--routing-poll-ms`, publishing it when its `version`
-//! grows. This is the pre-mgmtd / test path; with mgmtd the same
-//! `RoutingHandle` is fed by the mgmtd client instead.
+//! Routing, two paths:
+//! * `--mgmtd ADDR[,ADDR…]` (production): routing comes from mgmtd
+//!   ([`MgmtdRoutingSource`]); the service waits until mgmtd shows its
+//!   targets offline (or unregistered) before serving, heartbeats every
+//!   `--heartbeat-interval-ms`, and **exits** (status 3, with a log line)
+//!   when its lease lapses, it is fenced, or it is declared dead.
+//! * `--routing FILE` (tests, pre-mgmtd): a fixed routing table (JSON
+//!   [`RoutingInfo`], see `docs/storage.md`) re-read every
+//!   `--routing-poll-ms` and published when its `version` grows.
 
 use anyhow::Context;
 use clap::Args;
 use fskv_chunk_engine::EngineConfig;
+use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::RoutingPublisher;
+use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
 use fskv_storage::{StorageConfig, StorageService};
 use fskv_types::routing::RoutingInfo;
@@ -34,8 +40,20 @@ pub struct StorageArgs {
     #[arg(long, value_delimiter = ',')]
     targets: Vec<u64>,
     /// Fixed routing table (JSON RoutingInfo): the pre-mgmtd / test path.
-    #[arg(long, value_name = "FILE")]
-    routing: PathBuf,
+    #[arg(long, value_name = "FILE", conflicts_with = "mgmtd", required_unless_present = "mgmtd")]
+    routing: Option<PathBuf>,
+    /// mgmtd addresses (comma-separated): the production path.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR")]
+    mgmtd: Vec<String>,
+    /// Heartbeat period (with --mgmtd).
+    #[arg(long, default_value_t = 1_000)]
+    heartbeat_interval_ms: u64,
+    /// Lease assumed until mgmtd's first ack states T/2 (with --mgmtd).
+    #[arg(long, default_value_t = 30_000)]
+    initial_lease_ms: u64,
+    /// Bound on the wait for mgmtd to mark this node's targets offline at start.
+    #[arg(long, default_value_t = 600_000)]
+    max_start_wait_ms: u64,
     /// How often the routing file is re-read.
     #[arg(long, default_value_t = 200)]
     routing_poll_ms: u64,
@@ -53,7 +71,11 @@ fn load_routing(path: &Path) -> anyhow::Result<RoutingInfo> {
 }
 
 pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
-    let routing = load_routing(&args.routing)?;
+    if !args.mgmtd.is_empty() {
+        return run_with_mgmtd(args).await;
+    }
+    let Some(routing_path) = args.routing.clone() else { anyhow::bail!("pass --routing FILE or --mgmtd ADDR") };
+    let routing = load_routing(&routing_path)?;
     let node = NodeId(args.node_id);
     let targets: Vec<TargetId> = if args.targets.is_empty() {
         routing.targets_of_node(node)
@@ -75,7 +97,7 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
         std::fs::write(path, running.local_addr())?;
     }
     eprintln!("fskv storage: {node} serving on {}", running.local_addr());
-    let path = args.routing.clone();
+    let path = routing_path;
     let poll = Duration::from_millis(args.routing_poll_ms.max(10));
     let reloader = tokio::spawn(async move {
         loop {
@@ -96,7 +118,63 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
+async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
+    let node = NodeId(args.node_id);
+    let generation = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(1);
+    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+    let client_config = MgmtdClientConfig {
+        call_timeout_ms: args.heartbeat_interval_ms.clamp(200, 2_000),
+        ..MgmtdClientConfig::default()
+    };
+    let client = MgmtdClient::new(rpc.clone(), args.mgmtd.clone(), client_config);
+    let source = MgmtdRoutingSource::start(client, Duration::from_millis(args.max_start_wait_ms))
+        .await
+        .context("fetching routing from mgmtd")?;
+    let targets: Vec<TargetId> = if args.targets.is_empty() {
+        source.current().targets_of_node(node)
+    } else {
+        args.targets.iter().map(|t| TargetId(*t)).collect()
+    };
+    anyhow::ensure!(!targets.is_empty(), "no targets for {node} in mgmtd's routing (pass --targets)");
+    mgmtd_link::wait_until_safe_to_start(&source, node, &targets, args.max_start_wait_ms).await?;
+    let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
+    std::fs::create_dir_all(&args.data)?;
+    let data = args.data.clone();
+    let handle = source.handle();
+    let service = tokio::task::spawn_blocking(move || {
+        StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc)
+    })
+    .await??;
+    let running = service.serve(&args.listen).await?;
+    let address = running.local_addr().to_string();
+    if let Some(path) = &args.ready_file {
+        std::fs::write(path, &address)?;
+    }
+    eprintln!("fskv storage: {node} serving on {address} (generation {generation}, mgmtd {:?})", args.mgmtd);
+    let link = MgmtdLinkConfig {
+        heartbeat_interval_ms: args.heartbeat_interval_ms,
+        generation,
+        initial_lease_ms: args.initial_lease_ms,
+        max_start_wait_ms: args.max_start_wait_ms,
+    };
+    let heartbeats = mgmtd_link::run_heartbeats(running.service.clone(), source.clone(), address, link);
+    tokio::select! {
+        reason = heartbeats => {
+            tracing::error!(%node, "exiting: {reason}");
+            eprintln!("fskv storage: {node} exiting: {reason}");
+            std::process::exit(3);
+        }
+        _ = wait_for_signal() => {}
+    }
+    source.stop();
+    running.shutdown().await;
+    Ok(())
+}
+
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {

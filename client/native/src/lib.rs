@@ -2,6 +2,8 @@
 //!
 //! * [`meta`]: the metadata client ([`meta::MetaClient`]): typed calls over
 //!   `fskv-rpc` to a list of meta servers, with failover and idempotent retries.
+//! * [`mgmtd`]: mgmtd RPC definitions, [`mgmtd::MgmtdClient`] (follows the
+//!   primary) and [`mgmtd::MgmtdRoutingSource`] (routing info for everyone).
 //! * [`storage`]: the storage RPC definitions and [`storage::StorageClient`]
 //!   (writes to the chain head, reads from any serving target, retries on
 //!   uncommitted data and stale chain versions, read flow control).
@@ -9,6 +11,7 @@
 //! It links neither a server nor the KV engine.
 
 pub mod meta;
+pub mod mgmtd;
 pub mod storage;
 
 pub use meta::{MetaBatchCall, MetaCall, MetaClient, MetaClientConfig, MetaClientError};

@@ -108,6 +108,21 @@ impl RoutingPublisher {
         self.tx.borrow().clone()
     }
 
+    /// Publishes `info` if its version is newer than the current one
+    /// (routing from mgmtd keeps its own versions); returns whether it did.
+    pub fn publish(&self, info: RoutingInfo) -> bool {
+        if info.version <= self.current().version {
+            return false;
+        }
+        self.tx.send_replace(Arc::new(info));
+        true
+    }
+
+    /// A handle whose refreshes go to `source`.
+    pub fn handle_with_source(&self, source: Arc<dyn RoutingSource>) -> RoutingHandle {
+        RoutingHandle { rx: self.tx.subscribe(), source: Some(source) }
+    }
+
     /// Applies `change` to a copy of the current info and publishes it with
     /// the routing version bumped by one.
     pub fn update(&self, change: impl FnOnce(&mut RoutingInfo)) -> Arc<RoutingInfo> {

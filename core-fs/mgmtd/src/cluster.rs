@@ -115,6 +115,49 @@ impl ClusterState {
         &self.nodes
     }
 
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    pub fn placement(&self) -> &BTreeMap<TargetId, TargetPlacement> {
+        &self.placement
+    }
+
+    /// Restores the routing version persisted by a previous primary (a new
+    /// primary continues from it so versions stay monotonic).
+    pub fn set_routing_version(&mut self, version: u64) {
+        self.routing_version = version;
+    }
+
+    /// Bumps the routing version for a change outside the chains (a node's
+    /// address).
+    pub fn bump_routing_version(&mut self) {
+        self.routing_version += 1;
+    }
+
+    /// Takeover grace: registers `node` as alive with a heartbeat at
+    /// `now_ms` (so it has T to report to the new primary before it is
+    /// declared failed), keeping the generation a previous primary saw.
+    pub fn restore_node(&mut self, node: NodeId, address: String, generation: u64, now_ms: u64) {
+        self.nodes.insert(node, NodeRecord { node, address, generation, last_heartbeat_ms: now_ms, alive: true });
+    }
+
+    /// Takeover: until the first heartbeats, assume each target's local
+    /// state matches its public state (serving → up-to-date, syncing /
+    /// waiting → online, lastsrv / offline → offline), so the first tick
+    /// changes nothing by itself.
+    pub fn assume_local_states_from_public(&mut self) {
+        for chain in self.chains.values_mut() {
+            for t in chain.targets.iter_mut() {
+                t.local = match t.public {
+                    PublicState::Serving => LocalState::UpToDate,
+                    PublicState::Syncing | PublicState::Waiting => LocalState::Online,
+                    PublicState::LastSrv | PublicState::Offline => LocalState::Offline,
+                };
+            }
+        }
+    }
+
     /// Accepts (or fences) a heartbeat and records its targets' local states.
     pub fn heartbeat(&mut self, hb: &Heartbeat, now_ms: u64) -> Result<HeartbeatAck, HeartbeatError> {
         if let Some(n) = self.nodes.get(&hb.node) {

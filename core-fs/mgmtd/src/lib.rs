@@ -1,7 +1,7 @@
 //! mgmtd, the cluster manager (SPEC §6).
 //!
-//! This crate starts with its pure logic — no I/O, no clock —
-//! so they can be tested row by row and driven by a simulation:
+//! Pure logic — no I/O, no clock — tested row by row and drivable by a
+//! simulation:
 //!
 //! * [`state`]: the target state machine. From each target's local state
 //!   (reported in heartbeats) and the chain's current public states, compute
@@ -14,9 +14,23 @@
 //!   × replication factor R, balanced so that the read load of a failed node
 //!   spreads over as many survivors as possible.
 //!
-//! The async service around them (RPC, persistence in the KV engine, routing
-//! info distribution, primary lease) is issue #6's remaining work.
+//! The service around them:
+//!
+//! * [`service`]: RPCs (Heartbeat, GetRouting, Status), the primary lease,
+//!   the ticker and routing publication; time through [`clock::Clock`].
+//! * [`store`]: the state in the KV engine (key prefixes documented there
+//!   and in docs/mgmtd.md); [`layout`]: bootstrap layout and id scheme.
 
 pub mod chain_table;
+pub mod clock;
 pub mod cluster;
+pub mod error;
+pub mod layout;
+pub mod service;
 pub mod state;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::MgmtdError;
+pub use layout::Layout;
+pub use service::{Mgmtd, MgmtdConfig, RunningMgmtd};

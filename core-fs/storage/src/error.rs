@@ -2,7 +2,7 @@
 
 use crate::chain::RouteReject;
 use fskv_chunk_engine::ChunkError;
-use fskv_types::{ChainId, ChunkId, ErrorCode, Status, TargetId};
+use fskv_types::{ChainId, ChunkId, ErrorCode, NodeId, Status, TargetId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -22,6 +22,10 @@ pub enum StorageError {
     Engine(#[from] ChunkError),
     #[error("forward to {to} failed: {status}")]
     Forward { to: TargetId, status: Status },
+    /// The routing info has no address for a node of the chain yet (e.g.
+    /// mgmtd has not published it); retryable once routing catches up.
+    #[error("{0} has no address in the routing info yet")]
+    NoAddress(NodeId),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -37,7 +41,7 @@ impl StorageError {
                 | RouteReject::NotHead
                 | RouteReject::WrongPredecessor { .. } => ErrorCode::TargetNotServing,
             },
-            StorageError::UnknownTarget(_) | StorageError::UnknownChain(_) => ErrorCode::TargetNotServing,
+            StorageError::UnknownTarget(_) | StorageError::UnknownChain(_) | StorageError::NoAddress(_) => ErrorCode::TargetNotServing,
             StorageError::Checksum { .. } => ErrorCode::ChecksumMismatch,
             StorageError::VersionMismatch { .. } => ErrorCode::ChunkVersionMismatch,
             StorageError::Invalid(_) => ErrorCode::InvalidArgument,

@@ -11,6 +11,7 @@ pub mod chain;
 pub mod cluster;
 pub mod error;
 pub mod locks;
+pub mod mgmtd_link;
 pub mod service;
 pub mod sync;
 

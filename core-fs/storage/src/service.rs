@@ -289,7 +289,7 @@ impl StorageService {
     }
 
     fn addr_of(routing: &RoutingInfo, node: NodeId) -> Result<String> {
-        routing.node_address(node).map(str::to_string).ok_or_else(|| StorageError::Internal(format!("{node} has no address")))
+        routing.node_address(node).map(str::to_string).ok_or(StorageError::NoAddress(node))
     }
 
     // ----- write path -----

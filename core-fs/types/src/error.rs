@@ -71,6 +71,13 @@ pub enum ErrorCode {
     PreconditionFailed = 1004,
     /// A rename would move a directory into its own subtree (EINVAL in POSIX).
     WouldCreateCycle = 1005,
+    // --- cluster manager (5xx) ---
+    /// This mgmtd is not the primary; the message names the primary if
+    /// known. Retry against another mgmtd.
+    NotPrimary = 500,
+    /// A heartbeat's node generation is older than the registered one: the
+    /// sender was replaced and must stop (fencing).
+    StaleNodeGeneration = 501,
 }
 
 impl ErrorCode {
@@ -89,6 +96,7 @@ impl ErrorCode {
                 | ErrorCode::StaleChainVersion
                 | ErrorCode::ChunkUncommitted
                 | ErrorCode::TargetNotServing
+                | ErrorCode::NotPrimary
         )
     }
 
@@ -135,6 +143,8 @@ impl ErrorCode {
             NameTooLong,
             PreconditionFailed,
             WouldCreateCycle,
+            NotPrimary,
+            StaleNodeGeneration,
         ];
         ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(Internal)
     }

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod ids;
+pub mod mgmtd;
 pub mod routing;
 pub mod storage;
 pub mod meta;

@@ -1,0 +1,486 @@
+//! The async mgmtd service around [`ClusterState`]: RPC handlers, the
+//! primary lease, the ticker, persistence and routing publication.
+//!
+//! * **Lease.** Every `lease_ms / 3` the lease loop runs a KV transaction
+//!   that takes or renews `mgmtd/lease` (holder id, address, expiry). The
+//!   instance holding an unexpired lease is the primary: it loads (or
+//!   bootstraps) the state from the KV engine, ticks and answers heartbeats
+//!   and routing requests. Others answer `NotPrimary` naming the primary.
+//!   A primary that fails to renew before its lease expires steps down; a
+//!   standby takes over within `lease_ms` (+ one renewal period) of the
+//!   primary's last renewal.
+//! * **Takeover grace.** A new primary knows no local states: it assumes
+//!   them from the public states and gives every node a fresh heartbeat at
+//!   takeover, so nodes have T to report before anything is declared failed.
+//! * **Ticker.** Every `tick_interval_ms` the primary calls
+//!   [`ClusterState::tick`], bumps the routing version also when a node's
+//!   address changed, writes the changed chains, nodes and routing version
+//!   in one transaction that checks the lease, and only then publishes the
+//!   new [`RoutingInfo`]. Sync orders reach the predecessors through that
+//!   routing info: a storage service syncs its successor when it sees it
+//!   syncing.
+
+use crate::clock::Clock;
+use crate::cluster::{ClusterConfig, ClusterState, Heartbeat};
+use crate::error::{MgmtdError, Result};
+use crate::layout::Layout;
+use crate::state::ChainView;
+use crate::store::{self, Changes, NodeRecordKv};
+use bytes::Bytes;
+use fskv_client::mgmtd::{GetRouting, Heartbeat as HeartbeatMethod, MgmtdStatus};
+use fskv_kv::KvEngine;
+use fskv_rpc::{Router, Server, ServerConfig, TcpTransport, Transport};
+use fskv_types::mgmtd::*;
+use fskv_types::routing::{ChainInfo, ChainTable, ChainTarget, NodeInfo, RoutingInfo};
+use fskv_types::{NodeId, Status};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tracing::{error, info, info_span, warn, Instrument};
+
+#[derive(Clone, Debug)]
+pub struct MgmtdConfig {
+    /// This instance's id (the lease holder name); unique per mgmtd.
+    pub id: String,
+    /// T: a storage node silent this long is failed (its lease is T/2).
+    pub heartbeat_timeout_ms: u64,
+    /// Period of the chain recomputation.
+    pub tick_interval_ms: u64,
+    /// The primary lease; renewed every third of it.
+    pub lease_ms: u64,
+    /// Cap on a GetRouting long poll.
+    pub max_routing_wait_ms: u64,
+}
+
+impl MgmtdConfig {
+    pub fn new(id: impl Into<String>) -> Self {
+        MgmtdConfig { id: id.into(), heartbeat_timeout_ms: 60_000, tick_interval_ms: 1_000, lease_ms: 10_000, max_routing_wait_ms: 5_000 }
+    }
+}
+
+/// State held only while primary.
+struct Primary {
+    cluster: ClusterState,
+    lease_expires_ms: u64,
+    /// (address, generation) last persisted per node.
+    persisted_nodes: BTreeMap<NodeId, NodeRecordKv>,
+    /// Node addresses in the published routing info.
+    published_nodes: Vec<NodeInfo>,
+}
+
+struct Inner {
+    config: MgmtdConfig,
+    layout: Layout,
+    engine: Arc<dyn KvEngine>,
+    clock: Arc<dyn Clock>,
+    /// The advertised RPC address (set once bound).
+    address: Mutex<String>,
+    primary: Mutex<Option<Primary>>,
+    /// Last lease record seen (names the primary in `NotPrimary`).
+    lease_seen: Mutex<Option<store::LeaseRecord>>,
+    routing_tx: watch::Sender<Arc<RoutingInfo>>,
+    /// Serializes lease changes and ticks (both may swap `primary`).
+    step: tokio::sync::Mutex<()>,
+}
+
+/// One mgmtd instance (cheap to clone).
+#[derive(Clone)]
+pub struct Mgmtd {
+    inner: Arc<Inner>,
+}
+
+/// A running instance: RPC server plus lease and tick loops.
+pub struct RunningMgmtd {
+    pub mgmtd: Mgmtd,
+    server: Server,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl RunningMgmtd {
+    pub fn local_addr(&self) -> &str {
+        self.server.local_addr()
+    }
+
+    /// Stops the loops and the server without releasing the lease (a crash,
+    /// as far as the other instances can tell).
+    pub async fn kill(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        *self.mgmtd.inner.primary.lock() = None;
+        self.server.shutdown().await;
+    }
+
+    /// Clean stop: releases the lease so a standby takes over at once.
+    pub async fn shutdown(self) {
+        let m = self.mgmtd.clone();
+        for t in &self.tasks {
+            t.abort();
+        }
+        let was_primary = m.inner.primary.lock().take().is_some();
+        if was_primary {
+            if let Err(e) = store::release_lease(&*m.inner.engine, &m.inner.config.id).await {
+                warn!(error = %e, "releasing the lease failed");
+            }
+        }
+        self.server.shutdown().await;
+    }
+}
+
+fn routing_of(cluster: &ClusterState, nodes: &[NodeInfo]) -> RoutingInfo {
+    let placement = cluster.placement();
+    let chains: Vec<ChainInfo> = cluster
+        .chains()
+        .iter()
+        .map(|(id, view)| ChainInfo {
+            chain_id: *id,
+            chain_version: view.version,
+            targets: view
+                .targets
+                .iter()
+                .map(|t| ChainTarget {
+                    target_id: t.target,
+                    node_id: placement.get(&t.target).map_or(crate::layout::node_of(t.target), |p| p.node),
+                    state: t.public,
+                })
+                .collect(),
+        })
+        .collect();
+    let table = ChainTable { table_id: 1, table_version: 1, chains: chains.iter().map(|c| c.chain_id).collect() };
+    RoutingInfo { version: cluster.routing_version(), nodes: nodes.to_vec(), chains, chain_tables: vec![table] }
+}
+
+fn node_infos(cluster: &ClusterState) -> Vec<NodeInfo> {
+    cluster
+        .nodes()
+        .values()
+        .filter(|n| !n.address.is_empty())
+        .map(|n| NodeInfo { node_id: n.node, address: n.address.clone() })
+        .collect()
+}
+
+impl Mgmtd {
+    pub fn new(config: MgmtdConfig, layout: Layout, engine: Arc<dyn KvEngine>, clock: Arc<dyn Clock>) -> Result<Self> {
+        layout.validate().map_err(MgmtdError::Layout)?;
+        let (routing_tx, _) = watch::channel(Arc::new(RoutingInfo::default()));
+        Ok(Mgmtd {
+            inner: Arc::new(Inner {
+                config,
+                layout,
+                engine,
+                clock,
+                address: Mutex::new(String::new()),
+                primary: Mutex::new(None),
+                lease_seen: Mutex::new(None),
+                routing_tx,
+                step: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.inner.config.id
+    }
+
+    pub fn config(&self) -> &MgmtdConfig {
+        &self.inner.config
+    }
+
+    pub fn is_primary(&self) -> bool {
+        self.inner.primary.lock().is_some()
+    }
+
+    /// The routing info last published (empty while not primary).
+    pub fn routing(&self) -> Arc<RoutingInfo> {
+        self.inner.routing_tx.borrow().clone()
+    }
+
+    pub fn set_address(&self, addr: &str) {
+        *self.inner.address.lock() = addr.to_string();
+    }
+
+    /// Binds `addr`, serves the RPCs and starts the lease and tick loops.
+    pub async fn serve(self, addr: &str) -> anyhow::Result<RunningMgmtd> {
+        self.serve_on(Arc::new(TcpTransport::new()), addr).await
+    }
+
+    pub async fn serve_on(self, transport: Arc<dyn Transport>, addr: &str) -> anyhow::Result<RunningMgmtd> {
+        let server = Server::bind(transport, addr, self.router(), ServerConfig::default()).await?;
+        self.set_address(server.local_addr());
+        let span = info_span!("mgmtd", id = %self.id());
+        let lease = tokio::spawn(self.clone().lease_loop().instrument(span.clone()));
+        let ticker = tokio::spawn(self.clone().tick_loop().instrument(span));
+        info!(addr = server.local_addr(), id = %self.id(), "mgmtd up");
+        Ok(RunningMgmtd { mgmtd: self, server, tasks: vec![lease, ticker] })
+    }
+
+    async fn lease_loop(self) {
+        let period = Duration::from_millis((self.inner.config.lease_ms / 3).max(1));
+        loop {
+            if let Err(e) = self.renew_lease_once().await {
+                warn!(error = %e, "lease round failed");
+            }
+            tokio::time::sleep(period).await;
+        }
+    }
+
+    async fn tick_loop(self) {
+        let period = Duration::from_millis(self.inner.config.tick_interval_ms.max(1));
+        loop {
+            tokio::time::sleep(period).await;
+            if let Err(e) = self.tick_once().await {
+                warn!(error = %e, "tick failed");
+            }
+        }
+    }
+
+    /// One lease round: take or renew the lease; become primary (loading
+    /// the state) or step down accordingly. Returns whether primary after.
+    pub async fn renew_lease_once(&self) -> Result<bool> {
+        let _step = self.inner.step.lock().await;
+        let cfg = &self.inner.config;
+        let now = self.inner.clock.now_ms();
+        let address = self.inner.address.lock().clone();
+        let lease = match store::acquire_lease(&*self.inner.engine, &cfg.id, &address, now, cfg.lease_ms).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.step_down_if_expired(now);
+                return Err(e);
+            }
+        };
+        *self.inner.lease_seen.lock() = Some(lease.clone());
+        if lease.holder != cfg.id {
+            if self.inner.primary.lock().take().is_some() {
+                warn!(primary = %lease.holder, "lost the primary lease; standing by");
+            }
+            return Ok(false);
+        }
+        let was_primary = {
+            let mut p = self.inner.primary.lock();
+            if let Some(p) = p.as_mut() {
+                p.lease_expires_ms = lease.expires_ms;
+                true
+            } else {
+                false
+            }
+        };
+        if !was_primary {
+            self.become_primary(now, lease.expires_ms).await?;
+        }
+        Ok(true)
+    }
+
+    fn step_down_if_expired(&self, now: u64) {
+        let mut p = self.inner.primary.lock();
+        if p.as_ref().is_some_and(|p| p.lease_expires_ms <= now) {
+            warn!("primary lease expired without renewal; standing by");
+            *p = None;
+        }
+    }
+
+    async fn become_primary(&self, now: u64, lease_expires_ms: u64) -> Result<()> {
+        let cfg = &self.inner.config;
+        let persisted = store::load_or_bootstrap(&*self.inner.engine, &cfg.id, now, self.inner.layout).await?;
+        let placement = Layout::placement(&persisted.chains);
+        let mut cluster = ClusterState::new(
+            ClusterConfig { heartbeat_timeout_ms: cfg.heartbeat_timeout_ms },
+            persisted.chains.clone(),
+            placement,
+        );
+        // A new routing version, so everyone notices the new primary's view.
+        let version = persisted.routing_version + 1;
+        cluster.set_routing_version(version);
+        for node in persisted.layout.node_ids() {
+            let rec = persisted.nodes.get(&node).cloned().unwrap_or(NodeRecordKv { address: String::new(), generation: 0 });
+            cluster.restore_node(node, rec.address, rec.generation, now);
+        }
+        cluster.assume_local_states_from_public();
+        store::write_changes(&*self.inner.engine, &cfg.id, now, &Changes { routing_version: Some(version), ..Default::default() }).await?;
+        let published_nodes = node_infos(&cluster);
+        let routing = routing_of(&cluster, &published_nodes);
+        info!(routing_version = version, chains = persisted.chains.len(), "became primary");
+        *self.inner.primary.lock() =
+            Some(Primary { cluster, lease_expires_ms, persisted_nodes: persisted.nodes, published_nodes });
+        self.inner.routing_tx.send_replace(Arc::new(routing));
+        Ok(())
+    }
+
+    /// One tick (primary only): expire nodes, recompute chains, persist,
+    /// publish. Returns whether the routing changed.
+    pub async fn tick_once(&self) -> Result<bool> {
+        let _step = self.inner.step.lock().await;
+        let now = self.inner.clock.now_ms();
+        let (changes, routing) = {
+            let mut guard = self.inner.primary.lock();
+            let Some(p) = guard.as_mut() else { return Ok(false) };
+            if p.lease_expires_ms <= now {
+                warn!("primary lease expired; standing by");
+                *guard = None;
+                return Ok(false);
+            }
+            let out = p.cluster.tick(now);
+            for n in &out.failed_nodes {
+                warn!(node = %n, "no heartbeat for T; node failed");
+            }
+            for o in &out.sync_orders {
+                info!(chain = %o.chain, chain_ver = o.chain_version, predecessor = %o.predecessor, target = %o.target, "sync order");
+            }
+            let nodes = node_infos(&p.cluster);
+            let nodes_changed = nodes != p.published_nodes;
+            if nodes_changed && out.changed_chains.is_empty() {
+                p.cluster.bump_routing_version();
+            }
+            let mut changes = Changes::default();
+            for n in p.cluster.nodes().values() {
+                let rec = NodeRecordKv { address: n.address.clone(), generation: n.generation };
+                if !n.address.is_empty() && p.persisted_nodes.get(&n.node) != Some(&rec) {
+                    changes.nodes.push((n.node, rec));
+                }
+            }
+            if out.changed_chains.is_empty() && !nodes_changed && changes.nodes.is_empty() {
+                return Ok(false);
+            }
+            for id in &out.changed_chains {
+                if let Some(view) = p.cluster.chains().get(id) {
+                    let view: &ChainView = view;
+                    info!(chain = %id, chain_ver = view.version, targets = ?view.targets.iter().map(|t| (t.target.0, t.public)).collect::<Vec<_>>(), "chain changed");
+                    changes.chains.push((*id, view.clone()));
+                }
+            }
+            let routing_changed = !out.changed_chains.is_empty() || nodes_changed;
+            if routing_changed {
+                changes.routing_version = Some(p.cluster.routing_version());
+                p.published_nodes = nodes.clone();
+            }
+            let routing = routing_changed.then(|| routing_of(&p.cluster, &nodes));
+            (changes, routing)
+        };
+        if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, now, &changes).await {
+            error!(error = %e, "persisting mgmtd state failed; standing by");
+            *self.inner.primary.lock() = None;
+            return Err(e);
+        }
+        if let Some(p) = self.inner.primary.lock().as_mut() {
+            for (id, rec) in &changes.nodes {
+                p.persisted_nodes.insert(*id, rec.clone());
+            }
+        }
+        match routing {
+            Some(r) => {
+                info!(routing_version = r.version, "routing published");
+                self.inner.routing_tx.send_replace(Arc::new(r));
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn not_primary(&self) -> MgmtdError {
+        let primary = self.inner.lease_seen.lock().as_ref().map(|l| format!("{} at {}", l.holder, l.address));
+        MgmtdError::NotPrimary { primary }
+    }
+
+    /// The Heartbeat RPC.
+    pub fn heartbeat(&self, req: &HeartbeatReq) -> Result<HeartbeatResp> {
+        let now = self.inner.clock.now_ms();
+        let mut guard = self.inner.primary.lock();
+        let Some(p) = guard.as_mut() else { return Err(self.not_primary()) };
+        if p.lease_expires_ms <= now {
+            return Err(self.not_primary());
+        }
+        let hb = Heartbeat { node: req.node_id, address: req.address.clone(), generation: req.generation, targets: req.targets.clone() };
+        match p.cluster.heartbeat(&hb, now) {
+            Ok(ack) => Ok(HeartbeatResp { routing_version: ack.routing_version, lease_ms: ack.lease_expires_ms.saturating_sub(now) }),
+            Err(e) => {
+                warn!(node = %req.node_id, generation = req.generation, error = %e, "heartbeat rejected");
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The GetRouting RPC (long poll, bounded).
+    pub async fn get_routing(&self, req: &GetRoutingReq) -> Result<GetRoutingResp> {
+        if !self.is_primary() {
+            return Err(self.not_primary());
+        }
+        let mut rx = self.inner.routing_tx.subscribe();
+        let wait = Duration::from_millis(req.wait_ms.min(self.inner.config.max_routing_wait_ms));
+        if rx.borrow().version <= req.known_version && !wait.is_zero() {
+            let _ = tokio::time::timeout(wait, rx.wait_for(|r| r.version > req.known_version)).await;
+        }
+        if !self.is_primary() {
+            return Err(self.not_primary());
+        }
+        let current = self.routing();
+        let version = current.version;
+        Ok(GetRoutingResp { routing: (version > req.known_version).then(|| (*current).clone()), version })
+    }
+
+    /// The Status RPC (any instance).
+    pub fn status(&self) -> MgmtdStatusResp {
+        let now = self.inner.clock.now_ms();
+        let primary = self.inner.lease_seen.lock().as_ref().filter(|l| l.expires_ms > now).map(|l| (l.holder.clone(), l.address.clone()));
+        let guard = self.inner.primary.lock();
+        let (nodes, chains, routing_version) = match guard.as_ref() {
+            Some(p) => {
+                let nodes = p
+                    .cluster
+                    .nodes()
+                    .values()
+                    .map(|n| NodeStatus {
+                        node_id: n.node,
+                        address: n.address.clone(),
+                        generation: n.generation,
+                        alive: n.alive,
+                        last_heartbeat_age_ms: now.saturating_sub(n.last_heartbeat_ms),
+                    })
+                    .collect();
+                let chains = p
+                    .cluster
+                    .chains()
+                    .iter()
+                    .map(|(id, v)| ChainStatus {
+                        chain_id: *id,
+                        chain_version: v.version,
+                        targets: v
+                            .targets
+                            .iter()
+                            .map(|t| TargetStatus { target_id: t.target, node_id: crate::layout::node_of(t.target), public: t.public, local: t.local })
+                            .collect(),
+                    })
+                    .collect();
+                (nodes, chains, p.cluster.routing_version())
+            }
+            None => (Vec::new(), Vec::new(), 0),
+        };
+        MgmtdStatusResp {
+            mgmtd_id: self.inner.config.id.clone(),
+            is_primary: guard.is_some(),
+            primary,
+            routing_version,
+            heartbeat_timeout_ms: self.inner.config.heartbeat_timeout_ms,
+            nodes,
+            chains,
+        }
+    }
+
+    pub fn router(&self) -> Router {
+        let m = self.clone();
+        let router = Router::new().route::<HeartbeatMethod, _, _>(move |_ctx, req: HeartbeatReq, _payload| {
+            let m = m.clone();
+            async move { m.heartbeat(&req).map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let m = self.clone();
+        let router = router.route::<GetRouting, _, _>(move |_ctx, req: GetRoutingReq, _payload| {
+            let m = m.clone();
+            async move { m.get_routing(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let m = self.clone();
+        router.route::<MgmtdStatus, _, _>(move |_ctx, _req: MgmtdStatusReq, _payload| {
+            let m = m.clone();
+            async move { Ok((m.status(), Bytes::new())) }
+        })
+    }
+}

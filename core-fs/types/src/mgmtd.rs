@@ -1,0 +1,86 @@
+//! Messages of the mgmtd RPCs (method ids 3000–3999, declared in
+//! `fskv_client::mgmtd`). Plain data shared by mgmtd, storage services and
+//! clients.
+
+use crate::ids::{ChainId, NodeId, TargetId};
+use crate::routing::{LocalTargetState, PublicTargetState, RoutingInfo};
+use serde::{Deserialize, Serialize};
+
+/// A storage service's lease renewal and local-state report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatReq {
+    pub node_id: NodeId,
+    /// RPC address of the storage service, `host:port`.
+    pub address: String,
+    /// Picked anew at every start of the service (e.g. its start time in ns);
+    /// a heartbeat older than the registered generation is fenced.
+    pub generation: u64,
+    pub targets: Vec<(TargetId, LocalTargetState)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResp {
+    /// The routing version the node should have; pull routing if older.
+    pub routing_version: u64,
+    /// The lease granted, counted by the node from the moment it *sent* the
+    /// heartbeat (T/2): without a renewal by then it stops serving and exits.
+    pub lease_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetRoutingReq {
+    /// The version the caller has (0: none).
+    pub known_version: u64,
+    /// Long poll: wait up to this long for a version newer than
+    /// `known_version` (capped by the server; 0 answers at once).
+    pub wait_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetRoutingResp {
+    /// The current routing info if newer than `known_version`, else none.
+    pub routing: Option<RoutingInfo>,
+    /// The server's current routing version.
+    pub version: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MgmtdStatusReq {}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub node_id: NodeId,
+    pub address: String,
+    pub generation: u64,
+    pub alive: bool,
+    /// Milliseconds since the last accepted heartbeat.
+    pub last_heartbeat_age_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetStatus {
+    pub target_id: TargetId,
+    pub node_id: NodeId,
+    pub public: PublicTargetState,
+    pub local: LocalTargetState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainStatus {
+    pub chain_id: ChainId,
+    pub chain_version: u32,
+    pub targets: Vec<TargetStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MgmtdStatusResp {
+    /// This mgmtd's id (lease holder name).
+    pub mgmtd_id: String,
+    pub is_primary: bool,
+    /// The primary named by the lease, if any: (id, address).
+    pub primary: Option<(String, String)>,
+    pub routing_version: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub nodes: Vec<NodeStatus>,
+    pub chains: Vec<ChainStatus>,
+}
