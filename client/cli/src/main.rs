@@ -6,7 +6,6 @@ mod bench;
 mod config;
 mod failover_bench;
 mod mgmtd_cmd;
-#[allow(dead_code)] // used by `fskv up` once the services it starts exist (issue #7)
 mod supervisor;
 mod storage_cmd;
 mod meta_cmd;

@@ -2,9 +2,15 @@
 
 use crate::config::Config;
 use clap::Args;
-use fskv_meta::{MetaConfig, MetaService, NoStorage};
+use anyhow::Context;
+use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
+use fskv_client::storage::{StorageClient, StorageClientConfig};
+use fskv_meta::{ChainStorage, MetaConfig, MetaService, NoStorage, StorageBackend};
+use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
+use fskv_types::meta::LayoutPolicy;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Args)]
 pub struct MetaArgs {
@@ -18,6 +24,45 @@ pub struct MetaArgs {
     /// Engine spec overriding [kv]: memory, rocksdb:PATH or fdb:CLUSTER_FILE.
     #[arg(long)]
     engine: Option<String>,
+    /// mgmtd addresses (comma-separated). With them, new files stripe over
+    /// mgmtd's chain table and exact lengths, truncates and chunk GC go to
+    /// the storage service; without, lengths come from client reports only.
+    #[arg(long, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Bound on the wait for mgmtd's first routing info at start.
+    #[arg(long, default_value_t = 30_000)]
+    mgmtd_wait_ms: u64,
+}
+
+/// The storage backend and the chain table, from mgmtd's routing info.
+async fn storage_from_mgmtd(addrs: Vec<String>, wait_ms: u64) -> anyhow::Result<(Arc<dyn StorageBackend>, MetaConfig, Arc<MgmtdRoutingSource>)> {
+    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+    let mgmtd = MgmtdClient::new(rpc.clone(), addrs.clone(), MgmtdClientConfig::default());
+    let source = MgmtdRoutingSource::start(mgmtd, Duration::from_millis(wait_ms))
+        .await
+        .with_context(|| format!("fetching routing info from mgmtd {addrs:?}"))?;
+    let routing = source.current();
+    let table = routing
+        .chain_tables
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("mgmtd's routing info (version {}) has no chain table", routing.version))?;
+    anyhow::ensure!(!table.chains.is_empty(), "mgmtd's chain table {} has no chains", table.table_id);
+    let defaults = MetaConfig::default();
+    let config = MetaConfig {
+        chain_table_id: table.table_id,
+        chain_table_version: table.table_version,
+        chains: table.chains.clone(),
+        root_layout: LayoutPolicy {
+            table_id: table.table_id,
+            table_version: table.table_version,
+            stripe_size: defaults.root_layout.stripe_size.min(u32::try_from(table.chains.len()).unwrap_or(u32::MAX)),
+            ..defaults.root_layout
+        },
+        ..defaults
+    };
+    let storage = StorageClient::new(rpc, source.handle(), StorageClientConfig::default());
+    Ok((Arc::new(ChainStorage::new(storage)), config, source))
 }
 
 #[derive(Args)]
@@ -46,10 +91,17 @@ pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
         }
     };
     let engine = fskv_kv::open_engine(&spec).map_err(|e| anyhow::anyhow!("cannot open the KV engine ({spec}): {e}"))?;
-    // No storage service yet: file lengths come from client reports.
-    let service = MetaService::open(engine, Arc::new(NoStorage), MetaConfig::default()).await?;
+    let (storage, meta_config, routing, storage_note) = if args.mgmtd.is_empty() {
+        let note = "no --mgmtd: file lengths from client reports only, no chunk GC".to_string();
+        (Arc::new(NoStorage) as Arc<dyn StorageBackend>, MetaConfig::default(), None, note)
+    } else {
+        let (storage, config, source) = storage_from_mgmtd(args.mgmtd.clone(), args.mgmtd_wait_ms).await?;
+        let note = format!("chain table {} with {} chains from mgmtd {:?}", config.chain_table_id, config.chains.len(), args.mgmtd);
+        (storage, config, Some(source), note)
+    };
+    let service = MetaService::open(engine, storage, meta_config).await?;
     let server = service.serve(&args.listen).await?;
-    println!("fskv meta: serving on {} (engine {spec})", server.local_addr());
+    println!("fskv meta: serving on {} (engine {spec}; {storage_note})", server.local_addr());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r?,
@@ -57,6 +109,9 @@ pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
     }
     println!("fskv meta: stopping");
     server.shutdown().await;
+    if let Some(source) = routing {
+        source.stop();
+    }
     Ok(())
 }
 

@@ -1,8 +1,6 @@
 //! The `fskv` binary as a user runs it.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 fn fskv() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fskv"))
@@ -43,29 +41,14 @@ fn default_config_round_trips_and_bad_config_is_a_clear_error() {
 }
 
 #[test]
-fn up_keeps_its_cluster_across_restarts_and_stops_on_sigterm() {
+fn up_refuses_a_busy_port_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let first = stdout_of(fskv().args(["up", "--check", "--data"]).arg(&data));
-    assert!(first.contains("(new)"), "{first}");
-    let id = first.split("cluster ").nth(1).and_then(|s| s.split_whitespace().next()).unwrap().to_string();
-    let second = stdout_of(fskv().args(["up", "--check", "--data"]).arg(&data));
-    assert!(second.contains(&id) && second.contains("(existing data)"), "restart lost the cluster: {second}");
-
-    let mut child = fskv().args(["up", "--data"]).arg(&data).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let line = lines.next().expect("fskv up exited before serving").unwrap();
-        if line.contains("serving") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "fskv up did not start");
-    }
-    let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "fskv up exited with {status} on SIGTERM");
-    assert!(rest.iter().any(|l| l.contains("stopped cleanly")), "{rest:?}");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    // P+11 (mgmtd) is the busy port.
+    let base = port - 11;
+    let out = fskv().args(["up", "--check", "--base-port", &base.to_string(), "--data"]).arg(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("127.0.0.1:{port}")) && err.contains("in use"), "unclear error: {err}");
 }
