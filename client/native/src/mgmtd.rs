@@ -17,30 +17,17 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
-macro_rules! mgmtd_method {
-    ($(#[$doc:meta])* $name:ident = $id:literal, $req:ty => $resp:ty) => {
-        $(#[$doc])*
-        pub struct $name;
-        impl Method for $name {
-            const ID: u16 = $id;
-            const NAME: &'static str = concat!("mgmtd.", stringify!($name));
-            type Req = $req;
-            type Resp = $resp;
-        }
-    };
-}
-
-mgmtd_method!(
+fskv_rpc::rpc_method!(
     /// Storage service → primary mgmtd: lease renewal + local target states.
-    Heartbeat = 3001, HeartbeatReq => HeartbeatResp
+    "mgmtd", Heartbeat = 3001, HeartbeatReq => HeartbeatResp
 );
-mgmtd_method!(
+fskv_rpc::rpc_method!(
     /// Anyone → primary mgmtd: routing info newer than a known version (long poll).
-    GetRouting = 3002, GetRoutingReq => GetRoutingResp
+    "mgmtd", GetRouting = 3002, GetRoutingReq => GetRoutingResp
 );
-mgmtd_method!(
+fskv_rpc::rpc_method!(
     /// Anyone → any mgmtd: its view (primary or not) for `fskv admin status`.
-    MgmtdStatus = 3003, MgmtdStatusReq => MgmtdStatusResp
+    "mgmtd", MgmtdStatus = 3003, MgmtdStatusReq => MgmtdStatusResp
 );
 
 /// Limits of [`MgmtdClient`] and [`MgmtdRoutingSource`].

@@ -24,7 +24,7 @@
 //! post an announce and the client would answer with a grant.
 
 use bytes::Bytes;
-use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};
+use fskv_rpc::{CallOptions, RpcClient, RpcError};
 use fskv_types::routing::{ChainInfo, RoutingInfo};
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, Status, TargetId};
@@ -38,38 +38,25 @@ use tokio::sync::{watch, Semaphore};
 
 // ----- methods -----
 
-macro_rules! storage_method {
-    ($(#[$doc:meta])* $name:ident = $id:literal, $req:ty => $resp:ty) => {
-        $(#[$doc])*
-        pub struct $name;
-        impl Method for $name {
-            const ID: u16 = $id;
-            const NAME: &'static str = concat!("storage.", stringify!($name));
-            type Req = $req;
-            type Resp = $resp;
-        }
-    };
-}
-
-storage_method!(
+fskv_rpc::rpc_method!(
     /// Client write at the head; payload = data of a `Write` op.
-    WriteChunk = 2001, WriteReq => WriteResp
+    "storage", WriteChunk = 2001, WriteReq => WriteResp
 );
-storage_method!(
+fskv_rpc::rpc_method!(
     /// Predecessor → successor; payload = data (op data or full chunk).
-    ForwardChunk = 2002, ForwardReq => ForwardResp
+    "storage", ForwardChunk = 2002, ForwardReq => ForwardResp
 );
-storage_method!(
+fskv_rpc::rpc_method!(
     /// Reads; reply payload = data of the successful reads back to back.
-    BatchRead = 2003, BatchReadReq => BatchReadResp
+    "storage", BatchRead = 2003, BatchReadReq => BatchReadResp
 );
-storage_method!(CommitChunk = 2004, CommitReq => CommitResp);
-storage_method!(QueryLastChunk = 2005, QueryLastChunkReq => QueryLastChunkResp);
-storage_method!(RemoveChunks = 2006, RemoveChunksReq => RemoveChunksResp);
-storage_method!(SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp);
-storage_method!(DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
-storage_method!(SyncStart = 2009, SyncReq => SyncResp);
-storage_method!(SyncDone = 2010, SyncReq => SyncResp);
+fskv_rpc::rpc_method!("storage", CommitChunk = 2004, CommitReq => CommitResp);
+fskv_rpc::rpc_method!("storage", QueryLastChunk = 2005, QueryLastChunkReq => QueryLastChunkResp);
+fskv_rpc::rpc_method!("storage", RemoveChunks = 2006, RemoveChunksReq => RemoveChunksResp);
+fskv_rpc::rpc_method!("storage", SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp);
+fskv_rpc::rpc_method!("storage", DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
+fskv_rpc::rpc_method!("storage", SyncStart = 2009, SyncReq => SyncResp);
+fskv_rpc::rpc_method!("storage", SyncDone = 2010, SyncReq => SyncResp);
 
 // ----- routing handle -----
 

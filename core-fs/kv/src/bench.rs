@@ -10,6 +10,7 @@ use crate::{KvEngine, RocksEngine, RocksOptions};
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 use serde::Serialize;
 use std::fmt;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -141,22 +142,38 @@ async fn raw_batches(db: Arc<DB>, workers: usize, duration: Duration, sync: bool
 }
 
 async fn engine_commits(engine: Arc<RocksEngine>, workers: usize, duration: Duration, read_first: bool) -> anyhow::Result<f64> {
+    timed(workers, duration, move |w, i| {
+        let engine = engine.clone();
+        async move {
+            let mut t = engine.begin().await?;
+            if read_first {
+                t.get(&key(w + 1000, i, 0)).await?;
+            }
+            t.set(&key(w, i, 0), &VALUE)?;
+            t.set(&key(w, i, 1), &VALUE)?;
+            t.commit().await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Runs `op(worker, iteration)` on `workers` tasks for `duration`; ops per second.
+pub async fn timed<F, Fut>(workers: usize, duration: Duration, op: F) -> anyhow::Result<f64>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static + Clone,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (engine, stop, count) = (engine.clone(), stop.clone(), count.clone());
+        let (stop, count, op) = (stop.clone(), count.clone(), op.clone());
         tasks.push(tokio::spawn(async move {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let mut t = engine.begin().await?;
-                if read_first {
-                    t.get(&key(w + 1000, i, 0)).await?;
-                }
-                t.set(&key(w, i, 0), &VALUE)?;
-                t.set(&key(w, i, 1), &VALUE)?;
-                t.commit().await?;
+                op(w, i).await?;
                 count.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }

@@ -13,15 +13,14 @@ use crate::ops::MetaConfig;
 use crate::service::MetaService;
 use crate::storage::NoStorage;
 use fskv_client::{MetaClient, MetaClientConfig};
+use fskv_kv::bench::timed;
 use fskv_kv::{KvEngine, RocksEngine, RocksOptions};
 use fskv_types::InodeId;
 use serde::Serialize;
 use std::fmt;
-use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub struct MetaBenchOptions {
@@ -195,36 +194,6 @@ async fn run_in(root: &std::path::Path, opts: &MetaBenchOptions) -> anyhow::Resu
         batch_shards: opts.batch_shards,
         rows,
     })
-}
-
-/// Runs `op(worker, iteration)` on `workers` tasks for `duration`; ops per second.
-async fn timed<F, Fut>(workers: usize, duration: Duration, op: F) -> anyhow::Result<f64>
-where
-    F: Fn(usize, u64) -> Fut + Send + Sync + 'static + Clone,
-    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..workers {
-        let (stop, count, op) = (stop.clone(), count.clone(), op.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                op(w, i).await?;
-                count.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await??;
-    }
-    Ok(count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
 /// The engine's raw small-commit rate: two 100-byte blind sets per transaction.

@@ -27,6 +27,30 @@ pub trait Method: Send + Sync + 'static {
     type Resp: Serialize + DeserializeOwned + Send + Sync + 'static;
 }
 
+/// Declares a method as a unit struct implementing [`Method`], named
+/// `"<service>.<Name>"`:
+///
+/// ```
+/// fskv_rpc::rpc_method!(
+///     /// Echoes a number.
+///     "test", Ping = 1, u64 => u64
+/// );
+/// assert_eq!(<Ping as fskv_rpc::Method>::NAME, "test.Ping");
+/// ```
+#[macro_export]
+macro_rules! rpc_method {
+    ($(#[$doc:meta])* $service:literal, $name:ident = $id:literal, $req:ty => $resp:ty) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl $crate::Method for $name {
+            const ID: u16 = $id;
+            const NAME: &'static str = concat!($service, ".", stringify!($name));
+            type Req = $req;
+            type Resp = $resp;
+        }
+    };
+}
+
 /// Bodies are bincode with fixed-width little-endian integers; decoding is
 /// bounded by the body length and rejects trailing bytes.
 fn options(limit_bytes: u64) -> impl Options {
