@@ -99,14 +99,7 @@ impl Cluster {
                 t.state = state;
             }
             chain.chain_version += 1;
-            let rank = |s: PublicTargetState| match s {
-                PublicTargetState::Serving => 0,
-                PublicTargetState::LastSrv => 1,
-                PublicTargetState::Syncing => 2,
-                PublicTargetState::Waiting => 3,
-                PublicTargetState::Offline => 4,
-            };
-            chain.targets.sort_by_key(|t| rank(t.state));
+            fskv_storage::cluster::reorder(chain);
         });
         write_routing(&self.routing_file, &next);
     }

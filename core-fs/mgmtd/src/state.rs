@@ -39,13 +39,7 @@ pub use fskv_types::routing::{LocalTargetState as LocalState, PublicTargetState 
 
 /// Position of a state's group in the chain order.
 fn group(state: PublicState) -> u8 {
-    match state {
-        PublicState::Serving => 0,
-        PublicState::LastSrv => 1,
-        PublicState::Syncing => 2,
-        PublicState::Waiting => 3,
-        PublicState::Offline => 4,
-    }
+    state.chain_order()
 }
 
 /// One target of a chain as mgmtd sees it.

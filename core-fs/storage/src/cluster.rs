@@ -48,14 +48,7 @@ fn node_id(index: usize) -> NodeId {
 /// Reorders a chain per the mgmtd ordering contract (serving, lastsrv,
 /// syncing, waiting, offline; stable inside each group).
 pub fn reorder(chain: &mut ChainInfo) {
-    let rank = |s: PublicTargetState| match s {
-        PublicTargetState::Serving => 0,
-        PublicTargetState::LastSrv => 1,
-        PublicTargetState::Syncing => 2,
-        PublicTargetState::Waiting => 3,
-        PublicTargetState::Offline => 4,
-    };
-    chain.targets.sort_by_key(|t| rank(t.state));
+    chain.targets.sort_by_key(|t| t.state.chain_order());
 }
 
 impl LocalCluster {

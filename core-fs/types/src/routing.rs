@@ -34,6 +34,18 @@ pub enum PublicTargetState {
 }
 
 impl PublicTargetState {
+    /// Position of the state's group in a chain: serving, lastsrv, syncing,
+    /// waiting, offline (the ordering contract above).
+    pub fn chain_order(self) -> u8 {
+        match self {
+            PublicTargetState::Serving => 0,
+            PublicTargetState::LastSrv => 1,
+            PublicTargetState::Syncing => 2,
+            PublicTargetState::Waiting => 3,
+            PublicTargetState::Offline => 4,
+        }
+    }
+
     /// Whether a target in this state serves reads.
     pub fn can_read(self) -> bool {
         self == PublicTargetState::Serving
