@@ -90,10 +90,10 @@ impl OpenFlags {
 /// Every error of the file API; each names the file and, for data, the chunk.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{op} {path}: {source}")]
-    Meta { op: &'static str, path: String, source: MetaClientError },
-    #[error("{op} chunk {chunk} of {path} on {chain}: {source}")]
-    Storage { op: &'static str, path: String, chunk: ChunkId, chain: ChainId, source: StorageClientError },
+    #[error("{op} {path}: {cause}")]
+    Meta { op: &'static str, path: String, cause: MetaClientError },
+    #[error("{op} chunk {chunk} of {path} on {chain}: {cause}")]
+    Storage { op: &'static str, path: String, chunk: ChunkId, chain: ChainId, cause: StorageClientError },
     #[error("{path} ({inode}) is not a regular file")]
     NotAFile { path: String, inode: InodeId },
     #[error("{path}: handle not opened for {mode}")]
@@ -113,8 +113,8 @@ pub enum FileError {
 impl FileError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            FileError::Meta { source, .. } => source.code(),
-            FileError::Storage { source, .. } => source.code(),
+            FileError::Meta { cause, .. } => cause.code(),
+            FileError::Storage { cause, .. } => cause.code(),
             FileError::NotAFile { .. } => ErrorCode::IsDirectory,
             FileError::WrongMode { .. } => ErrorCode::PermissionDenied,
             FileError::Closed { .. } | FileError::InvalidArgument(_) => ErrorCode::InvalidArgument,
@@ -216,7 +216,7 @@ impl FsClient {
         if name.is_empty() {
             return Err(FileError::InvalidArgument(format!("{path:?} names no file")));
         }
-        let parent = self.meta.resolve(dir).await.map_err(|source| FileError::Meta { op: "resolve", path: dir.to_string(), source })?;
+        let parent = self.meta.resolve(dir).await.map_err(|cause| FileError::Meta { op: "resolve the directory of", path: path.to_string(), cause })?;
         self.open_in(parent.id, name, flags, path).await
     }
 
@@ -226,7 +226,7 @@ impl FsClient {
     }
 
     async fn open_in(&self, parent: InodeId, name: &str, flags: OpenFlags, path: &str) -> Result<FileHandle> {
-        let meta_err = |op| move |source| FileError::Meta { op, path: path.to_string(), source };
+        let meta_err = |op| move |cause| FileError::Meta { op, path: path.to_string(), cause };
         let (inode, session) = match (flags.create, flags.write) {
             (true, true) => self.meta.create_for_write(parent, name, self.config.create_mode, flags.exclusive).await.map_err(meta_err("create"))?,
             (true, false) => {
@@ -375,8 +375,8 @@ impl FileHandle {
         u64::from(self.shared.layout.chunk_size_bytes.max(1))
     }
 
-    fn meta_err(&self, op: &'static str, source: MetaClientError) -> FileError {
-        FileError::Meta { op, path: self.shared.path.clone(), source }
+    fn meta_err(&self, op: &'static str, cause: MetaClientError) -> FileError {
+        FileError::Meta { op, path: self.shared.path.clone(), cause }
     }
 
     fn check_open(&self, write: bool) -> Result<()> {
@@ -451,8 +451,8 @@ impl FileHandle {
                 tracing::trace!(%chunk, "hole");
                 Bytes::new()
             }
-            Err(source) => {
-                return Err(FileError::Storage { op: "read", path: self.shared.path.clone(), chunk, chain, source });
+            Err(cause) => {
+                return Err(FileError::Storage { op: "read", path: self.shared.path.clone(), chunk, chain, cause });
             }
         };
         if data.len() as u64 >= p.len {
@@ -511,7 +511,7 @@ impl FileHandle {
             .storage
             .write_hinted(chain, chunk, p.chunk_offset, data, hint)
             .await
-            .map_err(|source| FileError::Storage { op: "write", path: self.shared.path.clone(), chunk, chain, source })?;
+            .map_err(|cause| FileError::Storage { op: "write", path: self.shared.path.clone(), chunk, chain, cause })?;
         client.stats.chunks_written.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -536,9 +536,9 @@ impl FileHandle {
         report_length(&self.shared).await
     }
 
-    /// Sets the length to `len` (chunks past it are removed by meta). A
-    /// longer length is materialised with a zero byte at `len - 1` so that
-    /// the exact length meta computes on close keeps it.
+    /// Sets the length to `len` (meta removes chunks past it and shortens
+    /// the last one). A longer length is materialised on storage (see
+    /// `extend_last_chunk`) so that the exact length on close keeps it.
     pub async fn truncate(&self, len: u64) -> Result<()> {
         self.check_open(true)?;
         let _quiet = self.shared.writes.write().await;
@@ -555,10 +555,29 @@ impl FileHandle {
             }
         }
         if len > old_len && !self.shared.state.lock().inline {
-            self.write_chunks(len - 1, Bytes::from_static(&[0u8])).await?;
+            self.extend_last_chunk(len).await?;
             let mut st = self.shared.state.lock();
             st.written_end = st.written_end.max(len);
         }
+        Ok(())
+    }
+
+    /// Makes the chunk holding byte `len - 1` at least that long (a storage
+    /// truncate zero-extends, creating a missing chunk, and never cuts
+    /// here: meta already removed everything past `len`), so the exact
+    /// length meta computes from storage on close is `len`.
+    async fn extend_last_chunk(&self, len: u64) -> Result<()> {
+        let chunk_bytes = self.chunk_bytes();
+        let index = (len - 1) / chunk_bytes;
+        let chain = self.chain(index)?;
+        let chunk = ChunkId::new(self.shared.inode, index);
+        let tail = (len - 1) % chunk_bytes + 1;
+        self.shared
+            .client
+            .storage
+            .truncate(chain, chunk, tail)
+            .await
+            .map_err(|cause| FileError::Storage { op: "extend", path: self.shared.path.clone(), chunk, chain, cause })?;
         Ok(())
     }
 
@@ -615,7 +634,7 @@ async fn report_length(shared: &Shared) -> Result<()> {
         .meta
         .report_length(shared.inode, end, version)
         .await
-        .map_err(|source| FileError::Meta { op: "report length", path: shared.path.clone(), source })?;
+        .map_err(|cause| FileError::Meta { op: "report length", path: shared.path.clone(), cause })?;
     let mut st = shared.state.lock();
     st.reported_end = st.reported_end.max(end);
     st.length = st.length.max(inode.size_bytes());
