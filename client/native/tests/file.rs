@@ -5,14 +5,17 @@
 use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
 use fskv_client::file::{FsClient, FsClientConfig, OpenFlags};
-use fskv_client::storage::StorageClientConfig;
+use fskv_client::storage::{RoutingHandle, RoutingPublisher, RoutingSource, StorageClient, StorageClientConfig};
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
 use fskv_types::meta::LayoutPolicy;
 use fskv_types::{ChainId, ErrorCode, InodeId, TargetId};
 use rand::{Rng, SeedableRng};
+use fskv_types::routing::PublicTargetState;
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +30,27 @@ struct Env {
     _dir: tempfile::TempDir,
 }
 
+/// A client-side routing cache that only learns the cluster's routing when
+/// asked (after a stale-version error), like a client whose mgmtd poll lags.
+struct LaggingSource {
+    cluster: RoutingHandle,
+    client: RoutingPublisher,
+}
+
+impl RoutingSource for LaggingSource {
+    fn request_refresh(&self, _known: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            self.client.publish((*self.cluster.current()).clone());
+        })
+    }
+}
+
 impl Env {
     async fn start(config: FsClientConfig) -> Env {
+        Env::start_with(config, false).await
+    }
+
+    async fn start_with(config: FsClientConfig, lagging_routing: bool) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         // Chain c: targets c*10+1.. on the three nodes, heads rotated.
         let chains: Vec<Vec<(TargetId, usize)>> =
@@ -48,6 +70,15 @@ impl Env {
             .expect("meta service");
         let server = svc.serve("127.0.0.1:0").await.expect("serve meta");
         let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("meta client");
+        let storage = if lagging_routing {
+            let (client, _) = RoutingPublisher::new((*cluster.routing()).clone());
+            let source = Arc::new(LaggingSource { cluster: cluster.publisher().handle(), client });
+            let handle = source.client.handle_with_source(source.clone());
+            let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
+            StorageClient::new(rpc, handle, StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() })
+        } else {
+            storage
+        };
         let fs = FsClient::new(meta, storage, config);
         Env { fs, cluster, server, _dir: dir }
     }
@@ -211,5 +242,31 @@ async fn inline_files_read_and_refuse_writes() {
     let err = w.write_at(0, Bytes::from_static(b"x")).await.expect_err("inline write");
     assert_eq!(err.code(), ErrorCode::Unsupported);
     w.close().await.expect("close");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_and_writes_follow_chain_version_changes() {
+    let env = Env::start_with(FsClientConfig { relaxed_reads: true, ..Default::default() }, true).await;
+    let data = pattern(9, 6 * CHUNK as usize + 77);
+    let h = env.fs.open("/moving", OpenFlags::create_new()).await.expect("create");
+    h.write_at(0, Bytes::from(data.clone())).await.expect("write");
+    let before = env.fs.storage().routing().current().version;
+
+    // Every chain loses a target (its version bumps); the client's cached
+    // routing still names the old heads and versions.
+    for c in 1..=u64::from(STRIPE) {
+        env.cluster.set_state(TargetId(c * 10 + 1), PublicTargetState::Offline);
+    }
+    assert_eq!(env.fs.storage().routing().current().version, before, "the client's routing lags");
+    assert_eq!(h.read_at(0, 1 << 20).await.expect("read after the change"), data);
+    let mut model = data.clone();
+    let patch = pattern(10, 2 * CHUNK as usize);
+    h.write_at(CHUNK / 2, Bytes::from(patch.clone())).await.expect("write after the change");
+    model[(CHUNK / 2) as usize..(CHUNK / 2) as usize + patch.len()].copy_from_slice(&patch);
+    assert!(env.fs.storage().routing().current().version > before, "the client refreshed its routing");
+    assert_eq!(h.close().await.expect("close"), model.len() as u64);
+    let r = env.fs.open("/moving", OpenFlags::read_only()).await.expect("reopen");
+    assert_eq!(r.read_at(0, 1 << 20).await.expect("read"), model);
     env.stop().await;
 }
