@@ -581,8 +581,9 @@ impl FileHandle {
         Ok(())
     }
 
-    /// Ends the handle: stops the length reports and, for a writer, closes
-    /// the write session (meta fixes the exact length from storage).
+    /// Ends the handle: stops the length reports and, for a writer, reports
+    /// the written end and closes the write session (meta fixes the exact
+    /// length from storage).
     /// Returns the file's length after close.
     pub async fn close(mut self) -> Result<u64> {
         self.stop_reporter();
@@ -591,6 +592,9 @@ impl FileHandle {
             return Ok(self.len());
         }
         let _quiet = self.shared.writes.write().await;
+        // Report first: it grows the file's dyn_stripe, so meta's exact-length
+        // scan on Close reaches the chains of chunks written far out.
+        report_length(&self.shared).await?;
         let hint = Some(self.shared.state.lock().written_end);
         let inode = self
             .shared

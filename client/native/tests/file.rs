@@ -51,18 +51,24 @@ impl Env {
     }
 
     async fn start_with(config: FsClientConfig, lagging_routing: bool) -> Env {
+        Env::start_layout(config, lagging_routing, STRIPE, 3).await
+    }
+
+    /// `stripe` chains of `replicas` targets over three nodes.
+    async fn start_layout(config: FsClientConfig, lagging_routing: bool, stripe: u32, replicas: usize) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         // Chain c: targets c*10+1.. on the three nodes, heads rotated.
-        let chains: Vec<Vec<(TargetId, usize)>> =
-            (1..=STRIPE).map(|c| (0..3).map(|r| (TargetId(u64::from(c) * 10 + r as u64 + 1), (c as usize + r) % 3)).collect()).collect();
+        let chains: Vec<Vec<(TargetId, usize)>> = (1..=stripe)
+            .map(|c| (0..replicas).map(|r| (TargetId(u64::from(c) * 10 + r as u64 + 1), (c as usize + r) % 3)).collect())
+            .collect();
         let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
         let cluster = LocalCluster::start(dir.path(), 3, &chains, options).await.expect("storage cluster");
         let storage = cluster.client(StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() });
         let backend = Arc::new(ChainStorage::new(storage.clone()));
         let cfg = MetaConfig {
             gc_interval_ms: 0,
-            chains: (1..=STRIPE).map(ChainId).collect(),
-            root_layout: LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: CHUNK as u32, stripe_size: STRIPE },
+            chains: (1..=stripe).map(ChainId).collect(),
+            root_layout: LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: CHUNK as u32, stripe_size: stripe },
             ..MetaConfig::default()
         };
         let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend as Arc<dyn StorageBackend>, cfg)
@@ -268,5 +274,27 @@ async fn reads_and_writes_follow_chain_version_changes() {
     assert_eq!(h.close().await.expect("close"), model.len() as u64);
     let r = env.fs.open("/moving", OpenFlags::read_only()).await.expect("reopen");
     assert_eq!(r.read_at(0, 1 << 20).await.expect("read"), model);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn close_finds_a_chunk_past_the_initial_dynamic_stripe() {
+    // 20 chains: meta's exact-length scan starts with the first 16.
+    let env = Env::start_layout(FsClientConfig::default(), false, 20, 1).await;
+    let h = env.fs.open("/sparse", OpenFlags::create_new()).await.expect("create");
+    let index = (0..64u64)
+        .find(|&i| {
+            let chain = fskv_types::meta::chain_for_chunk(h.layout(), i).expect("chain");
+            h.layout().shuffled_chains().iter().position(|c| *c == chain).unwrap_or(0) >= 16
+        })
+        .expect("a chunk beyond the first 16 shuffled chains");
+    let offset = index * CHUNK + 10;
+    h.write_at(offset, Bytes::from_static(b"far")).await.expect("write far");
+    assert_eq!(h.close().await.expect("close"), offset + 3, "exact length reaches chunk {index}");
+    let r = env.fs.open("/sparse", OpenFlags::read_only()).await.expect("reopen");
+    let got = r.read_at(0, offset + 100).await.expect("read");
+    assert_eq!(got.len() as u64, offset + 3);
+    assert!(got[..offset as usize].iter().all(|&b| b == 0));
+    assert_eq!(&got[offset as usize..], b"far");
     env.stop().await;
 }
