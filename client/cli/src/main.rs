@@ -9,6 +9,7 @@ mod mgmtd_cmd;
 mod supervisor;
 mod storage_cmd;
 mod meta_cmd;
+mod transfer;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,10 @@ enum Command {
     Storage(storage_cmd::StorageArgs),
     /// Serve the metadata service on one KV engine.
     Meta(meta_cmd::MetaArgs),
+    /// Upload a local file: `fskv put --mgmtd A --meta A LOCAL /remote/path`.
+    Put(transfer::PutArgs),
+    /// Download a file: `fskv get --mgmtd A --meta A /remote/path LOCAL`.
+    Get(transfer::GetArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -83,7 +88,9 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Up(args) => up::run(args, &config).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
-            Command::Admin(cmd) => admin::run(cmd),
+            Command::Admin(cmd) => admin::run(cmd).await,
+            Command::Put(args) => transfer::put(args).await,
+            Command::Get(args) => transfer::get(args).await,
             Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,

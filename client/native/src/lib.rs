@@ -7,11 +7,16 @@
 //! * [`storage`]: the storage RPC definitions and [`storage::StorageClient`]
 //!   (writes to the chain head, reads from any serving target, retries on
 //!   uncommitted data and stale chain versions, read flow control).
+//! * [`file`]: [`file::FsClient`] and [`file::FileHandle`]: open / read_at /
+//!   write_at / fsync / truncate / close over meta + storage, striped over
+//!   chains with a bounded number of chunk pieces in flight.
 //!
 //! It links neither a server nor the KV engine.
 
+pub mod file;
 pub mod meta;
 pub mod mgmtd;
 pub mod storage;
 
+pub use file::{FileError, FileHandle, FsClient, FsClientConfig, OpenFlags};
 pub use meta::{MetaBatchCall, MetaCall, MetaClient, MetaClientConfig, MetaClientError};

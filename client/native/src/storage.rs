@@ -308,18 +308,42 @@ impl StorageClient {
         let len_bytes = u32::try_from(data.len())
             .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::InvalidArgument, "write larger than 4 GiB")))?;
         let op = UpdateOp::Write { offset_bytes, len_bytes, crc: crc32c::crc32c(&data) };
-        self.update(chain, chunk, op, data, tag).await
+        self.update(chain, chunk, op, data, tag, None).await
+    }
+
+    /// [`StorageClient::write`] with the file layout's chunk size as the
+    /// block-sizing hint, so later appends up to the chunk size stay in place.
+    pub async fn write_hinted(
+        &self,
+        chain: ChainId,
+        chunk: ChunkId,
+        offset_bytes: u64,
+        data: Bytes,
+        chunk_size_hint_bytes: Option<u64>,
+    ) -> Result<WriteResp> {
+        let len_bytes = u32::try_from(data.len())
+            .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::InvalidArgument, "write larger than 4 GiB")))?;
+        let op = UpdateOp::Write { offset_bytes, len_bytes, crc: crc32c::crc32c(&data) };
+        self.update(chain, chunk, op, data, self.new_tag(), chunk_size_hint_bytes).await
     }
 
     pub async fn truncate(&self, chain: ChainId, chunk: ChunkId, len_bytes: u64) -> Result<WriteResp> {
-        self.update(chain, chunk, UpdateOp::Truncate { len_bytes }, Bytes::new(), self.new_tag()).await
+        self.update(chain, chunk, UpdateOp::Truncate { len_bytes }, Bytes::new(), self.new_tag(), None).await
     }
 
     pub async fn remove(&self, chain: ChainId, chunk: ChunkId) -> Result<WriteResp> {
-        self.update(chain, chunk, UpdateOp::Remove, Bytes::new(), self.new_tag()).await
+        self.update(chain, chunk, UpdateOp::Remove, Bytes::new(), self.new_tag(), None).await
     }
 
-    async fn update(&self, chain: ChainId, chunk: ChunkId, op: UpdateOp, data: Bytes, tag: RequestTag) -> Result<WriteResp> {
+    async fn update(
+        &self,
+        chain: ChainId,
+        chunk: ChunkId,
+        op: UpdateOp,
+        data: Bytes,
+        tag: RequestTag,
+        chunk_size_hint_bytes: Option<u64>,
+    ) -> Result<WriteResp> {
         let span = tracing::debug_span!("storage_write", %chain, %chunk, request = tag.request);
         let _e = span.enter();
         self.with_retries(|attempt| {
@@ -333,7 +357,7 @@ impl StorageClient {
                     chunk,
                     op,
                     tag,
-                    chunk_size_hint_bytes: None,
+                    chunk_size_hint_bytes,
                 };
                 tracing::trace!(attempt, target = %route.target, "write attempt");
                 let r = self.inner.rpc.call::<WriteChunk>(&route.addr, &req, data, self.call_opts()).await;
@@ -586,6 +610,7 @@ impl StorageClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fskv_rpc::Method;
     use fskv_types::routing::{ChainTarget, NodeInfo, PublicTargetState};
     use fskv_types::NodeId;
 

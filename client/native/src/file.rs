@@ -1,0 +1,672 @@
+//! The file handle API shared by the gateways and the FUSE daemon:
+//! [`FsClient`] (a meta client + a storage client) opens [`FileHandle`]s
+//! that read and write byte ranges of a file.
+//!
+//! * A range is split at chunk boundaries of the file's layout; chunk `i`
+//!   lives on `chain_for_chunk(layout, i)`. The pieces go to their chains in
+//!   parallel, at most `max_inflight_chunks` at once per call.
+//! * Reads: a chunk that does not exist (a hole) or is shorter than asked
+//!   reads as zeros inside the file length; a read stops at the file length.
+//! * Writes go to the chain head with the layout chunk size as the
+//!   block-sizing hint; the handle tracks the end of the furthest write.
+//! * Length: while a handle with writes is open, a background task reports
+//!   the written end (`ReportLength`) every `length_report_interval_ms`;
+//!   `fsync` reports it at once; `close` ends the write session with `Close`,
+//!   and meta computes the exact length from storage.
+//! * Inline files (bytes kept in the inode) are read through `ReadInline`;
+//!   writing them through a handle is `Unsupported`.
+//!
+//! See `docs/client.md`.
+
+use crate::meta::{MetaClient, MetaClientConfig, MetaClientError};
+use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
+use crate::storage::{StorageClient, StorageClientConfig, StorageClientError};
+use bytes::{Bytes, BytesMut};
+use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
+use fskv_types::meta::{chain_for_chunk, FileLayout, Inode};
+use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
+use futures::{StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tracing::Instrument;
+
+/// Default mode bits of files created by [`FsClient::open`].
+pub const DEFAULT_FILE_MODE: u32 = 0o644;
+
+/// Limits of [`FsClient`]; times and counts carry their units.
+#[derive(Clone, Debug)]
+pub struct FsClientConfig {
+    /// Chunk pieces of one read/write call in flight at once.
+    pub max_inflight_chunks: usize,
+    /// Period of the background length report of a handle with writes (0 = off).
+    pub length_report_interval_ms: u64,
+    /// Read pending versions instead of waiting for them to commit.
+    pub relaxed_reads: bool,
+    /// Mode of files created by `open` with `create`.
+    pub create_mode: u32,
+}
+
+impl Default for FsClientConfig {
+    fn default() -> Self {
+        FsClientConfig { max_inflight_chunks: 16, length_report_interval_ms: 5_000, relaxed_reads: false, create_mode: DEFAULT_FILE_MODE }
+    }
+}
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenFlags {
+    pub read: bool,
+    pub write: bool,
+    /// Create the file if it does not exist.
+    pub create: bool,
+    /// With `create`: fail with AlreadyExists if it exists.
+    pub exclusive: bool,
+    /// With `write`: cut the file to length 0.
+    pub truncate: bool,
+}
+
+impl OpenFlags {
+    pub fn read_only() -> Self {
+        OpenFlags { read: true, ..Default::default() }
+    }
+
+    pub fn read_write() -> Self {
+        OpenFlags { read: true, write: true, ..Default::default() }
+    }
+
+    /// Read-write, created if missing, truncated if present.
+    pub fn create_truncate() -> Self {
+        OpenFlags { read: true, write: true, create: true, truncate: true, exclusive: false }
+    }
+
+    /// Read-write, created; fails if the file exists.
+    pub fn create_new() -> Self {
+        OpenFlags { read: true, write: true, create: true, exclusive: true, truncate: false }
+    }
+}
+
+/// Every error of the file API; each names the file and, for data, the chunk.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{op} {path}: {cause}")]
+    Meta { op: &'static str, path: String, cause: MetaClientError },
+    #[error("{op} chunk {chunk} of {path} on {chain}: {cause}")]
+    Storage { op: &'static str, path: String, chunk: ChunkId, chain: ChainId, cause: StorageClientError },
+    #[error("{path} ({inode}) is not a regular file")]
+    NotAFile { path: String, inode: InodeId },
+    #[error("{path}: handle not opened for {mode}")]
+    WrongMode { path: String, mode: &'static str },
+    #[error("{path}: handle is closed")]
+    Closed { path: String },
+    #[error("{path}: {what} is not supported")]
+    Unsupported { path: String, what: &'static str },
+    #[error("{path} ({inode}): layout has no chain for chunk {index}")]
+    NoChain { path: String, inode: InodeId, index: u64 },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("cannot connect: {0}")]
+    Connect(String),
+}
+
+impl FileError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            FileError::Meta { cause, .. } => cause.code(),
+            FileError::Storage { cause, .. } => cause.code(),
+            FileError::NotAFile { .. } => ErrorCode::IsDirectory,
+            FileError::WrongMode { .. } => ErrorCode::PermissionDenied,
+            FileError::Closed { .. } | FileError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            FileError::Unsupported { .. } => ErrorCode::Unsupported,
+            FileError::NoChain { .. } => ErrorCode::Internal,
+            FileError::Connect(_) => ErrorCode::ConnectionFailed,
+        }
+    }
+}
+
+pub type Result<T, E = FileError> = std::result::Result<T, E>;
+
+/// Counters of data-path work, shared by every handle of one client.
+#[derive(Debug, Default)]
+pub struct IoStats {
+    pub chunks_read: AtomicU64,
+    pub chunks_written: AtomicU64,
+    inflight: AtomicUsize,
+    /// Most chunk pieces ever in flight at once.
+    pub peak_inflight_chunks: AtomicUsize,
+}
+
+impl IoStats {
+    fn enter(&self) -> InflightGuard<'_> {
+        let now = self.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_inflight_chunks.fetch_max(now, Ordering::Relaxed);
+        InflightGuard(self)
+    }
+}
+
+struct InflightGuard<'a>(&'a IoStats);
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A filesystem client: metadata through meta, data through storage.
+#[derive(Clone)]
+pub struct FsClient {
+    meta: MetaClient,
+    storage: StorageClient,
+    config: Arc<FsClientConfig>,
+    stats: Arc<IoStats>,
+    /// Keeps the routing poll alive for clients built by [`FsClient::connect`].
+    routing_source: Option<Arc<MgmtdRoutingSource>>,
+}
+
+impl FsClient {
+    pub fn new(meta: MetaClient, storage: StorageClient, config: FsClientConfig) -> Self {
+        let config = FsClientConfig { max_inflight_chunks: config.max_inflight_chunks.max(1), ..config };
+        FsClient { meta, storage, config: Arc::new(config), stats: Arc::default(), routing_source: None }
+    }
+
+    /// Connects to a cluster: routing from mgmtd (kept fresh by a long poll),
+    /// metadata from the meta servers.
+    pub async fn connect(mgmtd_addrs: Vec<String>, meta_addrs: Vec<String>, config: FsClientConfig) -> Result<Self> {
+        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+        let mgmtd = MgmtdClient::new(rpc.clone(), mgmtd_addrs.clone(), MgmtdClientConfig::default());
+        let source = MgmtdRoutingSource::start(mgmtd, Duration::from_secs(10))
+            .await
+            .map_err(|e| FileError::Connect(format!("no routing from mgmtd {mgmtd_addrs:?}: {e}; is the cluster up?")))?;
+        let storage = StorageClient::new(rpc, source.handle(), StorageClientConfig::default());
+        let meta = MetaClient::new(MetaClientConfig::new(meta_addrs))
+            .map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
+        let mut client = FsClient::new(meta, storage, config);
+        client.routing_source = Some(source);
+        Ok(client)
+    }
+
+    pub fn meta(&self) -> &MetaClient {
+        &self.meta
+    }
+
+    pub fn storage(&self) -> &StorageClient {
+        &self.storage
+    }
+
+    pub fn config(&self) -> &FsClientConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &IoStats {
+        &self.stats
+    }
+
+    /// Stops the routing poll of a client built by [`FsClient::connect`].
+    pub fn shutdown(&self) {
+        if let Some(s) = &self.routing_source {
+            s.stop();
+        }
+    }
+
+    /// Opens the file at a `/`-separated path from the root.
+    pub async fn open(&self, path: &str, flags: OpenFlags) -> Result<FileHandle> {
+        let trimmed = path.trim_end_matches('/');
+        let (dir, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+        if name.is_empty() {
+            return Err(FileError::InvalidArgument(format!("{path:?} names no file")));
+        }
+        let parent = self.meta.resolve(dir).await.map_err(|cause| FileError::Meta { op: "resolve the directory of", path: path.to_string(), cause })?;
+        self.open_in(parent.id, name, flags, path).await
+    }
+
+    /// Opens `name` in the directory `parent`.
+    pub async fn open_at(&self, parent: InodeId, name: &str, flags: OpenFlags) -> Result<FileHandle> {
+        self.open_in(parent, name, flags, &format!("{parent}/{name}")).await
+    }
+
+    async fn open_in(&self, parent: InodeId, name: &str, flags: OpenFlags, path: &str) -> Result<FileHandle> {
+        let meta_err = |op| move |cause| FileError::Meta { op, path: path.to_string(), cause };
+        let (inode, session) = match (flags.create, flags.write) {
+            (true, true) => self.meta.create_for_write(parent, name, self.config.create_mode, flags.exclusive).await.map_err(meta_err("create"))?,
+            (true, false) => {
+                let inode = self.meta.create(parent, name, self.config.create_mode, flags.exclusive).await.map_err(meta_err("create"))?;
+                (inode, 0)
+            }
+            (false, write) => {
+                let found = self.meta.lookup(parent, name).await.map_err(meta_err("lookup"))?;
+                self.meta.open(found.id, write).await.map_err(meta_err("open"))?
+            }
+        };
+        let handle = FileHandle::new(self.clone(), path.to_string(), inode, session, flags)?;
+        if flags.write && flags.truncate && !handle.is_empty() {
+            handle.truncate(0).await?;
+        }
+        Ok(handle)
+    }
+}
+
+/// What a handle knows about its file's length and its own writes.
+#[derive(Debug)]
+struct LengthState {
+    /// Length from meta (at open, truncate, close) or grown by own writes.
+    length: u64,
+    /// End of the furthest write through this handle (0 = none).
+    written_end: u64,
+    /// `written_end` as last reported to meta.
+    reported_end: u64,
+    truncate_version: u64,
+    /// Inline bytes are in the inode (no chunks).
+    inline: bool,
+}
+
+struct Shared {
+    client: FsClient,
+    path: String,
+    inode: InodeId,
+    layout: FileLayout,
+    session: u64,
+    flags: OpenFlags,
+    state: Mutex<LengthState>,
+    /// Writes hold it shared; fsync/close take it exclusive to wait for them.
+    writes: tokio::sync::RwLock<()>,
+}
+
+/// An open file. Clone-free; share it behind an `Arc` (all calls take `&self`
+/// except `close`).
+pub struct FileHandle {
+    shared: Arc<Shared>,
+    reporter: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    closed: bool,
+}
+
+/// One piece of a range inside one chunk.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    index: u64,
+    /// Offset inside the chunk.
+    chunk_offset: u64,
+    len: u64,
+    /// Offset inside the caller's buffer.
+    buf_offset: u64,
+}
+
+/// Splits `[offset, offset + len)` at multiples of `chunk_bytes`.
+fn split_range(offset: u64, len: u64, chunk_bytes: u64) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut pos = offset;
+    let end = offset.saturating_add(len);
+    while pos < end {
+        let index = pos / chunk_bytes;
+        let chunk_offset = pos % chunk_bytes;
+        let piece_len = (chunk_bytes - chunk_offset).min(end - pos);
+        out.push(Piece { index, chunk_offset, len: piece_len, buf_offset: pos - offset });
+        pos += piece_len;
+    }
+    out
+}
+
+impl FileHandle {
+    fn new(client: FsClient, path: String, inode: Inode, session: u64, flags: OpenFlags) -> Result<Self> {
+        let Some(file) = inode.file() else {
+            return Err(FileError::NotAFile { path, inode: inode.id });
+        };
+        let state = LengthState {
+            length: file.length,
+            written_end: 0,
+            reported_end: 0,
+            truncate_version: file.truncate_version,
+            inline: file.inline.is_some(),
+        };
+        let shared = Arc::new(Shared {
+            client,
+            path,
+            inode: inode.id,
+            layout: file.layout.clone(),
+            session,
+            flags,
+            state: Mutex::new(state),
+            writes: tokio::sync::RwLock::new(()),
+        });
+        Ok(FileHandle { shared, reporter: Mutex::new(None), closed: false })
+    }
+
+    pub fn inode(&self) -> InodeId {
+        self.shared.inode
+    }
+
+    pub fn path(&self) -> &str {
+        &self.shared.path
+    }
+
+    pub fn layout(&self) -> &FileLayout {
+        &self.shared.layout
+    }
+
+    /// The write session id (0 for a read-only handle).
+    pub fn session(&self) -> u64 {
+        self.shared.session
+    }
+
+    /// The length as this handle knows it: meta's length at open (or last
+    /// refresh), grown by this handle's writes.
+    pub fn len(&self) -> u64 {
+        self.shared.state.lock().length
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Re-reads the length from meta (writes by other handles become visible
+    /// once they report or close).
+    pub async fn refresh_len(&self) -> Result<u64> {
+        let inode = self.shared.client.meta.stat(self.shared.inode).await.map_err(|e| self.meta_err("stat", e))?;
+        let meta_len = inode.size_bytes();
+        let mut st = self.shared.state.lock();
+        st.length = meta_len.max(st.written_end);
+        if let Some(f) = inode.file() {
+            st.inline = f.inline.is_some();
+        }
+        Ok(st.length)
+    }
+
+    fn chunk_bytes(&self) -> u64 {
+        u64::from(self.shared.layout.chunk_size_bytes.max(1))
+    }
+
+    fn meta_err(&self, op: &'static str, cause: MetaClientError) -> FileError {
+        FileError::Meta { op, path: self.shared.path.clone(), cause }
+    }
+
+    fn check_open(&self, write: bool) -> Result<()> {
+        if self.closed {
+            return Err(FileError::Closed { path: self.shared.path.clone() });
+        }
+        let (ok, mode) = if write { (self.shared.flags.write, "writing") } else { (self.shared.flags.read, "reading") };
+        if !ok {
+            return Err(FileError::WrongMode { path: self.shared.path.clone(), mode });
+        }
+        Ok(())
+    }
+
+    fn chain(&self, index: u64) -> Result<ChainId> {
+        chain_for_chunk(&self.shared.layout, index).ok_or_else(|| FileError::NoChain {
+            path: self.shared.path.clone(),
+            inode: self.shared.inode,
+            index,
+        })
+    }
+
+    /// Reads up to `len` bytes at `offset`; short (or empty) at the file length.
+    pub async fn read_at(&self, offset: u64, len: u64) -> Result<Bytes> {
+        self.check_open(false)?;
+        let (length, inline) = {
+            let st = self.shared.state.lock();
+            (st.length, st.inline)
+        };
+        let end = offset.saturating_add(len).min(length);
+        if end <= offset {
+            return Ok(Bytes::new());
+        }
+        if inline {
+            return self.read_inline(offset, end - offset).await;
+        }
+        let span = tracing::debug_span!("read_at", inode = %self.shared.inode, offset, len = end - offset);
+        self.read_chunks(offset, end - offset).instrument(span).await
+    }
+
+    async fn read_inline(&self, offset: u64, len: u64) -> Result<Bytes> {
+        let len32 = u32::try_from(len).map_err(|_| FileError::InvalidArgument(format!("inline read of {len} bytes")))?;
+        let data = self.shared.client.meta.read_inline(self.shared.inode, offset, len32).await.map_err(|e| self.meta_err("read inline", e))?;
+        Ok(Bytes::from(data))
+    }
+
+    async fn read_chunks(&self, offset: u64, len: u64) -> Result<Bytes> {
+        let pieces = split_range(offset, len, self.chunk_bytes());
+        let inflight = self.shared.client.config.max_inflight_chunks;
+        let parts: Vec<Bytes> = futures::stream::iter(pieces.into_iter().map(|p| self.read_piece(p)))
+            .buffered(inflight)
+            .try_collect()
+            .await?;
+        let mut out = BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
+        for part in parts {
+            out.extend_from_slice(&part);
+        }
+        Ok(out.freeze())
+    }
+
+    /// One piece: missing chunk or missing tail reads as zeros.
+    async fn read_piece(&self, p: Piece) -> Result<Bytes> {
+        let chain = self.chain(p.index)?;
+        let chunk = ChunkId::new(self.shared.inode, p.index);
+        let client = &self.shared.client;
+        let _g = client.stats.enter();
+        let want = u32::try_from(p.len).map_err(|_| FileError::InvalidArgument(format!("piece of {} bytes", p.len)))?;
+        let result = client.storage.read(chain, chunk, p.chunk_offset, want, client.config.relaxed_reads).await;
+        client.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
+        let data = match result {
+            Ok(r) => r.data,
+            Err(e) if e.code() == ErrorCode::NotFound => {
+                tracing::trace!(%chunk, "hole");
+                Bytes::new()
+            }
+            Err(cause) => {
+                return Err(FileError::Storage { op: "read", path: self.shared.path.clone(), chunk, chain, cause });
+            }
+        };
+        if data.len() as u64 >= p.len {
+            return Ok(data.slice(..p.len as usize));
+        }
+        let mut padded = BytesMut::with_capacity(p.len as usize);
+        padded.extend_from_slice(&data);
+        padded.resize(p.len as usize, 0);
+        Ok(padded.freeze())
+    }
+
+    /// Writes `data` at `offset`; returns once every chain committed it.
+    pub async fn write_at(&self, offset: u64, data: Bytes) -> Result<()> {
+        self.check_open(true)?;
+        if self.shared.state.lock().inline {
+            return Err(FileError::Unsupported { path: self.shared.path.clone(), what: "writing an inline file through a handle" });
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| FileError::InvalidArgument(format!("write at {offset} overflows")))?;
+        let _writing = self.shared.writes.read().await;
+        let span = tracing::debug_span!("write_at", inode = %self.shared.inode, offset, len = data.len());
+        self.write_chunks(offset, data).instrument(span).await?;
+        {
+            let mut st = self.shared.state.lock();
+            st.written_end = st.written_end.max(end);
+            st.length = st.length.max(end);
+        }
+        self.start_reporter();
+        Ok(())
+    }
+
+    async fn write_chunks(&self, offset: u64, data: Bytes) -> Result<()> {
+        let pieces = split_range(offset, data.len() as u64, self.chunk_bytes());
+        let inflight = self.shared.client.config.max_inflight_chunks;
+        futures::stream::iter(pieces.into_iter().map(|p| {
+            let slice = data.slice(p.buf_offset as usize..(p.buf_offset + p.len) as usize);
+            self.write_piece(p, slice)
+        }))
+        .buffer_unordered(inflight)
+        .try_collect::<Vec<()>>()
+        .await?;
+        Ok(())
+    }
+
+    async fn write_piece(&self, p: Piece, data: Bytes) -> Result<()> {
+        let chain = self.chain(p.index)?;
+        let chunk = ChunkId::new(self.shared.inode, p.index);
+        let client = &self.shared.client;
+        let _g = client.stats.enter();
+        let hint = Some(self.chunk_bytes());
+        client
+            .storage
+            .write_hinted(chain, chunk, p.chunk_offset, data, hint)
+            .await
+            .map_err(|cause| FileError::Storage { op: "write", path: self.shared.path.clone(), chunk, chain, cause })?;
+        client.stats.chunks_written.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Starts the periodic length report (once, after the first write).
+    fn start_reporter(&self) {
+        let interval_ms = self.shared.client.config.length_report_interval_ms;
+        let mut slot = self.reporter.lock();
+        if interval_ms == 0 || slot.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.shared);
+        *slot = Some(tokio::spawn(report_loop(weak, Duration::from_millis(interval_ms))));
+    }
+
+    /// Waits for this handle's in-flight writes and reports the written end
+    /// to meta (`ReportLength`: the length only grows; a concurrent truncate
+    /// wins). The session stays open; `close` makes the length exact.
+    pub async fn fsync(&self) -> Result<()> {
+        self.check_open(true)?;
+        let _quiet = self.shared.writes.write().await;
+        report_length(&self.shared).await
+    }
+
+    /// Sets the length to `len` (meta removes chunks past it and shortens
+    /// the last one). A longer length is materialised on storage (see
+    /// `extend_last_chunk`) so that the exact length on close keeps it.
+    pub async fn truncate(&self, len: u64) -> Result<()> {
+        self.check_open(true)?;
+        let _quiet = self.shared.writes.write().await;
+        let old_len = self.len();
+        let inode = self.shared.client.meta.truncate(self.shared.inode, len).await.map_err(|e| self.meta_err("truncate", e))?;
+        {
+            let mut st = self.shared.state.lock();
+            st.length = inode.size_bytes();
+            st.written_end = st.written_end.min(len);
+            st.reported_end = st.reported_end.min(len);
+            if let Some(f) = inode.file() {
+                st.truncate_version = f.truncate_version;
+                st.inline = f.inline.is_some();
+            }
+        }
+        if len > old_len && !self.shared.state.lock().inline {
+            self.extend_last_chunk(len).await?;
+            let mut st = self.shared.state.lock();
+            st.written_end = st.written_end.max(len);
+        }
+        Ok(())
+    }
+
+    /// Makes the chunk holding byte `len - 1` at least that long (a storage
+    /// truncate zero-extends, creating a missing chunk, and never cuts
+    /// here: meta already removed everything past `len`), so the exact
+    /// length meta computes from storage on close is `len`.
+    async fn extend_last_chunk(&self, len: u64) -> Result<()> {
+        let chunk_bytes = self.chunk_bytes();
+        let index = (len - 1) / chunk_bytes;
+        let chain = self.chain(index)?;
+        let chunk = ChunkId::new(self.shared.inode, index);
+        let tail = (len - 1) % chunk_bytes + 1;
+        self.shared
+            .client
+            .storage
+            .truncate(chain, chunk, tail)
+            .await
+            .map_err(|cause| FileError::Storage { op: "extend", path: self.shared.path.clone(), chunk, chain, cause })?;
+        Ok(())
+    }
+
+    /// Ends the handle: stops the length reports and, for a writer, reports
+    /// the written end and closes the write session (meta fixes the exact
+    /// length from storage).
+    /// Returns the file's length after close.
+    pub async fn close(mut self) -> Result<u64> {
+        self.stop_reporter();
+        self.closed = true;
+        if self.shared.session == 0 {
+            return Ok(self.len());
+        }
+        let _quiet = self.shared.writes.write().await;
+        // Report first: it grows the file's dyn_stripe, so meta's exact-length
+        // scan on Close reaches the chains of chunks written far out.
+        report_length(&self.shared).await?;
+        let hint = Some(self.shared.state.lock().written_end);
+        let inode = self
+            .shared
+            .client
+            .meta
+            .close(self.shared.inode, self.shared.session, hint)
+            .await
+            .map_err(|e| self.meta_err("close", e))?;
+        let len = inode.size_bytes();
+        self.shared.state.lock().length = len;
+        Ok(len)
+    }
+
+    fn stop_reporter(&self) {
+        if let Some(task) = self.reporter.lock().take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for FileHandle {
+    fn drop(&mut self) {
+        self.stop_reporter();
+        if !self.closed && self.shared.session != 0 {
+            tracing::debug!(inode = %self.shared.inode, path = %self.shared.path, "write handle dropped without close; length stays as last reported");
+        }
+    }
+}
+
+/// Reports the written end if it grew since the last report.
+async fn report_length(shared: &Shared) -> Result<()> {
+    let (end, version) = {
+        let st = shared.state.lock();
+        if st.written_end <= st.reported_end {
+            return Ok(());
+        }
+        (st.written_end, st.truncate_version)
+    };
+    let inode = shared
+        .client
+        .meta
+        .report_length(shared.inode, end, version)
+        .await
+        .map_err(|cause| FileError::Meta { op: "report length", path: shared.path.clone(), cause })?;
+    let mut st = shared.state.lock();
+    st.reported_end = st.reported_end.max(end);
+    st.length = st.length.max(inode.size_bytes());
+    Ok(())
+}
+
+async fn report_loop(weak: Weak<Shared>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(shared) = weak.upgrade() else { return };
+        if let Err(e) = report_length(&shared).await {
+            tracing::warn!(inode = %shared.inode, error = %e, "periodic length report failed; will retry");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_range_cuts_at_chunk_boundaries() {
+        let p = split_range(10, 30, 16);
+        let got: Vec<(u64, u64, u64, u64)> = p.iter().map(|p| (p.index, p.chunk_offset, p.len, p.buf_offset)).collect();
+        assert_eq!(got, vec![(0, 10, 6, 0), (1, 0, 16, 6), (2, 0, 8, 22)]);
+        assert!(split_range(5, 0, 16).is_empty());
+        assert_eq!(split_range(32, 16, 16).len(), 1);
+    }
+}

@@ -1,0 +1,300 @@
+//! The file handle API over a real meta service (served over loopback RPC,
+//! `ChainStorage` backend) and a loopback cluster of three storage services
+//! with four chains of three replicas.
+
+use bytes::Bytes;
+use fskv_chunk_engine::EngineConfig;
+use fskv_client::file::{FsClient, FsClientConfig, OpenFlags};
+use fskv_client::storage::{RoutingHandle, RoutingPublisher, RoutingSource, StorageClient, StorageClientConfig};
+use fskv_client::{MetaClient, MetaClientConfig};
+use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
+use fskv_storage::cluster::{ClusterOptions, LocalCluster};
+use fskv_types::meta::LayoutPolicy;
+use fskv_types::{ChainId, ErrorCode, InodeId, TargetId};
+use rand::{Rng, SeedableRng};
+use fskv_types::routing::PublicTargetState;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+const CHUNK: u64 = 4096;
+const STRIPE: u32 = 4;
+
+struct Env {
+    fs: FsClient,
+    cluster: LocalCluster,
+    server: fskv_rpc::Server,
+    _dir: tempfile::TempDir,
+}
+
+/// A client-side routing cache that only learns the cluster's routing when
+/// asked (after a stale-version error), like a client whose mgmtd poll lags.
+struct LaggingSource {
+    cluster: RoutingHandle,
+    client: RoutingPublisher,
+}
+
+impl RoutingSource for LaggingSource {
+    fn request_refresh(&self, _known: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            self.client.publish((*self.cluster.current()).clone());
+        })
+    }
+}
+
+impl Env {
+    async fn start(config: FsClientConfig) -> Env {
+        Env::start_with(config, false).await
+    }
+
+    async fn start_with(config: FsClientConfig, lagging_routing: bool) -> Env {
+        Env::start_layout(config, lagging_routing, STRIPE, 3).await
+    }
+
+    /// `stripe` chains of `replicas` targets over three nodes.
+    async fn start_layout(config: FsClientConfig, lagging_routing: bool, stripe: u32, replicas: usize) -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Chain c: targets c*10+1.. on the three nodes, heads rotated.
+        let chains: Vec<Vec<(TargetId, usize)>> = (1..=stripe)
+            .map(|c| (0..replicas).map(|r| (TargetId(u64::from(c) * 10 + r as u64 + 1), (c as usize + r) % 3)).collect())
+            .collect();
+        let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
+        let cluster = LocalCluster::start(dir.path(), 3, &chains, options).await.expect("storage cluster");
+        let storage = cluster.client(StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() });
+        let backend = Arc::new(ChainStorage::new(storage.clone()));
+        let cfg = MetaConfig {
+            gc_interval_ms: 0,
+            chains: (1..=stripe).map(ChainId).collect(),
+            root_layout: LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: CHUNK as u32, stripe_size: stripe },
+            ..MetaConfig::default()
+        };
+        let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend as Arc<dyn StorageBackend>, cfg)
+            .await
+            .expect("meta service");
+        let server = svc.serve("127.0.0.1:0").await.expect("serve meta");
+        let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("meta client");
+        let storage = if lagging_routing {
+            let (client, _) = RoutingPublisher::new((*cluster.routing()).clone());
+            let source = Arc::new(LaggingSource { cluster: cluster.publisher().handle(), client });
+            let handle = source.client.handle_with_source(source.clone());
+            let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
+            StorageClient::new(rpc, handle, StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() })
+        } else {
+            storage
+        };
+        let fs = FsClient::new(meta, storage, config);
+        Env { fs, cluster, server, _dir: dir }
+    }
+
+    /// Chains holding at least one chunk of `inode` (from the heads' engines).
+    fn chains_with_chunks(&self, inode: InodeId) -> BTreeSet<u32> {
+        let mut out = BTreeSet::new();
+        for c in 1..=STRIPE {
+            for r in 1..=3 {
+                let engine = self.cluster.engine(TargetId(u64::from(c * 10 + r))).expect("engine");
+                if engine.dump().expect("dump").iter().any(|(id, _)| id.inode == inode) {
+                    out.insert(c);
+                }
+            }
+        }
+        out
+    }
+
+    async fn stop(self) {
+        self.server.shutdown().await;
+        self.cluster.shutdown().await;
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i as u64).wrapping_mul(131) ^ seed.wrapping_mul(17)) as u8 | 1).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn files_of_many_sizes_round_trip() {
+    let env = Env::start(FsClientConfig { max_inflight_chunks: 4, ..Default::default() }).await;
+    let c = CHUNK as usize;
+    let big = 2 * STRIPE as usize * c + c / 3; // more than one stripe of chunks
+    let sizes = [0, 1, c - 1, c, c + 1, 3 * c + 100, big];
+    for (i, &size) in sizes.iter().enumerate() {
+        let path = format!("/f{i}");
+        let data = pattern(i as u64, size);
+        let w = env.fs.open(&path, OpenFlags::create_new()).await.expect("create");
+        w.write_at(0, Bytes::from(data.clone())).await.expect("write");
+        assert_eq!(w.len(), size as u64);
+        assert_eq!(w.read_at(0, size as u64).await.expect("read own write"), data, "{path} through the writer");
+        assert_eq!(w.close().await.expect("close"), size as u64, "{path}: exact length on close");
+
+        let r = env.fs.open(&path, OpenFlags::read_only()).await.expect("open");
+        assert_eq!(r.len(), size as u64);
+        assert_eq!(r.read_at(0, size as u64 + 100).await.expect("read"), data, "{path} whole, past EOF");
+        assert!(r.read_at(size as u64, 10).await.expect("read at EOF").is_empty());
+        if size > 2 {
+            let (off, len) = (size as u64 / 3, size as u64 / 2);
+            let got = r.read_at(off, len).await.expect("read middle");
+            assert_eq!(got, data[off as usize..(off + len) as usize], "{path} middle");
+        }
+        if size == big {
+            let touched = env.chains_with_chunks(r.inode());
+            assert_eq!(touched.len(), STRIPE as usize, "a multi-stripe file uses every chain: {touched:?}");
+        }
+        r.close().await.expect("close reader");
+    }
+    let peak = env.fs.stats().peak_inflight_chunks.load(Ordering::Relaxed);
+    assert!((2..=4).contains(&peak), "chunk pieces in flight at once: {peak} (bound 4)");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn random_overwrites_holes_and_truncate_match_a_model() {
+    let env = Env::start(FsClientConfig::default()).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let h = env.fs.open("/model", OpenFlags::create_new()).await.expect("create");
+    let mut model: Vec<u8> = Vec::new();
+    let span = 10 * CHUNK;
+    for round in 0..40u64 {
+        let off = rng.gen_range(0..span);
+        let len = rng.gen_range(1..=2 * CHUNK);
+        let data = pattern(round + 100, len as usize);
+        h.write_at(off, Bytes::from(data.clone())).await.expect("write");
+        let end = (off + len) as usize;
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[off as usize..end].copy_from_slice(&data);
+        if round % 8 == 7 {
+            assert_eq!(h.read_at(0, u64::MAX / 2).await.expect("read"), model, "after round {round}");
+        }
+    }
+    // A hole: far past the end; zeros in between.
+    let far = 30 * CHUNK + 5;
+    h.write_at(far, Bytes::from_static(b"tail")).await.expect("write far");
+    model.resize(far as usize, 0);
+    model.extend_from_slice(b"tail");
+    assert_eq!(h.read_at(0, far + 100).await.expect("read holes"), model);
+
+    // Truncate down inside a chunk, then up (zeros past the old end).
+    h.truncate(CHUNK + 3).await.expect("truncate down");
+    model.truncate((CHUNK + 3) as usize);
+    assert_eq!(h.len(), CHUNK + 3);
+    assert_eq!(h.read_at(0, 100 * CHUNK).await.expect("read after truncate"), model);
+    h.truncate(5 * CHUNK).await.expect("truncate up");
+    model.resize(5 * CHUNK as usize, 0);
+    assert_eq!(h.read_at(0, 100 * CHUNK).await.expect("read after extend"), model);
+    assert_eq!(h.close().await.expect("close"), 5 * CHUNK, "close keeps the extended length");
+
+    let r = env.fs.open("/model", OpenFlags::read_only()).await.expect("reopen");
+    assert_eq!(r.read_at(0, 100 * CHUNK).await.expect("read"), model, "another handle sees the model");
+    // Truncate on open.
+    let t = env.fs.open("/model", OpenFlags::create_truncate()).await.expect("open truncate");
+    assert_eq!(t.len(), 0);
+    assert_eq!(t.close().await.expect("close"), 0);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn second_handle_sees_writes_after_fsync_report_and_close() {
+    let env = Env::start(FsClientConfig { length_report_interval_ms: 100, ..Default::default() }).await;
+    let w = env.fs.open("/shared", OpenFlags::create_new()).await.expect("create");
+    let first = pattern(1, 3 * CHUNK as usize + 10);
+    w.write_at(0, Bytes::from(first.clone())).await.expect("write");
+    w.fsync().await.expect("fsync");
+    let r = env.fs.open("/shared", OpenFlags::read_only()).await.expect("open reader");
+    assert_eq!(r.len(), first.len() as u64, "fsync reported the length");
+    assert_eq!(r.read_at(0, 1 << 20).await.expect("read"), first);
+
+    // The periodic report makes a later append visible without fsync.
+    let more = pattern(2, 100);
+    w.write_at(first.len() as u64, Bytes::from(more.clone())).await.expect("append");
+    let want = (first.len() + more.len()) as u64;
+    let mut seen = 0;
+    for _ in 0..50 {
+        seen = r.refresh_len().await.expect("refresh");
+        if seen == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, want, "periodic length report");
+    assert_eq!(w.close().await.expect("close"), want);
+    let r2 = env.fs.open("/shared", OpenFlags::read_only()).await.expect("reopen");
+    let got = r2.read_at(0, 1 << 20).await.expect("read");
+    assert_eq!(&got[..first.len()], &first[..]);
+    assert_eq!(&got[first.len()..], &more[..]);
+
+    // Mode and state errors name the file.
+    let err = r2.write_at(0, Bytes::from_static(b"x")).await.expect_err("read-only handle");
+    assert_eq!(err.code(), ErrorCode::PermissionDenied);
+    assert!(err.to_string().contains("/shared"), "{err}");
+    let err = env.fs.open("/missing", OpenFlags::read_only()).await.err().expect("missing file");
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    assert!(env.fs.open("/shared", OpenFlags::create_new()).await.is_err(), "exclusive create of an existing file");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inline_files_read_and_refuse_writes() {
+    let env = Env::start(FsClientConfig::default()).await;
+    let body = b"small inline body".to_vec();
+    env.fs.meta().create_write_publish(InodeId::ROOT, "inline", 0o644, &body, None).await.expect("create inline");
+    let r = env.fs.open("/inline", OpenFlags::read_only()).await.expect("open");
+    assert_eq!(r.len(), body.len() as u64);
+    assert_eq!(r.read_at(0, 1000).await.expect("read inline"), body);
+    assert_eq!(r.read_at(6, 6).await.expect("read inline part"), body[6..12]);
+    let w = env.fs.open("/inline", OpenFlags::read_write()).await.expect("open for write");
+    let err = w.write_at(0, Bytes::from_static(b"x")).await.expect_err("inline write");
+    assert_eq!(err.code(), ErrorCode::Unsupported);
+    w.close().await.expect("close");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_and_writes_follow_chain_version_changes() {
+    let env = Env::start_with(FsClientConfig { relaxed_reads: true, ..Default::default() }, true).await;
+    let data = pattern(9, 6 * CHUNK as usize + 77);
+    let h = env.fs.open("/moving", OpenFlags::create_new()).await.expect("create");
+    h.write_at(0, Bytes::from(data.clone())).await.expect("write");
+    let before = env.fs.storage().routing().current().version;
+
+    // Every chain loses a target (its version bumps); the client's cached
+    // routing still names the old heads and versions.
+    for c in 1..=u64::from(STRIPE) {
+        env.cluster.set_state(TargetId(c * 10 + 1), PublicTargetState::Offline);
+    }
+    assert_eq!(env.fs.storage().routing().current().version, before, "the client's routing lags");
+    assert_eq!(h.read_at(0, 1 << 20).await.expect("read after the change"), data);
+    let mut model = data.clone();
+    let patch = pattern(10, 2 * CHUNK as usize);
+    h.write_at(CHUNK / 2, Bytes::from(patch.clone())).await.expect("write after the change");
+    model[(CHUNK / 2) as usize..(CHUNK / 2) as usize + patch.len()].copy_from_slice(&patch);
+    assert!(env.fs.storage().routing().current().version > before, "the client refreshed its routing");
+    assert_eq!(h.close().await.expect("close"), model.len() as u64);
+    let r = env.fs.open("/moving", OpenFlags::read_only()).await.expect("reopen");
+    assert_eq!(r.read_at(0, 1 << 20).await.expect("read"), model);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn close_finds_a_chunk_past_the_initial_dynamic_stripe() {
+    // 20 chains: meta's exact-length scan starts with the first 16.
+    let env = Env::start_layout(FsClientConfig::default(), false, 20, 1).await;
+    let h = env.fs.open("/sparse", OpenFlags::create_new()).await.expect("create");
+    let index = (0..64u64)
+        .find(|&i| {
+            let chain = fskv_types::meta::chain_for_chunk(h.layout(), i).expect("chain");
+            h.layout().shuffled_chains().iter().position(|c| *c == chain).unwrap_or(0) >= 16
+        })
+        .expect("a chunk beyond the first 16 shuffled chains");
+    let offset = index * CHUNK + 10;
+    h.write_at(offset, Bytes::from_static(b"far")).await.expect("write far");
+    assert_eq!(h.close().await.expect("close"), offset + 3, "exact length reaches chunk {index}");
+    let r = env.fs.open("/sparse", OpenFlags::read_only()).await.expect("reopen");
+    let got = r.read_at(0, offset + 100).await.expect("read");
+    assert_eq!(got.len() as u64, offset + 3);
+    assert!(got[..offset as usize].iter().all(|&b| b == 0));
+    assert_eq!(&got[offset as usize..], b"far");
+    env.stop().await;
+}
