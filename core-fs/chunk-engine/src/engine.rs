@@ -282,6 +282,20 @@ impl ChunkEngine {
         Ok(())
     }
 
+    /// Bytes still free for unprivileged use on the filesystem holding the
+    /// engine's directory (`statvfs`), i.e. room for pools to grow into.
+    pub fn free_disk_bytes(&self) -> Result<u64> {
+        let path = std::ffi::CString::new(self.dir().as_os_str().as_encoded_bytes())
+            .map_err(|_| ChunkError::InvalidArgument("engine directory path contains NUL".into()))?;
+        // SAFETY: statvfs writes into the zeroed struct we own; the path is a
+        // valid NUL-terminated string for the duration of the call.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return Err(ChunkError::io(format!("statvfs {}", self.dir().display()), std::io::Error::last_os_error()));
+        }
+        Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

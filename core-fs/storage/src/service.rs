@@ -585,9 +585,16 @@ impl StorageService {
             .values()
             .map(|t| {
                 let stats = t.engine.pool_stats();
+                // Capacity = space already in the pools + what the disk can
+                // still give them (targets sharing a disk each count it).
+                let pooled: u64 = stats.iter().map(|p| p.capacity_blocks * p.block_bytes).sum();
+                let free_disk = t.engine.free_disk_bytes().unwrap_or_else(|e| {
+                    tracing::warn!(target = %t.id, error = %e, "statvfs failed; capacity counts pooled space only");
+                    0
+                });
                 TargetSpace {
                     target: t.id,
-                    capacity_bytes: stats.iter().map(|p| p.capacity_blocks * p.block_bytes).sum(),
+                    capacity_bytes: pooled.saturating_add(free_disk),
                     used_bytes: stats.iter().map(|p| p.used_blocks * p.block_bytes).sum(),
                 }
             })
