@@ -5,11 +5,12 @@
 
 mod common;
 
-use common::{free_base_port, start_up, stop_up};
+use common::{free_base_port, start_up, start_up_with, stop_up};
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -238,6 +239,29 @@ fn check_xattrs_statfs(mnt: &Path) {
     }
 }
 
+/// Another user through `allow_other`: the caller's uid/gid reach meta.
+fn check_other_user(mnt: &Path) {
+    let nobody = 65534;
+    let secret = mnt.join("root-only");
+    fs::write(&secret, b"secret").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let shared = mnt.join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |script: &str| Command::new("sh").args(["-c", script]).uid(nobody).gid(nobody).output().unwrap();
+    let out = as_nobody(&format!("cat {}", secret.display()));
+    assert!(!out.status.success(), "nobody read a 0600 root file");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{out:?}");
+    let mine = shared.join("mine");
+    let out = as_nobody(&format!("echo hi > {}", mine.display()));
+    assert!(out.status.success(), "{out:?}");
+    let m = fs::metadata(&mine).unwrap();
+    assert_eq!((m.uid(), m.gid()), (nobody, nobody), "owner of a file created by another user");
+    assert_eq!(fs::read(&mine).unwrap(), b"hi\n");
+    let out = as_nobody(&format!("chmod 600 {}", secret.display()));
+    assert!(!out.status.success(), "nobody chmod-ed a root file");
+}
+
 fn check_cross_visibility(mnt: &Path, mgmtd: &str, meta: &str, scratch: &Path) {
     // Written through the mount, read with `fskv get`.
     let data = pattern(3 * MIB + 17, 7);
@@ -298,8 +322,33 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     check_rename_links(&mnt);
     check_attributes(&mnt);
     check_xattrs_statfs(&mnt);
+    check_other_user(&mnt);
     check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
     println!("checks took {:?}", t0.elapsed());
     stop_mount(m);
     stop_up(up);
+}
+
+#[test]
+fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIP: /dev/fuse is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port();
+    let mnt = dir.path().join("mnt");
+    let up = start_up_with(&dir.path().join("data"), base, &["--mount", mnt.to_str().unwrap()]);
+    let _guard = MountProc { child: None, path: mnt.clone() };
+    assert!(is_mounted(&mnt), "fskv up reported ready without the mount");
+    let data = pattern(MIB + 3, 5);
+    fs::write(mnt.join("f"), &data).unwrap();
+    assert!(fs::read(mnt.join("f")).unwrap() == data);
+    let meta = format!("127.0.0.1:{}", base + 12);
+    let mgmtd = format!("127.0.0.1:{}", base + 11);
+    let out = dir.path().join("f.out");
+    fskv(&["get", "--mgmtd", &mgmtd, "--meta", &meta, "/f", out.to_str().unwrap()]);
+    assert!(fs::read(&out).unwrap() == data);
+    stop_up(up);
+    assert!(!is_mounted(&mnt), "still mounted after fskv up stopped");
 }
