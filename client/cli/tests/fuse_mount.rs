@@ -325,7 +325,11 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     check_other_user(&mnt);
     check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
     println!("checks took {:?}", t0.elapsed());
+    // A file held open makes umount(2) fail with EBUSY: the mount detaches
+    // lazily and the process still exits.
+    let busy = fs::File::open(mnt.join("via-mount")).unwrap();
     stop_mount(m);
+    drop(busy);
     stop_up(up);
 }
 

@@ -88,19 +88,44 @@ where
     let mut unmounter = session.unmount_callable();
     tracing::info!(mountpoint = %mountpoint.display(), "mounted");
     on_mounted();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
     let runner = std::thread::Builder::new().name("fskv-fuse".into()).spawn(move || {
         let r = session.run();
         let _ = done_tx.send(());
         r
     })?;
+    let mut ended = false;
     tokio::select! {
         _ = shutdown => tracing::info!("unmounting"),
-        _ = done_rx => tracing::info!("the mount went away"),
+        _ = &mut done_rx => {
+            tracing::info!("the mount went away");
+            ended = true;
+        }
     }
-    let unmounted = unmounter.unmount();
-    let joined = tokio::task::spawn_blocking(move || runner.join()).await.map_err(std::io::Error::other)?;
-    let served = joined.map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?;
-    unmounted?;
-    served
+    if let Err(e) = unmounter.unmount() {
+        tracing::warn!(error = %e, "unmount failed (busy?); detaching lazily");
+        detach(mountpoint)?;
+    }
+    if !ended && tokio::time::timeout(std::time::Duration::from_millis(SESSION_END_TIMEOUT_MS), done_rx).await.is_err() {
+        // Files still open on a detached mount keep the session alive;
+        // exiting closes /dev/fuse, which ends it.
+        tracing::warn!("the FUSE session did not end in time; leaving it to process exit");
+        return Ok(());
+    }
+    runner.join().map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
+}
+
+/// Bound on the wait for the session thread after unmount.
+const SESSION_END_TIMEOUT_MS: u64 = 10_000;
+
+/// Lazy unmount (`MNT_DETACH`): the mount leaves the namespace at once.
+fn detach(mountpoint: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
