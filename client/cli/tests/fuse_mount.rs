@@ -144,6 +144,14 @@ fn check_hole_overwrite_truncate(mnt: &Path) {
     assert_eq!(got.len(), 5000);
     assert_eq!(&got[..100], &expect[..100]);
     assert!(got[100..].iter().all(|&b| b == 0));
+
+    // O_TRUNC right after a close (whose release may still be in flight).
+    let p = mnt.join("retrunc");
+    fs::write(&p, b"abcd").unwrap();
+    let f = OpenOptions::new().write(true).truncate(true).open(&p).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 0, "fstat after O_TRUNC");
+    drop(f);
+    assert_eq!(fs::metadata(&p).unwrap().len(), 0);
 }
 
 fn check_directories(mnt: &Path) {

@@ -138,14 +138,29 @@ impl Ctx {
         if let Some(file) = fh.and_then(|fh| self.shared.handles.file(fh).ok()).filter(|f| f.writable) {
             let guard = file.handle.read().await;
             let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
-            return Ok(handle.truncate(size).await?);
+            handle.truncate(size).await?;
+        } else {
+            let handle = self.client.open_inode(inode, FskvOpenFlags { read: false, write: true, ..Default::default() }).await?;
+            let result = handle.truncate(size).await;
+            let closed = handle.close().await;
+            result?;
+            closed?;
         }
-        let handle = self.client.open_inode(inode, FskvOpenFlags { read: false, write: true, ..Default::default() }).await?;
-        let result = handle.truncate(size).await;
-        let closed = handle.close().await;
-        result?;
-        closed?;
+        self.refresh_writers(inode).await;
         Ok(())
+    }
+
+    /// Lets the other open writers of `inode` see a truncate (so their
+    /// written end no longer props up the size this mount reports).
+    async fn refresh_writers(&self, inode: InodeId) {
+        for f in self.shared.handles.writers_of(inode) {
+            let guard = f.handle.read().await;
+            if let Some(h) = guard.as_ref() {
+                if let Err(e) = h.refresh_len().await {
+                    tracing::debug!(%inode, error = %e, "refreshing an open writer after truncate failed");
+                }
+            }
+        }
     }
 
     async fn open(&self, inode: InodeId, flags: OpenFlags) -> FsResult<u64> {

@@ -389,15 +389,22 @@ impl FileHandle {
     }
 
     /// Re-reads the length from meta (writes by other handles become visible
-    /// once they report or close).
+    /// once they report or close). A truncate by someone else since this
+    /// handle last looked (a newer truncate version) cuts this handle's
+    /// written end to the new length.
     pub async fn refresh_len(&self) -> Result<u64> {
         let inode = self.shared.client.meta.stat(self.shared.inode).await.map_err(|e| self.meta_err("stat", e))?;
         let meta_len = inode.size_bytes();
         let mut st = self.shared.state.lock();
-        st.length = meta_len.max(st.written_end);
         if let Some(f) = inode.file() {
             st.inline = f.inline.is_some();
+            if f.truncate_version > st.truncate_version {
+                st.truncate_version = f.truncate_version;
+                st.written_end = st.written_end.min(meta_len);
+                st.reported_end = st.reported_end.min(meta_len);
+            }
         }
+        st.length = meta_len.max(st.written_end);
         Ok(st.length)
     }
 
