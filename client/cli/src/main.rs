@@ -9,6 +9,7 @@ mod mgmtd_cmd;
 mod supervisor;
 mod storage_cmd;
 mod meta_cmd;
+mod mount_cmd;
 mod transfer;
 mod up;
 
@@ -45,6 +46,8 @@ enum Command {
     Put(transfer::PutArgs),
     /// Download a file: `fskv get --mgmtd A --meta A /remote/path LOCAL`.
     Get(transfer::GetArgs),
+    /// Mount the filesystem with FUSE: `fskv mount --mgmtd A --meta A PATH`.
+    Mount(mount_cmd::MountArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -91,6 +94,7 @@ fn main() -> std::process::ExitCode {
             Command::Admin(cmd) => admin::run(cmd).await,
             Command::Put(args) => transfer::put(args).await,
             Command::Get(args) => transfer::get(args).await,
+            Command::Mount(args) => mount_cmd::run(args).await,
             Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,

@@ -6,8 +6,10 @@
 //! KV engine (P+12). It waits until every chain is serving, writes
 //! `DIR/endpoints.json`, and runs until Ctrl-C or SIGTERM, then stops the
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
-//! brings back all data. The gateways (S3 on P, KV on P+1, MQ on P+2) and the
-//! FUSE mount are not built yet; endpoints.json lists them as null.
+//! brings back all data. With `--mount PATH` it then starts `fskv mount` on
+//! PATH as another supervised child (stopped, and so unmounted, first). The
+//! gateways (S3 on P, KV on P+1, MQ on P+2) are not built yet;
+//! endpoints.json lists them as null.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -42,6 +44,9 @@ pub struct UpArgs {
     /// Start, wait until ready, print the endpoints and stop at once.
     #[arg(long, hide = true)]
     check: bool,
+    /// Also mount the filesystem (FUSE) on this directory once the cluster is ready; unmounted at stop.
+    #[arg(long, value_name = "PATH")]
+    mount: Option<PathBuf>,
 }
 
 /// Prints a progress line; a closed stdout (e.g. `fskv up | head`) must not
@@ -66,6 +71,8 @@ struct Endpoints {
     s3: Option<String>,
     kv: Option<String>,
     mq: Option<String>,
+    /// Where `--mount` mounted the filesystem.
+    mount: Option<String>,
     access_key: String,
     secret_key: String,
 }
@@ -125,18 +132,34 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         s3: None,
         kv: None,
         mq: None,
+        mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
     };
     write_atomically(&data_dir.join("endpoints.json"), &serde_json::to_vec_pretty(&endpoints)?)?;
     say!("  ready    mgmtd {}  meta {}  storage {}", ports.mgmtd, ports.meta, ports.storage.join(" "));
-    say!("  not yet  S3 / KV / MQ gateways (issues #8 and later), FUSE mount (issue #7): not implemented");
+    say!("  not yet  S3 / KV / MQ gateways (issues #8 and later): not implemented");
+    let mount = match &args.mount {
+        Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                eprintln!("fskv up: {e:#}; stopping");
+                supervisor.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     say!("  endpoints in {}", data_dir.join("endpoints.json").display());
     if !args.check {
         say!("fskv up: serving; Ctrl-C or SIGTERM stops it");
         crate::storage_cmd::wait_for_signal().await;
     }
     say!("fskv up: stopping");
+    if let Some(m) = mount {
+        m.shutdown().await;
+        say!("  unmounted");
+    }
     for (name, status) in supervisor.status().await {
         if status.starts > 1 {
             let last = status.last_exit.unwrap_or_default();
@@ -146,6 +169,43 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     supervisor.shutdown().await;
     say!("fskv up: stopped cleanly");
     Ok(())
+}
+
+/// Bound on the wait for `fskv mount` to show up in /proc/mounts.
+const MOUNT_READY_TIMEOUT_MS: u64 = 30_000;
+
+/// Starts `fskv mount` on `path` under its own supervisor (stopped before
+/// the cluster) and waits until the mount is live.
+async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restart: bool) -> anyhow::Result<Supervisor> {
+    std::fs::create_dir_all(path).with_context(|| format!("cannot create mount point {}", path.display()))?;
+    let path = path.canonicalize()?;
+    let args = vec![
+        "mount".into(),
+        "--mgmtd".into(),
+        ports.mgmtd.clone(),
+        "--meta".into(),
+        ports.meta.clone(),
+        path.display().to_string(),
+    ];
+    let opts = SupervisorOptions { restart, ..SupervisorOptions::new(data) };
+    let supervisor = Supervisor::start(vec![child("mount", exe, args)], opts).await?;
+    let start = Instant::now();
+    while !is_mounted(&path) {
+        if start.elapsed() > Duration::from_millis(MOUNT_READY_TIMEOUT_MS) {
+            supervisor.shutdown().await;
+            anyhow::bail!("the FUSE mount on {} did not come up (see {})", path.display(), data.join("logs/mount.log").display());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    say!("  mounted  {}", path.display());
+    Ok(supervisor)
+}
+
+/// Whether `path` is a mount point in /proc/mounts.
+fn is_mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let p = path.to_string_lossy();
+    mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*p))
 }
 
 fn ensure_free(addr: &str) -> anyhow::Result<()> {

@@ -23,7 +23,7 @@ use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use crate::storage::{StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
-use fskv_types::meta::{chain_for_chunk, FileLayout, Inode};
+use fskv_types::meta::{chain_for_chunk, FileLayout, Inode, UserInfo};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -209,6 +209,36 @@ impl FsClient {
         }
     }
 
+    /// The same client with metadata calls made as `user` (shares connections,
+    /// routing and counters); the FUSE mount uses one per request's caller.
+    pub fn with_user(&self, user: UserInfo) -> FsClient {
+        FsClient { meta: self.meta.with_user(user), ..self.clone() }
+    }
+
+    /// Opens the file with inode id `inode` directly (no name lookup; `create`
+    /// and `exclusive` are ignored).
+    pub async fn open_inode(&self, inode: InodeId, flags: OpenFlags) -> Result<FileHandle> {
+        let path = inode.to_string();
+        let (found, session) = self.meta.open(inode, flags.write).await.map_err(|cause| FileError::Meta { op: "open", path: path.clone(), cause })?;
+        let handle = FileHandle::new(self.clone(), path, found, session, flags)?;
+        if flags.write && flags.truncate && !handle.is_empty() {
+            handle.truncate(0).await?;
+        }
+        Ok(handle)
+    }
+
+    /// Creates (or, unless `exclusive`, opens) `name` in `parent` with
+    /// permission bits `mode`, for reading and writing.
+    pub async fn create_at(&self, parent: InodeId, name: &str, mode: u32, exclusive: bool) -> Result<FileHandle> {
+        let path = format!("{parent}/{name}");
+        let (inode, session) = self
+            .meta
+            .create_for_write(parent, name, mode, exclusive)
+            .await
+            .map_err(|cause| FileError::Meta { op: "create", path: path.clone(), cause })?;
+        FileHandle::new(self.clone(), path, inode, session, OpenFlags { read: true, write: true, create: true, exclusive, truncate: false })
+    }
+
     /// Opens the file at a `/`-separated path from the root.
     pub async fn open(&self, path: &str, flags: OpenFlags) -> Result<FileHandle> {
         let trimmed = path.trim_end_matches('/');
@@ -359,15 +389,22 @@ impl FileHandle {
     }
 
     /// Re-reads the length from meta (writes by other handles become visible
-    /// once they report or close).
+    /// once they report or close). A truncate by someone else since this
+    /// handle last looked (a newer truncate version) cuts this handle's
+    /// written end to the new length.
     pub async fn refresh_len(&self) -> Result<u64> {
         let inode = self.shared.client.meta.stat(self.shared.inode).await.map_err(|e| self.meta_err("stat", e))?;
         let meta_len = inode.size_bytes();
         let mut st = self.shared.state.lock();
-        st.length = meta_len.max(st.written_end);
         if let Some(f) = inode.file() {
             st.inline = f.inline.is_some();
+            if f.truncate_version > st.truncate_version {
+                st.truncate_version = f.truncate_version;
+                st.written_end = st.written_end.min(meta_len);
+                st.reported_end = st.reported_end.min(meta_len);
+            }
         }
+        st.length = meta_len.max(st.written_end);
         Ok(st.length)
     }
 

@@ -20,9 +20,15 @@ pub fn free_base_port() -> u16 {
 
 /// Starts `fskv up` and waits for its "serving" line.
 pub fn start_up(data: &Path, base: u16) -> Child {
+    start_up_with(data, base, &[])
+}
+
+/// [`start_up`] with extra arguments for `fskv up`.
+pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
         .args(["up", "--heartbeat-timeout-ms", "3000", "--base-port", &base.to_string(), "--data"])
         .arg(data)
+        .args(extra)
         .env("FSKV_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

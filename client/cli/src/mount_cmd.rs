@@ -1,0 +1,42 @@
+//! `fskv mount --mgmtd A --meta A PATH`: the FUSE mount. Serves until
+//! SIGTERM / Ctrl-C, then unmounts (also when serving fails).
+
+use anyhow::Context;
+use clap::Args;
+use fskv_client::file::{FsClient, FsClientConfig};
+use fskv_fuse::MountConfig;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct MountArgs {
+    /// mgmtd address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// Kernel attribute and entry cache timeout.
+    #[arg(long, default_value_t = 1_000)]
+    attr_ttl_ms: u64,
+    /// Only the mounting user may use the mount (no `allow_other`).
+    #[arg(long)]
+    private: bool,
+    /// The directory to mount on.
+    path: PathBuf,
+}
+
+pub async fn run(args: MountArgs) -> anyhow::Result<()> {
+    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
+        .await
+        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let cfg = MountConfig { attr_ttl_ms: args.attr_ttl_ms, entry_ttl_ms: args.attr_ttl_ms, allow_other: !args.private, ..Default::default() };
+    let path = args.path.clone();
+    let on_mounted = move || {
+        println!("mounted {}; SIGTERM or Ctrl-C unmounts", path.display());
+        let _ = std::io::stdout().flush();
+    };
+    let result = fskv_fuse::serve(client.clone(), &args.path, cfg, on_mounted, crate::storage_cmd::wait_for_signal()).await;
+    client.shutdown();
+    result.with_context(|| format!("mount at {}", args.path.display()))
+}

@@ -1,0 +1,366 @@
+//! `fskv mount` against a running `fskv up`: the POSIX surface through the
+//! kernel (std::fs + libc), cross-visibility with `fskv put`/`get`, and a
+//! clean unmount on SIGTERM. Skips (with a printed reason) where FUSE is
+//! unavailable. One cluster start for everything, to keep the test short.
+
+mod common;
+
+use common::{free_base_port, start_up, start_up_with, stop_up};
+use std::ffi::CString;
+use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const MIB: usize = 1 << 20;
+
+fn fskv(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
+    assert!(out.status.success(), "fskv {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32).map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 13) as u8).collect()
+}
+
+fn is_mounted(path: &Path) -> bool {
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let p = path.to_string_lossy();
+    mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*p))
+}
+
+/// The `fskv mount` child; unmounts and kills on drop (a failed test leaves
+/// no stale mount behind).
+struct MountProc {
+    child: Option<Child>,
+    path: PathBuf,
+}
+
+impl Drop for MountProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if is_mounted(&self.path) {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+    }
+}
+
+enum Mounted {
+    Yes(MountProc),
+    Skip(String),
+}
+
+/// Starts `fskv mount` and waits (bounded) for its "mounted" line.
+fn start_mount(mgmtd: &str, meta: &str, path: &Path) -> Mounted {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
+        .args(["mount", "--mgmtd", mgmtd, "--meta", meta])
+        .arg(path)
+        .env("FSKV_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn fskv mount");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if line.starts_with("mounted ") && is_mounted(path) {
+                return Mounted::Yes(MountProc { child: Some(child), path: path.to_path_buf() });
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            if err.contains("Operation not permitted") || err.contains("Permission denied") || err.contains("fusermount") {
+                return Mounted::Skip(format!("mounting is not permitted here ({status}): {err}"));
+            }
+            panic!("fskv mount exited with {status}: {err}");
+        }
+        assert!(Instant::now() < deadline, "fskv mount did not report the mount within 30 s");
+    }
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.to_str().unwrap()).unwrap()
+}
+
+fn check_sizes(mnt: &Path) {
+    for (i, len) in [0, 1, 4096, MIB + 1, 20 * MIB].into_iter().enumerate() {
+        let data = pattern(len, i as u32);
+        let p = mnt.join(format!("size-{len}"));
+        fs::write(&p, &data).unwrap();
+        assert_eq!(fs::metadata(&p).unwrap().len(), len as u64, "size of {p:?}");
+        let back = fs::read(&p).unwrap();
+        assert!(back == data, "bytes of {p:?} differ (got {} bytes)", back.len());
+    }
+}
+
+fn check_hole_overwrite_truncate(mnt: &Path) {
+    // A hole: 3 MiB of zeros, then 10 bytes.
+    let p = mnt.join("holey");
+    let mut f = fs::File::create(&p).unwrap();
+    f.seek(SeekFrom::Start(3 * MIB as u64)).unwrap();
+    f.write_all(b"0123456789").unwrap();
+    drop(f);
+    let got = fs::read(&p).unwrap();
+    assert_eq!(got.len(), 3 * MIB + 10);
+    assert!(got[..3 * MIB].iter().all(|&b| b == 0), "hole is not zeros");
+    assert_eq!(&got[3 * MIB..], b"0123456789");
+
+    // Overwrite in the middle of an existing file.
+    let p = mnt.join(format!("size-{}", MIB + 1));
+    let mut expect = fs::read(&p).unwrap();
+    let patch = pattern(5000, 99);
+    let mut f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.seek(SeekFrom::Start(700_000)).unwrap();
+    f.write_all(&patch).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    expect[700_000..705_000].copy_from_slice(&patch);
+    assert!(fs::read(&p).unwrap() == expect, "overwrite in the middle");
+
+    // Truncate down, then up (zeros past the old end).
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(100).unwrap();
+    drop(f);
+    assert_eq!(fs::read(&p).unwrap(), expect[..100].to_vec());
+    let f = OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(5000).unwrap();
+    drop(f);
+    let got = fs::read(&p).unwrap();
+    assert_eq!(got.len(), 5000);
+    assert_eq!(&got[..100], &expect[..100]);
+    assert!(got[100..].iter().all(|&b| b == 0));
+
+    // O_TRUNC right after a close (whose release may still be in flight).
+    let p = mnt.join("retrunc");
+    fs::write(&p, b"abcd").unwrap();
+    let f = OpenOptions::new().write(true).truncate(true).open(&p).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 0, "fstat after O_TRUNC");
+    drop(f);
+    assert_eq!(fs::metadata(&p).unwrap().len(), 0);
+}
+
+fn check_directories(mnt: &Path) {
+    let d = mnt.join("many");
+    fs::create_dir(&d).unwrap();
+    let n = 310;
+    for i in 0..n {
+        fs::File::create(d.join(format!("f{i:04}"))).unwrap();
+    }
+    let mut names: Vec<String> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    let want: Vec<String> = (0..n).map(|i| format!("f{i:04}")).collect();
+    assert_eq!(names, want, "readdir across pages");
+    assert_eq!(fs::remove_dir(&d).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+    for i in 0..n {
+        fs::remove_file(d.join(format!("f{i:04}"))).unwrap();
+    }
+    fs::remove_dir(&d).unwrap();
+    assert!(!d.exists());
+    assert_eq!(fs::metadata(mnt.join("nope")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    assert_eq!(fs::create_dir(mnt).unwrap_err().raw_os_error(), Some(libc::EEXIST));
+}
+
+fn check_rename_links(mnt: &Path) {
+    let (a, b) = (mnt.join("a"), mnt.join("b"));
+    fs::create_dir_all(a.join("sub")).unwrap();
+    fs::create_dir(&b).unwrap();
+    fs::write(a.join("file"), b"renamed").unwrap();
+    fs::rename(a.join("file"), b.join("moved")).unwrap();
+    assert_eq!(fs::read(b.join("moved")).unwrap(), b"renamed");
+    assert!(!a.join("file").exists());
+    fs::write(a.join("sub/inner"), b"inner").unwrap();
+    fs::rename(a.join("sub"), b.join("sub2")).unwrap();
+    assert_eq!(fs::read(b.join("sub2/inner")).unwrap(), b"inner");
+    // A directory into its own subtree: EINVAL.
+    assert_eq!(fs::rename(&b, b.join("sub2/x")).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+
+    std::os::unix::fs::symlink("b/moved", mnt.join("ln")).unwrap();
+    assert_eq!(fs::read_link(mnt.join("ln")).unwrap(), Path::new("b/moved"));
+    assert!(fs::symlink_metadata(mnt.join("ln")).unwrap().file_type().is_symlink());
+    assert_eq!(fs::read(mnt.join("ln")).unwrap(), b"renamed");
+
+    fs::hard_link(b.join("moved"), a.join("hard")).unwrap();
+    assert_eq!(fs::metadata(a.join("hard")).unwrap().nlink(), 2);
+    assert_eq!(fs::read(a.join("hard")).unwrap(), b"renamed");
+    fs::remove_file(b.join("moved")).unwrap();
+    assert_eq!(fs::read(a.join("hard")).unwrap(), b"renamed");
+}
+
+fn check_attributes(mnt: &Path) {
+    let p = mnt.join("attrs");
+    fs::write(&p, b"x").unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o640);
+    std::os::unix::fs::chown(&p, Some(1234), Some(5678)).unwrap();
+    let m = fs::metadata(&p).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
+    let when = UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    let f = fs::File::open(&p).unwrap();
+    f.set_times(fs::FileTimes::new().set_accessed(when).set_modified(when)).unwrap();
+    drop(f);
+    let m = fs::metadata(&p).unwrap();
+    assert_eq!(m.modified().unwrap(), when);
+    assert_eq!(m.accessed().unwrap(), when);
+    assert!(m.modified().unwrap() < SystemTime::now());
+}
+
+fn check_xattrs_statfs(mnt: &Path) {
+    let p = mnt.join("xattrs");
+    fs::write(&p, b"x").unwrap();
+    let c = cpath(&p);
+    let name = CString::new("user.color").unwrap();
+    let value = b"blue";
+    // SAFETY: valid NUL-terminated strings and buffers of the given lengths.
+    unsafe {
+        assert_eq!(libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0), 0);
+        let mut buf = [0u8; 64];
+        let n = libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(&buf[..n as usize], value);
+        assert_eq!(libc::getxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0), 4, "size query");
+        let n = libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert_eq!(&buf[..n as usize], b"user.color\0");
+        assert_eq!(libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), libc::XATTR_CREATE), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EEXIST));
+        assert_eq!(libc::removexattr(c.as_ptr(), name.as_ptr()), 0);
+        assert_eq!(libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::ENODATA));
+
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(cpath(mnt).as_ptr(), &mut st), 0);
+        assert_eq!(st.f_namemax, 255);
+        assert!(st.f_blocks > 0 && st.f_bsize > 0);
+    }
+}
+
+/// Another user through `allow_other`: the caller's uid/gid reach meta.
+fn check_other_user(mnt: &Path) {
+    let nobody = 65534;
+    let secret = mnt.join("root-only");
+    fs::write(&secret, b"secret").unwrap();
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+    let shared = mnt.join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o777)).unwrap();
+    let as_nobody = |script: &str| Command::new("sh").args(["-c", script]).uid(nobody).gid(nobody).output().unwrap();
+    let out = as_nobody(&format!("cat {}", secret.display()));
+    assert!(!out.status.success(), "nobody read a 0600 root file");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"), "{out:?}");
+    let mine = shared.join("mine");
+    let out = as_nobody(&format!("echo hi > {}", mine.display()));
+    assert!(out.status.success(), "{out:?}");
+    let m = fs::metadata(&mine).unwrap();
+    assert_eq!((m.uid(), m.gid()), (nobody, nobody), "owner of a file created by another user");
+    assert_eq!(fs::read(&mine).unwrap(), b"hi\n");
+    let out = as_nobody(&format!("chmod 600 {}", secret.display()));
+    assert!(!out.status.success(), "nobody chmod-ed a root file");
+}
+
+fn check_cross_visibility(mnt: &Path, mgmtd: &str, meta: &str, scratch: &Path) {
+    // Written through the mount, read with `fskv get`.
+    let data = pattern(3 * MIB + 17, 7);
+    fs::write(mnt.join("via-mount"), &data).unwrap();
+    let out = scratch.join("got.bin");
+    fskv(&["get", "--mgmtd", mgmtd, "--meta", meta, "/via-mount", out.to_str().unwrap()]);
+    assert!(fs::read(&out).unwrap() == data, "fskv get of a file written through the mount");
+    // Put with `fskv put`, read through the mount (large and small).
+    for (name, len) in [("put-big", 2 * MIB + 5), ("put-small", 100)] {
+        let data = pattern(len, 11);
+        let local = scratch.join(name);
+        fs::write(&local, &data).unwrap();
+        fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), &format!("/{name}")]);
+        assert!(fs::read(mnt.join(name)).unwrap() == data, "{name} through the mount");
+    }
+}
+
+fn stop_mount(mut m: MountProc) {
+    let mut child = m.child.take().unwrap();
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "fskv mount exited with {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "fskv mount did not stop after SIGTERM");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!is_mounted(&m.path), "still mounted after SIGTERM");
+}
+
+#[test]
+fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIP: /dev/fuse is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port();
+    let up = start_up(&dir.path().join("data"), base);
+    let mgmtd = format!("127.0.0.1:{}", base + 11);
+    let meta = format!("127.0.0.1:{}", base + 12);
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let m = match start_mount(&mgmtd, &meta, &mnt) {
+        Mounted::Yes(m) => m,
+        Mounted::Skip(why) => {
+            println!("SKIP: {why}");
+            stop_up(up);
+            return;
+        }
+    };
+    let t0 = Instant::now();
+    check_sizes(&mnt);
+    check_hole_overwrite_truncate(&mnt);
+    check_directories(&mnt);
+    check_rename_links(&mnt);
+    check_attributes(&mnt);
+    check_xattrs_statfs(&mnt);
+    check_other_user(&mnt);
+    check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
+    println!("checks took {:?}", t0.elapsed());
+    // A file held open makes umount(2) fail with EBUSY: the mount detaches
+    // lazily and the process still exits.
+    let busy = fs::File::open(mnt.join("via-mount")).unwrap();
+    stop_mount(m);
+    drop(busy);
+    stop_up(up);
+}
+
+#[test]
+fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
+    if !Path::new("/dev/fuse").exists() {
+        println!("SKIP: /dev/fuse is missing");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port();
+    let mnt = dir.path().join("mnt");
+    let up = start_up_with(&dir.path().join("data"), base, &["--mount", mnt.to_str().unwrap()]);
+    let _guard = MountProc { child: None, path: mnt.clone() };
+    assert!(is_mounted(&mnt), "fskv up reported ready without the mount");
+    let data = pattern(MIB + 3, 5);
+    fs::write(mnt.join("f"), &data).unwrap();
+    assert!(fs::read(mnt.join("f")).unwrap() == data);
+    let meta = format!("127.0.0.1:{}", base + 12);
+    let mgmtd = format!("127.0.0.1:{}", base + 11);
+    let out = dir.path().join("f.out");
+    fskv(&["get", "--mgmtd", &mgmtd, "--meta", &meta, "/f", out.to_str().unwrap()]);
+    assert!(fs::read(&out).unwrap() == data);
+    stop_up(up);
+    assert!(!is_mounted(&mnt), "still mounted after fskv up stopped");
+}

@@ -1,0 +1,732 @@
+//! The `fuser::Filesystem` over the native client.
+//!
+//! Every callback turns its arguments into owned values, builds a per-call
+//! [`Ctx`] (the client acting as the caller's uid/gid) and spawns the async
+//! work on the tokio runtime; the task sends the reply. The kernel's reader
+//! thread never waits for the cluster, so slow operations do not block others.
+
+use crate::attr::{ns_of, to_attr};
+use crate::errno::{FsError, FsResult};
+use crate::handles::{DirState, HandleTable, ListedEntry, OpenDir, OpenFile};
+use crate::MountConfig;
+use bytes::Bytes;
+use fskv_client::{FsClient, OpenFlags as FskvOpenFlags};
+use fskv_types::meta::{Inode, InodeData, SetAttr, UserInfo, XattrFlag};
+use fskv_types::InodeId;
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
+    OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tracing::Instrument;
+
+/// Block size reported by statfs.
+const STATFS_BLOCK_BYTES: u64 = 4096;
+/// Free inodes reported by statfs (ids are 64-bit; this is "plenty").
+const STATFS_FREE_INODES: u64 = 1 << 32;
+
+/// State shared by every request of one mount.
+pub(crate) struct Shared {
+    pub client: FsClient,
+    pub handles: HandleTable,
+    pub cfg: MountConfig,
+}
+
+/// The mounted filesystem.
+pub struct FskvFs {
+    shared: Arc<Shared>,
+    rt: tokio::runtime::Handle,
+}
+
+/// One request's view: the client acting as the caller.
+struct Ctx {
+    client: FsClient,
+    shared: Arc<Shared>,
+}
+
+fn name_str(name: &OsStr) -> FsResult<String> {
+    name.to_str().map(str::to_string).ok_or(FsError(Errno::EINVAL))
+}
+
+fn ino(i: INodeNo) -> InodeId {
+    InodeId(i.0)
+}
+
+fn to_time_ns(t: TimeOrNow) -> u64 {
+    match t {
+        TimeOrNow::SpecificTime(t) => ns_of(t),
+        TimeOrNow::Now => ns_of(SystemTime::now()),
+    }
+}
+
+impl FskvFs {
+    pub(crate) fn new(shared: Arc<Shared>, rt: tokio::runtime::Handle) -> Self {
+        FskvFs { shared, rt }
+    }
+
+    fn ctx(&self, req: &Request) -> Ctx {
+        let user = UserInfo::new(req.uid(), req.gid());
+        Ctx { client: self.shared.client.with_user(user), shared: self.shared.clone() }
+    }
+
+    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, span: tracing::Span, fut: F) {
+        self.rt.spawn(fut.instrument(span));
+    }
+}
+
+impl Ctx {
+    fn meta(&self) -> &fskv_client::MetaClient {
+        self.client.meta()
+    }
+
+    fn attr_ttl(&self) -> Duration {
+        Duration::from_millis(self.shared.cfg.attr_ttl_ms)
+    }
+
+    fn entry_ttl(&self) -> Duration {
+        Duration::from_millis(self.shared.cfg.entry_ttl_ms)
+    }
+
+    /// Attributes of `inode`, sized to cover writes still open in this mount.
+    fn attr_of(&self, inode: &Inode) -> FileAttr {
+        let mut open_end = 0;
+        if matches!(inode.data, InodeData::File(_)) {
+            for f in self.shared.handles.writers_of(inode.id) {
+                if let Ok(guard) = f.handle.try_read() {
+                    if let Some(h) = guard.as_ref() {
+                        open_end = open_end.max(h.len());
+                    }
+                }
+            }
+        }
+        to_attr(inode, open_end)
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: FsResult<Inode>) {
+        match r {
+            Ok(inode) => reply.entry(&self.entry_ttl(), &self.attr_of(&inode), Generation(0)),
+            Err(e) => reply.error(e.0),
+        }
+    }
+
+    fn reply_attr(&self, reply: ReplyAttr, r: FsResult<Inode>) {
+        match r {
+            Ok(inode) => reply.attr(&self.attr_ttl(), &self.attr_of(&inode)),
+            Err(e) => reply.error(e.0),
+        }
+    }
+
+    async fn setattr(&self, inode: InodeId, a: SetAttrArgs) -> FsResult<Inode> {
+        if let Some(size) = a.size {
+            self.truncate(inode, size, a.fh).await?;
+        }
+        let change = SetAttr { mode: a.mode.map(|m| m & 0o7777), uid: a.uid, gid: a.gid, atime_ns: a.atime_ns, mtime_ns: a.mtime_ns };
+        if change != SetAttr::default() {
+            return self.meta().setattr(inode, change).await.map_err(|e| FsError::from(e).for_setattr());
+        }
+        Ok(self.meta().stat(inode).await?)
+    }
+
+    /// Truncates through the open handle `fh` if it is writable, else
+    /// through a temporary write handle (close makes the length exact).
+    async fn truncate(&self, inode: InodeId, size: u64, fh: Option<u64>) -> FsResult<()> {
+        if let Some(file) = fh.and_then(|fh| self.shared.handles.file(fh).ok()).filter(|f| f.writable) {
+            let guard = file.handle.read().await;
+            let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
+            handle.truncate(size).await?;
+        } else {
+            let handle = self.client.open_inode(inode, FskvOpenFlags { read: false, write: true, ..Default::default() }).await?;
+            let result = handle.truncate(size).await;
+            let closed = handle.close().await;
+            result?;
+            closed?;
+        }
+        self.refresh_writers(inode).await;
+        Ok(())
+    }
+
+    /// Lets the other open writers of `inode` see a truncate (so their
+    /// written end no longer props up the size this mount reports).
+    async fn refresh_writers(&self, inode: InodeId) {
+        for f in self.shared.handles.writers_of(inode) {
+            let guard = f.handle.read().await;
+            if let Some(h) = guard.as_ref() {
+                if let Err(e) = h.refresh_len().await {
+                    tracing::debug!(%inode, error = %e, "refreshing an open writer after truncate failed");
+                }
+            }
+        }
+    }
+
+    async fn open(&self, inode: InodeId, flags: OpenFlags) -> FsResult<u64> {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        let truncate = write && flags.0 & libc::O_TRUNC != 0;
+        let open_flags = FskvOpenFlags { read: true, write, truncate, ..Default::default() };
+        let handle = self.client.open_inode(inode, open_flags).await?;
+        self.insert_handle(inode, write, handle).await
+    }
+
+    async fn insert_handle(&self, inode: InodeId, writable: bool, handle: fskv_client::FileHandle) -> FsResult<u64> {
+        let file = OpenFile { inode, writable, handle: tokio::sync::RwLock::new(None) };
+        let fh = self.shared.handles.insert_file(file);
+        match fh {
+            Ok(fh) => {
+                if let Ok(f) = self.shared.handles.file(fh) {
+                    *f.handle.write().await = Some(handle);
+                }
+                Ok(fh)
+            }
+            Err(e) => {
+                if let Err(err) = handle.close().await {
+                    tracing::warn!(%inode, error = %err, "closing a handle over the limit failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn create(&self, parent: InodeId, name: &str, mode: u32, flags: i32) -> FsResult<(Inode, u64)> {
+        let exclusive = flags & libc::O_EXCL != 0;
+        let handle = self.client.create_at(parent, name, mode & 0o7777, exclusive).await?;
+        let inode_id = handle.inode();
+        let fh = self.insert_handle(inode_id, true, handle).await?;
+        match self.meta().stat(inode_id).await {
+            Ok(inode) => Ok((inode, fh)),
+            Err(e) => {
+                let _ = self.release(fh).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let file = self.shared.handles.file(fh)?;
+        let guard = file.handle.read().await;
+        let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
+        let end = offset.saturating_add(u64::from(size));
+        if end > handle.len() {
+            // Writes by other handles show up once reported; look again.
+            handle.refresh_len().await?;
+        }
+        Ok(handle.read_at(offset, u64::from(size)).await?)
+    }
+
+    async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
+        let file = self.shared.handles.file(fh)?;
+        let guard = file.handle.read().await;
+        let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
+        let len = u32::try_from(data.len()).map_err(|_| FsError(Errno::EINVAL))?;
+        handle.write_at(offset, data).await?;
+        Ok(len)
+    }
+
+    /// Reports the written end to meta (the data is already committed).
+    async fn fsync(&self, fh: u64) -> FsResult<()> {
+        let file = self.shared.handles.file(fh)?;
+        if !file.writable {
+            return Ok(());
+        }
+        let guard = file.handle.read().await;
+        let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
+        Ok(handle.fsync().await?)
+    }
+
+    async fn release(&self, fh: u64) -> FsResult<()> {
+        let Some(file) = self.shared.handles.remove_file(fh) else { return Err(FsError(Errno::EBADF)) };
+        close_file(&file).await
+    }
+
+    async fn opendir(&self, inode: InodeId) -> FsResult<u64> {
+        let dir = self.meta().stat(inode).await?;
+        let InodeData::Directory(d) = &dir.data else { return Err(FsError(Errno::ENOTDIR)) };
+        let mut state = DirState { more: true, ..Default::default() };
+        state.entries.push(ListedEntry { name: ".".into(), inode, kind: fuser::FileType::Directory });
+        state.entries.push(ListedEntry { name: "..".into(), inode: d.parent, kind: fuser::FileType::Directory });
+        let open = OpenDir { inode, state: tokio::sync::Mutex::new(state) };
+        self.shared.handles.insert_dir(open)
+    }
+
+    /// Fills `reply` from entry index `offset` on, reading pages from meta
+    /// (`start_after` the last name read) as needed.
+    async fn readdir(&self, fh: u64, offset: u64, mut reply: ReplyDirectory) {
+        let dir = match self.shared.handles.dir(fh) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e.0),
+        };
+        let mut state = dir.state.lock().await;
+        let mut index = usize::try_from(offset).unwrap_or(usize::MAX);
+        loop {
+            while index >= state.entries.len() && state.more {
+                if let Err(e) = self.read_dir_page(dir.inode, &mut state).await {
+                    return reply.error(e.0);
+                }
+            }
+            let Some(entry) = state.entries.get(index) else { break };
+            if reply.add(INodeNo(entry.inode.0), index as u64 + 1, entry.kind, &entry.name) {
+                break;
+            }
+            index += 1;
+        }
+        reply.ok();
+    }
+
+    async fn read_dir_page(&self, dir: InodeId, state: &mut DirState) -> FsResult<()> {
+        let limit = self.shared.cfg.readdir_page_entries;
+        let (entries, more) = self.meta().readdir(dir, &state.last_name, limit, false).await?;
+        if let Some(last) = entries.last() {
+            state.last_name = last.name.clone();
+        }
+        state.more = more && !entries.is_empty();
+        tracing::trace!(%dir, n = entries.len(), more, "readdir page");
+        state.entries.extend(entries.into_iter().map(|e| ListedEntry { name: e.name, inode: e.inode, kind: crate::attr::file_type(e.kind) }));
+        Ok(())
+    }
+
+    async fn rename(&self, parent: InodeId, name: &str, new_parent: InodeId, new_name: &str, flags: RenameFlags) -> FsResult<()> {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) || flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            return Err(FsError(Errno::EINVAL));
+        }
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            // Not atomic with the rename: a racing create can still be replaced.
+            match self.meta().lookup(new_parent, new_name).await {
+                Ok(_) => return Err(FsError(Errno::EEXIST)),
+                Err(e) if FsError::from(e.clone()).0 == Errno::ENOENT => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(self.meta().rename(parent, name, new_parent, new_name).await?)
+    }
+
+    async fn statfs(&self, reply: ReplyStatfs) {
+        match self.meta().statfs().await {
+            Ok(s) => {
+                let blocks = s.capacity_bytes / STATFS_BLOCK_BYTES;
+                let free = s.capacity_bytes.saturating_sub(s.used_bytes) / STATFS_BLOCK_BYTES;
+                let bsize = STATFS_BLOCK_BYTES as u32;
+                let name_max = fskv_types::meta::MAX_NAME_BYTES as u32;
+                reply.statfs(blocks, free, free, s.inodes + STATFS_FREE_INODES, STATFS_FREE_INODES, bsize, name_max, bsize);
+            }
+            Err(e) => reply.error(FsError::from(e).0),
+        }
+    }
+
+    async fn setxattr(&self, inode: InodeId, name: &str, value: Vec<u8>, flags: i32) -> FsResult<()> {
+        let flag = if flags & libc::XATTR_CREATE != 0 {
+            XattrFlag::Create
+        } else if flags & libc::XATTR_REPLACE != 0 {
+            XattrFlag::Replace
+        } else {
+            XattrFlag::Any
+        };
+        self.meta().set_xattr(inode, name, &value, flag).await.map_err(|e| FsError::from(e).for_xattr())
+    }
+}
+
+/// Closes an open file after its in-flight calls finish.
+pub(crate) async fn close_file(file: &OpenFile) -> FsResult<()> {
+    let Some(handle) = file.handle.write().await.take() else { return Ok(()) };
+    let inode = file.inode;
+    handle.close().await.map(|len| tracing::debug!(%inode, len, "closed")).map_err(FsError::from)
+}
+
+/// Replies to an xattr read: the size when asked for it, ERANGE when the
+/// caller's buffer is too small.
+fn reply_xattr(reply: ReplyXattr, size: u32, data: FsResult<Vec<u8>>) {
+    match data {
+        Err(e) => reply.error(e.0),
+        Ok(d) if size == 0 => reply.size(u32::try_from(d.len()).unwrap_or(u32::MAX)),
+        Ok(d) if d.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(d) => reply.data(&d),
+    }
+}
+
+/// The arguments of one setattr call.
+struct SetAttrArgs {
+    mode: Option<u32>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    size: Option<u64>,
+    atime_ns: Option<u64>,
+    mtime_ns: Option<u64>,
+    fh: Option<u64>,
+}
+
+impl Filesystem for FskvFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(self.shared.cfg.max_write_bytes) {
+            tracing::info!(max, "kernel caps max_write");
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(self.shared.cfg.max_readahead_bytes) {
+            let _ = config.set_max_readahead(max);
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let shared = self.shared.clone();
+        let files = shared.handles.drain_files();
+        if files.is_empty() {
+            return;
+        }
+        tracing::info!(n = files.len(), "closing files still open at unmount");
+        self.rt.block_on(async move {
+            for f in files {
+                if let Err(e) = close_file(&f).await {
+                    tracing::warn!(inode = %f.inode, error = ?e, "close at unmount failed");
+                }
+            }
+        });
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("lookup", parent = parent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().lookup(ino(parent), &n).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            };
+            ctx.reply_entry(reply, r);
+        });
+    }
+
+    fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("getattr", inode = i.0), async move {
+            let r = ctx.meta().stat(ino(i)).await.map_err(FsError::from);
+            ctx.reply_attr(reply, r);
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<Fh>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let ctx = self.ctx(req);
+        let args = SetAttrArgs {
+            mode,
+            uid,
+            gid,
+            size,
+            atime_ns: atime.map(to_time_ns),
+            mtime_ns: mtime.map(to_time_ns),
+            fh: fh.map(|f| f.0),
+        };
+        self.spawn(tracing::debug_span!("setattr", inode = i.0), async move {
+            let r = ctx.setattr(ino(i), args).await;
+            ctx.reply_attr(reply, r);
+        });
+    }
+
+    fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("readlink", inode = i.0), async move {
+            match ctx.meta().readlink(ino(i)).await {
+                Ok(t) => reply.data(t.as_bytes()),
+                Err(e) => reply.error(FsError::from(e).0),
+            }
+        });
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _rdev: u32, reply: ReplyEntry) {
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            return reply.error(Errno::EPERM);
+        }
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("mknod", parent = parent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().create(ino(parent), &n, mode & !umask & 0o7777, true).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            };
+            ctx.reply_entry(reply, r);
+        });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("mkdir", parent = parent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().mkdir(ino(parent), &n, mode & !umask & 0o7777).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            };
+            ctx.reply_entry(reply, r);
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("unlink", parent = parent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().unlink(ino(parent), &n).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            };
+            reply_empty(reply, r);
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("rmdir", parent = parent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().rmdir(ino(parent), &n).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            };
+            reply_empty(reply, r);
+        });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let (ctx, name, target) = (self.ctx(req), name_str(link_name), name_str(target.as_os_str()));
+        self.spawn(tracing::debug_span!("symlink", parent = parent.0), async move {
+            let r = match (name, target) {
+                (Ok(n), Ok(t)) => ctx.meta().symlink(ino(parent), &n, &t).await.map_err(FsError::from),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+            ctx.reply_entry(reply, r);
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (ctx, name, newname) = (self.ctx(req), name_str(name), name_str(newname));
+        self.spawn(tracing::debug_span!("rename", parent = parent.0, newparent = newparent.0), async move {
+            let r = match (name, newname) {
+                (Ok(n), Ok(nn)) => ctx.rename(ino(parent), &n, ino(newparent), &nn, flags).await,
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+            reply_empty(reply, r);
+        });
+    }
+
+    fn link(&self, req: &Request, i: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let (ctx, name) = (self.ctx(req), name_str(newname));
+        self.spawn(tracing::debug_span!("link", inode = i.0, newparent = newparent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().link(ino(i), ino(newparent), &n).await.map_err(FsError::from),
+                Err(e) => Err(e),
+            };
+            ctx.reply_entry(reply, r);
+        });
+    }
+
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("open", inode = i.0), async move {
+            match ctx.open(ino(i), flags).await {
+                Ok(fh) => reply.opened(Fh(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e.0),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        fh: Fh,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("read", inode = i.0, offset, size), async move {
+            match ctx.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(e.0),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let ctx = self.ctx(req);
+        let data = Bytes::copy_from_slice(data);
+        self.spawn(tracing::debug_span!("write", inode = i.0, offset, len = data.len()), async move {
+            match ctx.write(fh.0, offset, data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(e.0),
+            }
+        });
+    }
+
+    fn flush(&self, req: &Request, i: INodeNo, fh: Fh, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("flush", inode = i.0), async move {
+            let r = ctx.fsync(fh.0).await;
+            reply_empty(reply, r);
+        });
+    }
+
+    fn release(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        fh: Fh,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("release", inode = i.0), async move {
+            let r = ctx.release(fh.0).await;
+            if let Err(e) = &r {
+                tracing::warn!(error = ?e, "close failed");
+            }
+            reply_empty(reply, r);
+        });
+    }
+
+    fn fsync(&self, req: &Request, i: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("fsync", inode = i.0), async move {
+            let r = ctx.fsync(fh.0).await;
+            reply_empty(reply, r);
+        });
+    }
+
+    fn opendir(&self, req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("opendir", inode = i.0), async move {
+            match ctx.opendir(ino(i)).await {
+                Ok(fh) => reply.opened(Fh(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e.0),
+            }
+        });
+    }
+
+    fn readdir(&self, req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("readdir", inode = i.0, offset), async move {
+            ctx.readdir(fh.0, offset, reply).await;
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _i: INodeNo, fh: Fh, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.shared.handles.remove_dir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+        // Every namespace change is committed by meta before it replies.
+        reply.ok();
+    }
+
+    fn statfs(&self, req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("statfs"), async move { ctx.statfs(reply).await });
+    }
+
+    fn setxattr(&self, req: &Request, i: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
+        self.spawn(tracing::debug_span!("setxattr", inode = i.0), async move {
+            let r = match name {
+                Ok(n) => ctx.setxattr(ino(i), &n, value, flags).await,
+                Err(e) => Err(e),
+            };
+            reply_empty(reply, r);
+        });
+    }
+
+    fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("getxattr", inode = i.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().get_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
+                Err(e) => Err(e),
+            };
+            reply_xattr(reply, size, r);
+        });
+    }
+
+    fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("listxattr", inode = i.0), async move {
+            let r = ctx.meta().list_xattr(ino(i)).await.map_err(FsError::from).map(|names| {
+                let mut out = Vec::new();
+                for n in names {
+                    out.extend_from_slice(n.as_bytes());
+                    out.push(0);
+                }
+                out
+            });
+            reply_xattr(reply, size, r);
+        });
+    }
+
+    fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("removexattr", inode = i.0), async move {
+            let r = match name {
+                Ok(n) => ctx.meta().remove_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
+                Err(e) => Err(e),
+            };
+            reply_empty(reply, r);
+        });
+    }
+
+    fn access(&self, _req: &Request, _i: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Mounted with `default_permissions`: the kernel checks mode bits.
+        reply.ok();
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let (ctx, name) = (self.ctx(req), name_str(name));
+        self.spawn(tracing::debug_span!("create", parent = parent.0), async move {
+            let r = match name {
+                Ok(n) => ctx.create(ino(parent), &n, mode & !umask, flags).await,
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok((inode, fh)) => reply.created(&ctx.entry_ttl(), &ctx.attr_of(&inode), Generation(0), Fh(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e.0),
+            }
+        });
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: FsResult<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e.0),
+    }
+}

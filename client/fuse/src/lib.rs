@@ -1,0 +1,131 @@
+//! `fskv-fuse`: the FUSE mount of 3FS-KV, a [`fuser::Filesystem`] over the
+//! native client ([`fskv_client::FsClient`]).
+//!
+//! * [`fs`]: the filesystem; every callback spawns its work on tokio and
+//!   replies from the task (the mount serves many requests at once).
+//! * [`errno`]: the one mapping from fskv error codes to errno values.
+//! * [`handles`]: open file / directory handles keyed by the kernel's `fh`.
+//! * [`attr`]: inode → `FileAttr`.
+//!
+//! Inode numbers are fskv inode ids (the root, 1, is `FUSE_ROOT_ID`).
+//! See `docs/fuse.md` for the supported operations, caching and limits.
+
+pub mod attr;
+pub mod errno;
+pub mod fs;
+pub mod handles;
+
+use fskv_client::FsClient;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Limits and timeouts of one mount; units are in the names.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// How long the kernel caches attributes (getattr replies).
+    pub attr_ttl_ms: u64,
+    /// How long the kernel caches name → inode entries (lookup replies).
+    pub entry_ttl_ms: u64,
+    /// Open files + directories at once; more opens fail with EMFILE.
+    pub max_open_handles: usize,
+    /// Largest write the kernel sends in one request.
+    pub max_write_bytes: u32,
+    /// Kernel readahead window.
+    pub max_readahead_bytes: u32,
+    /// Entries per readdir page asked of meta.
+    pub readdir_page_entries: u32,
+    /// Threads reading requests from /dev/fuse (work runs on tokio).
+    pub reader_threads: usize,
+    /// Let other users (and root) use the mount (`allow_other`).
+    pub allow_other: bool,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            attr_ttl_ms: 1_000,
+            entry_ttl_ms: 1_000,
+            max_open_handles: 65_536,
+            max_write_bytes: 1 << 20,
+            max_readahead_bytes: 1 << 20,
+            readdir_page_entries: 256,
+            reader_threads: 2,
+            allow_other: true,
+        }
+    }
+}
+
+fn fuser_config(cfg: &MountConfig) -> fuser::Config {
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![
+        fuser::MountOption::FSName("fskv".into()),
+        fuser::MountOption::Subtype("fskv".into()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    c.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    c.n_threads = Some(cfg.reader_threads.max(1));
+    c
+}
+
+/// Mounts `client` at `mountpoint`, serves until `shutdown` completes (or
+/// the mount goes away, e.g. `umount`), then unmounts. `on_mounted` runs
+/// once the kernel handshake is done. Must be called inside a tokio runtime.
+pub async fn serve<S, M>(client: FsClient, mountpoint: &Path, cfg: MountConfig, on_mounted: M, shutdown: S) -> std::io::Result<()>
+where
+    S: Future<Output = ()>,
+    M: FnOnce(),
+{
+    let rt = tokio::runtime::Handle::current();
+    let shared = Arc::new(fs::Shared { client, handles: handles::HandleTable::new(cfg.max_open_handles), cfg: cfg.clone() });
+    let filesystem = fs::FskvFs::new(shared, rt);
+    let options = fuser_config(&cfg);
+    let path: PathBuf = mountpoint.to_path_buf();
+    // The handshake blocks on /dev/fuse; keep it off the async workers.
+    let mut session = tokio::task::spawn_blocking(move || fuser::Session::new(filesystem, &path, &options))
+        .await
+        .map_err(std::io::Error::other)??;
+    let mut unmounter = session.unmount_callable();
+    tracing::info!(mountpoint = %mountpoint.display(), "mounted");
+    on_mounted();
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    let runner = std::thread::Builder::new().name("fskv-fuse".into()).spawn(move || {
+        let r = session.run();
+        let _ = done_tx.send(());
+        r
+    })?;
+    let mut ended = false;
+    tokio::select! {
+        _ = shutdown => tracing::info!("unmounting"),
+        _ = &mut done_rx => {
+            tracing::info!("the mount went away");
+            ended = true;
+        }
+    }
+    if let Err(e) = unmounter.unmount() {
+        tracing::warn!(error = %e, "unmount failed (busy?); detaching lazily");
+        detach(mountpoint)?;
+    }
+    if !ended && tokio::time::timeout(std::time::Duration::from_millis(SESSION_END_TIMEOUT_MS), done_rx).await.is_err() {
+        // Files still open on a detached mount keep the session alive;
+        // exiting closes /dev/fuse, which ends it.
+        tracing::warn!("the FUSE session did not end in time; leaving it to process exit");
+        return Ok(());
+    }
+    runner.join().map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
+}
+
+/// Bound on the wait for the session thread after unmount.
+const SESSION_END_TIMEOUT_MS: u64 = 10_000;
+
+/// Lazy unmount (`MNT_DETACH`): the mount leaves the namespace at once.
+fn detach(mountpoint: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
