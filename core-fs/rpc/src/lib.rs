@@ -58,6 +58,8 @@ pub mod frame;
 mod io;
 pub mod method;
 pub mod server;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod transport;
 
 pub use client::{CallOptions, ClientConfig, RpcClient};
@@ -66,3 +68,5 @@ pub use fskv_types::{ErrorCode, Status};
 pub use method::Method;
 pub use server::{RequestContext, Router, Server, ServerConfig};
 pub use transport::{RemoteBuf, TcpTransport, Transport};
+#[cfg(feature = "sim")]
+pub use sim::SimTransport;
