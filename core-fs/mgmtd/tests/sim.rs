@@ -229,6 +229,8 @@ struct Shared {
     exits: Vec<String>,
     /// Simulated ms at which every chain was all serving after the heal.
     all_serving_at_ms: Option<u64>,
+    /// The last routing the checker saw.
+    last_routing: Option<RoutingInfo>,
     /// A log of events for the replay trace (compared across runs of a seed).
     trace: Vec<String>,
 }
@@ -440,6 +442,7 @@ async fn run_checker(ctx: Ctx) -> turmoil::Result {
         if let Ok(resp) = client.get_routing(0, 0).await {
             if let Some(r) = resp.routing {
                 ctx.observe("checker", &r);
+                ctx.shared.lock().unwrap().last_routing = Some(r.clone());
                 let all = !r.chains.is_empty()
                     && r.chains.iter().all(|c| c.targets.iter().all(|t| t.state == PublicTargetState::Serving));
                 if all {
@@ -451,6 +454,9 @@ async fn run_checker(ctx: Ctx) -> turmoil::Result {
             }
         }
         if now_ms() > healed_at + SERVING_BOUND_MS {
+            if let Ok(st) = client.status_of(&format!("mgmtd:{MGMTD_PORT}")).await {
+                ctx.trace(format!("mgmtd status at the bound: nodes {:?} chains {:?}", st.nodes, st.chains));
+            }
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -700,7 +706,15 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
     let shared = ctx.shared.lock().unwrap();
     let mut problems: Vec<String> = shared.violations.iter().map(|v| format!("two views of one chain version: {v}")).collect();
     match shared.all_serving_at_ms {
-        None => problems.push(format!("chains not all serving within {SERVING_BOUND_MS} ms of the heal")),
+        None => {
+            let states: Vec<String> = shared
+                .last_routing
+                .iter()
+                .flat_map(|r| r.chains.iter())
+                .map(|c| format!("{}@{} {:?}", c.chain_id, c.chain_version, c.targets.iter().map(|t| (t.target_id.0, t.state)).collect::<Vec<_>>()))
+                .collect();
+            problems.push(format!("chains not all serving within {SERVING_BOUND_MS} ms of the heal: {states:?}"))
+        }
         Some(t) => {
             if t > healed_at + SERVING_BOUND_MS {
                 problems.push(format!("chains all serving only {} ms after the heal", t - healed_at));

@@ -14,7 +14,7 @@ use fskv_client::storage::{
     SyncStart, WriteChunk,
 };
 use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport, Transport};
-use fskv_types::routing::{ChainInfo, LocalTargetState, RoutingInfo};
+use fskv_types::routing::{ChainInfo, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use parking_lot::Mutex;
@@ -76,8 +76,11 @@ pub struct Target {
     pub id: TargetId,
     pub engine: Arc<ChunkEngine>,
     locks: ChunkLocks,
-    /// Set by the predecessor's sync-done, cleared by sync-start.
-    sync_done: Mutex<bool>,
+    /// The chain version of the predecessor's sync-done; cleared by
+    /// sync-start. Counts only while routing shows this target syncing at
+    /// that chain version (a late sync-done of an older version must not
+    /// make a waiting target report up-to-date).
+    sync_done: Mutex<Option<u32>>,
 }
 
 /// The storage service (cheap to clone).
@@ -141,7 +144,7 @@ impl StorageService {
     pub fn new(config: StorageConfig, engines: Vec<(TargetId, Arc<ChunkEngine>)>, routing: RoutingHandle, rpc: RpcClient) -> Self {
         let targets = engines
             .into_iter()
-            .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(false) })))
+            .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(None) })))
             .collect();
         StorageService {
             inner: Arc::new(Inner {
@@ -200,13 +203,17 @@ impl StorageService {
     }
 
     /// The local state to report in heartbeats (SPEC §6): up-to-date when
-    /// the target is serving or its predecessor finished syncing it,
-    /// online otherwise.
+    /// the target is serving or its predecessor finished syncing it at the
+    /// chain version where it is syncing now, online otherwise.
     pub fn local_state(&self, target: TargetId) -> Option<LocalTargetState> {
         let t = self.inner.targets.get(&target)?;
         let routing = self.inner.routing.current();
-        let serving = routing.locate_target(target).is_some_and(|(_, ct)| ct.state.can_read());
-        Some(if serving || *t.sync_done.lock() { LocalTargetState::UpToDate } else { LocalTargetState::Online })
+        let located = routing.locate_target(target);
+        let serving = located.is_some_and(|(_, ct)| ct.state.can_read());
+        let synced = located.is_some_and(|(chain, ct)| {
+            ct.state == PublicTargetState::Syncing && *t.sync_done.lock() == Some(chain.chain_version)
+        });
+        Some(if serving || synced { LocalTargetState::UpToDate } else { LocalTargetState::Online })
     }
 
     /// The plan summary of the last sync `target` completed as predecessor.
@@ -621,7 +628,7 @@ impl StorageService {
 
     fn handle_sync_mark(&self, req: SyncReq, done: bool) -> Result<SyncResp> {
         let target = self.target(req.target)?;
-        *target.sync_done.lock() = done;
+        *target.sync_done.lock() = done.then_some(req.chain_ver);
         info!(target = %req.target, from = %req.from, chain_ver = req.chain_ver, done, "sync mark");
         Ok(SyncResp {})
     }
