@@ -21,7 +21,7 @@ use fskv_mgmtd::{Clock, Layout, Mgmtd, MgmtdConfig};
 use fskv_rpc::{ClientConfig, RpcClient, SimTransport};
 use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
 use fskv_storage::{StorageConfig, StorageService};
-use fskv_types::routing::{ChainTarget, PublicTargetState, RoutingInfo};
+use fskv_types::routing::{ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_types::{ChainId, ChunkId, InodeId, NodeId, TargetId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -229,8 +229,8 @@ struct Shared {
     exits: Vec<String>,
     /// Simulated ms at which every chain was all serving after the heal.
     all_serving_at_ms: Option<u64>,
-    /// The last routing the checker saw.
-    last_routing: Option<RoutingInfo>,
+    /// mgmtd's status the last time the checker found it unhealthy.
+    last_status: Option<String>,
     /// A log of events for the replay trace (compared across runs of a seed).
     trace: Vec<String>,
 }
@@ -434,29 +434,47 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
     Ok(())
 }
 
-/// After the heal: waits (bounded) until mgmtd shows every target serving.
+/// After the heal: waits (bounded) until mgmtd shows every node alive and
+/// heartbeating and every target serving and up to date, continuously for
+/// T (so a node that died just before the heal, which mgmtd only notices
+/// after T, cannot pass for healthy).
 async fn run_checker(ctx: Ctx) -> turmoil::Result {
     let client = mgmtd_client(sim_rpc());
+    let addr = format!("mgmtd:{MGMTD_PORT}");
     let healed_at = now_ms();
+    let mut stable_since: Option<u64> = None;
     loop {
         if let Ok(resp) = client.get_routing(0, 0).await {
             if let Some(r) = resp.routing {
                 ctx.observe("checker", &r);
-                ctx.shared.lock().unwrap().last_routing = Some(r.clone());
-                let all = !r.chains.is_empty()
-                    && r.chains.iter().all(|c| c.targets.iter().all(|t| t.state == PublicTargetState::Serving));
-                if all {
-                    ctx.shared.lock().unwrap().all_serving_at_ms = Some(now_ms());
-                    // Let in-flight syncs and heartbeats settle.
-                    tokio::time::sleep(Duration::from_millis(1_000)).await;
-                    return Ok(());
-                }
             }
         }
-        if now_ms() > healed_at + SERVING_BOUND_MS {
-            if let Ok(st) = client.status_of(&format!("mgmtd:{MGMTD_PORT}")).await {
-                ctx.trace(format!("mgmtd status at the bound: nodes {:?} chains {:?}", st.nodes, st.chains));
+        let healthy = match client.status_of(&addr).await {
+            Ok(st) => {
+                let nodes_ok = st.nodes.len() == ctx.layout.nodes as usize
+                    && st.nodes.iter().all(|n| n.alive && n.last_heartbeat_age_ms <= 3 * STORAGE_HEARTBEAT_MS);
+                let chains_ok = !st.chains.is_empty()
+                    && st.chains.iter().all(|c| {
+                        c.targets.iter().all(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate)
+                    });
+                let healthy = st.is_primary && nodes_ok && chains_ok;
+                if !healthy {
+                    ctx.shared.lock().unwrap().last_status = Some(format!("nodes {:?} chains {:?}", st.nodes, st.chains));
+                }
+                healthy
             }
+            Err(_) => false,
+        };
+        if healthy {
+            let since = *stable_since.get_or_insert(now_ms());
+            if now_ms() >= since + HEARTBEAT_TIMEOUT_MS {
+                ctx.shared.lock().unwrap().all_serving_at_ms = Some(since);
+                return Ok(());
+            }
+        } else {
+            stable_since = None;
+        }
+        if now_ms() > healed_at + SERVING_BOUND_MS {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -706,15 +724,10 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
     let shared = ctx.shared.lock().unwrap();
     let mut problems: Vec<String> = shared.violations.iter().map(|v| format!("two views of one chain version: {v}")).collect();
     match shared.all_serving_at_ms {
-        None => {
-            let states: Vec<String> = shared
-                .last_routing
-                .iter()
-                .flat_map(|r| r.chains.iter())
-                .map(|c| format!("{}@{} {:?}", c.chain_id, c.chain_version, c.targets.iter().map(|t| (t.target_id.0, t.state)).collect::<Vec<_>>()))
-                .collect();
-            problems.push(format!("chains not all serving within {SERVING_BOUND_MS} ms of the heal: {states:?}"))
-        }
+        None => problems.push(format!(
+            "cluster not healthy (all nodes heartbeating, all targets serving and up to date, for T) within {SERVING_BOUND_MS} ms of the heal: last status {:?}",
+            shared.last_status
+        )),
         Some(t) => {
             if t > healed_at + SERVING_BOUND_MS {
                 problems.push(format!("chains all serving only {} ms after the heal", t - healed_at));
@@ -816,6 +829,9 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         shared.all_serving_at_ms.map_or(-1, |t| t as i64 - healed_at as i64),
         stale_pending,
     );
+    if let Ok(path) = std::env::var("FSKV_SIM_TRACE_FILE") {
+        let _ = std::fs::write(format!("{path}.{seed}"), shared.trace.join("\n"));
+    }
     if problems.is_empty() {
         Ok(Outcome { trace_hash, summary })
     } else {
