@@ -875,8 +875,11 @@ fn simulated_cluster_survives_random_faults() {
     assert!(failures.is_empty(), "failing seeds: {failures:?} (replay with FSKV_SIM_SEED=<seed>)");
 }
 
-/// A seed replays exactly: two runs give the same event trace.
+/// A seed replays exactly: two runs give the same event trace. Only with
+/// tokio built with `--cfg tokio_unstable`, where turmoil seeds tokio's RNG
+/// (see docs/mgmtd.md, "Determinism").
 #[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs RUSTFLAGS=\"--cfg tokio_unstable\" for tokio's RNG to be seeded")]
 fn a_seed_replays_exactly() {
     init_tracing();
     let seed = std::env::var("FSKV_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
