@@ -8,7 +8,7 @@ use crate::error::{Result, StorageError};
 use crate::locks::ChunkLocks;
 use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::{Bytes, BytesMut};
-use fskv_chunk_engine::{ChunkEngine, EngineConfig, PendingState, ReadMode, UpdateKind, UpdateRequest, UpdateTag};
+use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag};
 use fskv_client::storage::{
     BatchRead, CommitChunk, DumpChunkMeta, ForwardChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo, SyncDone,
     SyncStart, WriteChunk,
@@ -98,8 +98,6 @@ struct Inner {
     read_slots: Semaphore,
     /// (me, successor, chain version) of syncs running now.
     syncs: Mutex<HashSet<(TargetId, TargetId, u32)>>,
-    /// (head, chain version) whose settle pass ran (see `settle_head`).
-    settled: Mutex<HashSet<(TargetId, u32)>>,
     /// Plan of the last completed sync driven by each local target.
     last_sync: Mutex<HashMap<TargetId, sync::PlanSummary>>,
 }
@@ -157,7 +155,6 @@ impl StorageService {
                 routing,
                 rpc,
                 syncs: Mutex::new(HashSet::new()),
-                settled: Mutex::new(HashSet::new()),
                 last_sync: Mutex::new(HashMap::new()),
             }),
         }
@@ -385,9 +382,6 @@ impl StorageService {
         let _guard = target.locks.lock(req.chunk).await;
         // Routing may have changed while we waited for the lock.
         let (routing, pos) = self.check_write(req.chain_id, target.id, req.chain_ver, origin)?;
-        if let (Origin::Client, Some(succ)) = (origin, pos.successor) {
-            self.settle_left_over_pending(target, &routing, succ, req).await?;
-        }
         let expected_ver = match (origin, req.mode) {
             (Origin::Predecessor(_), ForwardMode::Update { version }) => Some(version),
             _ => None,
@@ -431,69 +425,6 @@ impl StorageService {
         Ok(Applied { version, len_bytes: outcome.len_bytes, crc: outcome.crc, duplicate: outcome.duplicate })
     }
 
-    /// At the head, under the chunk lock, before a client write: a pending
-    /// version here is a leftover of an interrupted write (a write holds the
-    /// lock until it commits), which the successors may already have
-    /// committed (the ack was lost). Discarding it, as the new update would,
-    /// left the successors holding a version the head never had (simulation
-    /// seed 99). So it is passed on as a full-chunk replace and committed
-    /// first; the new write then builds on it. (A left-over pending remove
-    /// is left to the update, as before.)
-    async fn settle_left_over_pending(&self, target: &Arc<Target>, routing: &RoutingInfo, succ: Successor, req: &ForwardReq) -> Result<()> {
-        self.settle_chunk(target, routing, succ, req.chain_id, req.chain_ver, req.chunk).await
-    }
-
-    /// Settles one chunk (caller holds its lock); see
-    /// [`Self::settle_left_over_pending`].
-    async fn settle_chunk(&self, target: &Arc<Target>, routing: &RoutingInfo, succ: Successor, chain_id: ChainId, chain_ver: u32, chunk: ChunkId) -> Result<()> {
-        let version = match target.engine.meta(chunk).and_then(|m| m.pending) {
-            Some((version, PendingState::Data(_))) => version,
-            _ => return Ok(()),
-        };
-        warn!(%chunk, version, successor = %succ.target, "left-over pending version at the head; passing it on and committing it");
-        let (mode, data) = self.pending_as_replace(target, chunk, version, chain_ver).await?;
-        let addr = Self::addr_of(routing, succ.node)?;
-        let fwd = ForwardReq {
-            chain_id,
-            chain_ver,
-            from: target.id,
-            to: succ.target,
-            chunk,
-            op: UpdateOp::Remove,
-            mode,
-            tag: RequestTag::default(),
-            chunk_size_hint_bytes: None,
-        };
-        self.inner
-            .rpc
-            .call::<ForwardChunk>(&addr, &fwd, data, self.call_opts())
-            .await
-            .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })?;
-        let engine = target.engine.clone();
-        self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
-        Ok(())
-    }
-
-    /// The head's settle pass after a chain change: every chunk left with a
-    /// pending version (no write in flight, checked under each chunk's lock)
-    /// is settled, so a write whose ack was lost does not leave the head
-    /// behind its successors when no further write comes.
-    async fn settle_head(&self, me: TargetId, chain_id: ChainId, chain_ver: u32) -> Result<()> {
-        let target = self.target(me)?.clone();
-        let engine = target.engine.clone();
-        let dump = self.blocking(move || Ok(engine.dump()?)).await?;
-        for (chunk, meta) in dump {
-            if meta.pending.is_none() {
-                continue;
-            }
-            let _guard = target.locks.lock(chunk).await;
-            let (routing, pos) = self.check_write(chain_id, me, chain_ver, Origin::Client)?;
-            let Some(succ) = pos.successor else { return Ok(()) };
-            self.settle_chunk(&target, &routing, succ, chain_id, chain_ver, chunk).await?;
-        }
-        Ok(())
-    }
-
     /// Sends a just-applied update on to the successor: as the same update,
     /// or as a full-chunk replace when the successor is syncing or its
     /// version diverged.
@@ -533,11 +464,6 @@ impl StorageService {
         if op == UpdateOp::Remove {
             return Ok((ForwardMode::ReplaceRemove, Bytes::new()));
         }
-        self.pending_as_replace(target, chunk, version, chain_ver).await
-    }
-
-    /// The pending data of `chunk` at `version` as a full-chunk replace.
-    async fn pending_as_replace(&self, target: &Arc<Target>, chunk: ChunkId, version: u64, chain_ver: u32) -> Result<(ForwardMode, Bytes)> {
         let engine = target.engine.clone();
         let read = self.blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::Relaxed)?)).await?;
         if read.version != version {
@@ -717,22 +643,6 @@ impl StorageService {
             let routing = self.inner.routing.current();
             for me in self.target_ids() {
                 let Some((chain, _)) = routing.locate_target(me) else { continue };
-                let is_head_with_successor = chain::position(chain, me).is_some_and(|p| p.is_head && p.successor.is_some());
-                if is_head_with_successor && self.inner.settled.lock().insert((me, chain.chain_version)) {
-                    let s = self.clone();
-                    let (chain_id, chain_ver) = (chain.chain_id, chain.chain_version);
-                    let span = info_span!("settle", chain = %chain_id, target = %me, chain_ver);
-                    tokio::spawn(
-                        async move {
-                            if let Err(e) = s.settle_head(me, chain_id, chain_ver).await {
-                                warn!(error = %e, "settling left-over pending versions failed; will retry");
-                                tokio::time::sleep(Duration::from_millis(s.inner.config.sync_retry_delay_ms)).await;
-                                s.inner.settled.lock().remove(&(me, chain_ver));
-                            }
-                        }
-                        .instrument(span),
-                    );
-                }
                 let Some(succ) = chain::sync_successor(chain, me) else { continue };
                 let key = (me, succ.target, chain.chain_version);
                 if !self.inner.syncs.lock().insert(key) {
