@@ -349,7 +349,7 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
         return;
     }
     let config = StorageConfig { inline_engine_io: true, forward_timeout_ms: 2_000, ..StorageConfig::new(node) };
-    let engine_config = EngineConfig { sync_writes: false, blocks_per_grow: 4, ..EngineConfig::default() };
+    let engine_config = sim_engine_config();
     let dir = ctx.root.join(format!("node-{}", node.0));
     let service = match StorageService::open(config, &dir, &targets, engine_config, source.handle(), rpc) {
         Ok(s) => s,
@@ -371,6 +371,13 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
     source.stop();
     running.shutdown().await;
 }
+
+fn sim_engine_config() -> EngineConfig {
+    EngineConfig { sync_writes: false, blocks_per_grow: 4 }
+}
+
+/// A replica's committed state: chunk → (committed version, bytes).
+type ReplicaState = BTreeMap<ChunkId, (u64, Bytes)>;
 
 fn pattern(writer: u64, seq: u64) -> Bytes {
     let word = (writer << 48) | seq;
@@ -739,7 +746,7 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
     for n in 1..=nodes {
         for t in ctx.node_targets(NodeId(n)) {
             let dir = ctx.root.join(format!("node-{n}")).join(format!("target-{}", t.0));
-            let engine = ChunkEngine::open(&dir, EngineConfig { sync_writes: false, blocks_per_grow: 4, ..EngineConfig::default() })
+            let engine = ChunkEngine::open(&dir, sim_engine_config())
                 .map_err(|e| format!("reopen {t}: {e}"))?;
             engines.insert(t, engine);
         }
@@ -753,10 +760,10 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
     let mut contents: BTreeMap<(ChainId, ChunkId), Bytes> = BTreeMap::new();
     let mut stale_pending: Vec<String> = Vec::new();
     for (chain, targets) in &chain_targets {
-        let mut reference: Option<(TargetId, BTreeMap<ChunkId, (u64, Bytes)>)> = None;
+        let mut reference: Option<(TargetId, ReplicaState)> = None;
         for t in targets {
             let engine = &engines[t];
-            let mut chunks = BTreeMap::new();
+            let mut chunks = ReplicaState::new();
             for (chunk, meta) in engine.dump().map_err(|e| format!("dump {t}: {e}"))? {
                 if let Some((pv, _)) = meta.pending {
                     // Not a failure: an unacknowledged write whose chain broke
