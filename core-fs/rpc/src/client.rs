@@ -17,6 +17,7 @@ use bytes::Bytes;
 use fskv_types::{ErrorCode, Status};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use crate::DetHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,7 +95,7 @@ struct ConnShared {
     addr: String,
     /// Invariant: `closed` is set while holding this lock, and entries are
     /// only added while it is unset, so no call waits on a dead connection.
-    pending: Mutex<HashMap<u64, PendingTx>>,
+    pending: Mutex<DetHashMap<u64, PendingTx>>,
     closed: AtomicBool,
 }
 
@@ -271,7 +272,7 @@ impl RpcClient {
         let config = &self.inner.config;
         let connection = connect_with_timeout(self.inner.transport.as_ref(), addr, config.connect_timeout_ms).await?;
         let max_in_flight = config.max_in_flight_per_connection.max(1);
-        let shared = Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
+        let shared = Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(DetHashMap::default()), closed: AtomicBool::new(false) });
         // Capacity: one request plus one cancel per permit (see PendingGuard).
         let (tx, rx) = mpsc::channel(max_in_flight.saturating_mul(2).saturating_add(16));
         let span = debug_span!("rpc_client_conn", peer = %connection.peer);

@@ -58,11 +58,21 @@ pub mod frame;
 mod io;
 pub mod method;
 pub mod server;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod transport;
 
 pub use client::{CallOptions, ClientConfig, RpcClient};
+
+/// A hash map with a fixed hasher: its iteration order (e.g. the order in
+/// which the pending calls of a broken connection are failed) is the same
+/// in every run, which a deterministic simulation needs. Keys are our own
+/// request ids, so hash flooding is not a concern.
+pub type DetHashMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
 pub use error::RpcError;
 pub use fskv_types::{ErrorCode, Status};
 pub use method::Method;
 pub use server::{RequestContext, Router, Server, ServerConfig};
 pub use transport::{RemoteBuf, TcpTransport, Transport};
+#[cfg(feature = "sim")]
+pub use sim::SimTransport;

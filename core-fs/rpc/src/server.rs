@@ -15,6 +15,7 @@ use fskv_types::{ErrorCode, Status};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use crate::DetHashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -154,7 +155,10 @@ async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut s
     // aborting this task aborts them all.
     let mut conns = JoinSet::new();
     loop {
+        // `biased`: a fixed polling order keeps simulations deterministic
+        // (tokio's random branch order is not seeded outside tokio_unstable).
         tokio::select! {
+            biased;
             _ = shutdown_rx.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok(conn) => {
@@ -183,7 +187,7 @@ struct InFlight {
     /// reserving the slot and spawning the task, both done by the reader, so
     /// a Cancel (also handled by the reader) never sees `None`.
     /// Invariant: no task is aborted or dropped while this lock is held.
-    tasks: Mutex<HashMap<u64, (u64, Option<AbortHandle>)>>,
+    tasks: Mutex<DetHashMap<u64, (u64, Option<AbortHandle>)>>,
     next_seq: std::sync::atomic::AtomicU64,
     idle: Notify,
 }
@@ -271,7 +275,7 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     // for room, so a peer that never reads cannot grow our memory.
     let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));
     let writer = tokio::spawn(write_loop(write, rx).in_current_span());
-    let in_flight = Arc::new(InFlight { tasks: Mutex::new(HashMap::new()), next_seq: 0.into(), idle: Notify::new() });
+    let in_flight = Arc::new(InFlight { tasks: Mutex::new(DetHashMap::default()), next_seq: 0.into(), idle: Notify::new() });
     let abort_guard = AbortAllOnDrop(in_flight.clone());
     let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone());
     let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), shutting_down: *shutdown_rx.borrow() };
@@ -280,7 +284,9 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
         if state.shutting_down && state.in_flight.is_empty() {
             break;
         }
+        // `biased` (requests first): see `accept_loop`.
         tokio::select! {
+            biased;
             next = reader.next() => match next {
                 Ok(Some(frame)) => {
                     if !state.on_frame(frame).await {

@@ -13,8 +13,8 @@ use fskv_client::storage::{
     BatchRead, CommitChunk, DumpChunkMeta, ForwardChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo, SyncDone,
     SyncStart, WriteChunk,
 };
-use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport};
-use fskv_types::routing::{ChainInfo, LocalTargetState, RoutingInfo};
+use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport, Transport};
+use fskv_types::routing::{ChainInfo, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use parking_lot::Mutex;
@@ -47,6 +47,12 @@ pub struct StorageConfig {
     /// Pause between two chunk transfers of a sync (throttles recovery in
     /// favour of foreground I/O; 0 = none).
     pub sync_pause_between_chunks_ms: u64,
+    /// Run chunk-engine calls on the calling task instead of the blocking
+    /// pool. Off in production (engine I/O must not stall the async
+    /// threads); on in the deterministic simulation, where a blocking-pool
+    /// thread finishing in real time would make the schedule depend on the
+    /// machine.
+    pub inline_engine_io: bool,
 }
 
 impl StorageConfig {
@@ -60,6 +66,7 @@ impl StorageConfig {
             sync_poll_ms: 200,
             sync_retry_delay_ms: 200,
             sync_pause_between_chunks_ms: 0,
+            inline_engine_io: false,
         }
     }
 }
@@ -69,8 +76,11 @@ pub struct Target {
     pub id: TargetId,
     pub engine: Arc<ChunkEngine>,
     locks: ChunkLocks,
-    /// Set by the predecessor's sync-done, cleared by sync-start.
-    sync_done: Mutex<bool>,
+    /// The chain version of the predecessor's sync-done; cleared by
+    /// sync-start. Counts only while routing shows this target syncing at
+    /// that chain version (a late sync-done of an older version must not
+    /// make a waiting target report up-to-date).
+    sync_done: Mutex<Option<u32>>,
 }
 
 /// The storage service (cheap to clone).
@@ -128,17 +138,13 @@ fn check_payload(chunk: ChunkId, payload: &[u8], len_bytes: u32, crc: u32) -> Re
     Ok(())
 }
 
-/// Runs blocking engine work off the async threads.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| StorageError::Internal(format!("blocking task: {e}")))?
-}
 
 impl StorageService {
     /// A service over already opened engines.
     pub fn new(config: StorageConfig, engines: Vec<(TargetId, Arc<ChunkEngine>)>, routing: RoutingHandle, rpc: RpcClient) -> Self {
         let targets = engines
             .into_iter()
-            .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(false) })))
+            .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(None) })))
             .collect();
         StorageService {
             inner: Arc::new(Inner {
@@ -173,6 +179,15 @@ impl StorageService {
         Ok(Self::new(config, engines, routing, rpc))
     }
 
+    /// Runs blocking engine work off the async threads (or inline, see
+    /// [`StorageConfig::inline_engine_io`]).
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+        if self.inner.config.inline_engine_io {
+            return f();
+        }
+        tokio::task::spawn_blocking(f).await.map_err(|e| StorageError::Internal(format!("blocking task: {e}")))?
+    }
+
     pub fn node_id(&self) -> NodeId {
         self.inner.config.node_id
     }
@@ -188,13 +203,17 @@ impl StorageService {
     }
 
     /// The local state to report in heartbeats (SPEC §6): up-to-date when
-    /// the target is serving or its predecessor finished syncing it,
-    /// online otherwise.
+    /// the target is serving or its predecessor finished syncing it at the
+    /// chain version where it is syncing now, online otherwise.
     pub fn local_state(&self, target: TargetId) -> Option<LocalTargetState> {
         let t = self.inner.targets.get(&target)?;
         let routing = self.inner.routing.current();
-        let serving = routing.locate_target(target).is_some_and(|(_, ct)| ct.state.can_read());
-        Some(if serving || *t.sync_done.lock() { LocalTargetState::UpToDate } else { LocalTargetState::Online })
+        let located = routing.locate_target(target);
+        let serving = located.is_some_and(|(_, ct)| ct.state.can_read());
+        let synced = located.is_some_and(|(chain, ct)| {
+            ct.state == PublicTargetState::Syncing && *t.sync_done.lock() == Some(chain.chain_version)
+        });
+        Some(if serving || synced { LocalTargetState::UpToDate } else { LocalTargetState::Online })
     }
 
     /// The plan summary of the last sync `target` completed as predecessor.
@@ -204,7 +223,12 @@ impl StorageService {
 
     /// Binds `addr`, serves the storage RPCs and starts the sync worker.
     pub async fn serve(self, addr: &str) -> anyhow::Result<RunningStorage> {
-        let server = Server::bind(Arc::new(TcpTransport::new()), addr, self.router(), ServerConfig::default()).await?;
+        self.serve_on(Arc::new(TcpTransport::new()), addr).await
+    }
+
+    /// [`Self::serve`] over any transport (e.g. the simulated network).
+    pub async fn serve_on(self, transport: Arc<dyn Transport>, addr: &str) -> anyhow::Result<RunningStorage> {
+        let server = Server::bind(transport, addr, self.router(), ServerConfig::default()).await?;
         let worker = tokio::spawn(self.clone().sync_worker().instrument(info_span!("sync_worker", node = %self.node_id())));
         info!(addr = server.local_addr(), node = %self.node_id(), targets = ?self.target_ids(), "storage service up");
         Ok(RunningStorage { service: self, server, worker })
@@ -364,7 +388,7 @@ impl StorageService {
         };
         let outcome = {
             let (engine, req, payload) = (target.engine.clone(), req.clone(), payload.clone());
-            blocking(move || {
+            self.blocking(move || {
                 let kind = match req.op {
                     UpdateOp::Write { offset_bytes, .. } => UpdateKind::Write { offset_bytes, data: &payload },
                     UpdateOp::Truncate { len_bytes } => UpdateKind::Truncate { len_bytes },
@@ -396,7 +420,7 @@ impl StorageService {
         }
         let engine = target.engine.clone();
         let chunk = req.chunk;
-        blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+        self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
         debug!(version, duplicate = outcome.duplicate, "committed");
         Ok(Applied { version, len_bytes: outcome.len_bytes, crc: outcome.crc, duplicate: outcome.duplicate })
     }
@@ -441,7 +465,7 @@ impl StorageService {
             return Ok((ForwardMode::ReplaceRemove, Bytes::new()));
         }
         let engine = target.engine.clone();
-        let read = blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::Relaxed)?)).await?;
+        let read = self.blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::Relaxed)?)).await?;
         if read.version != version {
             return Err(StorageError::Internal(format!("{chunk}: expected pending {version} under the lock, found {}", read.version)));
         }
@@ -461,7 +485,7 @@ impl StorageService {
         let _guard = target.locks.lock(req.chunk).await;
         let (routing, pos) = self.check_write(req.chain_id, target.id, req.chain_ver, Origin::Predecessor(req.from))?;
         let (engine, chunk, mode, tag, data) = (target.engine.clone(), req.chunk, req.mode, engine_tag(req.tag), payload.clone());
-        let version = blocking(move || replace_locally(&engine, chunk, mode, tag, &data)).await?;
+        let version = self.blocking(move || replace_locally(&engine, chunk, mode, tag, &data)).await?;
         if let Some(succ) = pos.successor {
             let addr = Self::addr_of(&routing, succ.node)?;
             let fwd = ForwardReq { from: target.id, to: succ.target, ..req.clone() };
@@ -496,7 +520,7 @@ impl StorageService {
             });
             jobs.push((io.clone(), checked.map(|t| t.engine.clone())));
         }
-        let results = blocking(move || {
+        let results = self.blocking(move || {
             let mut payload = BytesMut::with_capacity(total as usize);
             let mut results = Vec::with_capacity(jobs.len());
             for (io, engine) in jobs {
@@ -526,7 +550,7 @@ impl StorageService {
         let target = self.target(req.target)?;
         let _guard = target.locks.lock(req.chunk).await;
         let engine = target.engine.clone();
-        let committed_ver = blocking(move || Ok(engine.commit(req.chunk, req.version)?)).await?;
+        let committed_ver = self.blocking(move || Ok(engine.commit(req.chunk, req.version)?)).await?;
         Ok(CommitResp { committed_ver })
     }
 
@@ -537,7 +561,7 @@ impl StorageService {
         chain::check_read(chain, req.target, req.chain_ver)
             .map_err(|reject| StorageError::Route { chain: req.chain_id, target: req.target, reject })?;
         let engine = target.engine.clone();
-        let last = blocking(move || Ok(engine.last_chunk(req.inode)?)).await?;
+        let last = self.blocking(move || Ok(engine.last_chunk(req.inode)?)).await?;
         Ok(QueryLastChunkResp { last: last.map(|(id, m)| (id, sync::remote_meta(&m))) })
     }
 
@@ -550,7 +574,7 @@ impl StorageService {
         loop {
             let engine = target.engine.clone();
             let inode = req.inode;
-            let last = blocking(move || Ok(engine.last_chunk(inode)?)).await?;
+            let last = self.blocking(move || Ok(engine.last_chunk(inode)?)).await?;
             let Some((chunk, meta)) = last.filter(|(c, _)| c.index >= req.from_index) else {
                 return Ok(RemoveChunksResp { removed, more: false });
             };
@@ -605,13 +629,13 @@ impl StorageService {
 
     async fn handle_dump(&self, req: DumpChunkMetaReq) -> Result<DumpChunkMetaResp> {
         let engine = self.target(req.target)?.engine.clone();
-        let dump = blocking(move || Ok(engine.dump()?)).await?;
+        let dump = self.blocking(move || Ok(engine.dump()?)).await?;
         Ok(DumpChunkMetaResp { chunks: dump.iter().map(|(id, m)| (*id, sync::remote_meta(m))).collect() })
     }
 
     fn handle_sync_mark(&self, req: SyncReq, done: bool) -> Result<SyncResp> {
         let target = self.target(req.target)?;
-        *target.sync_done.lock() = done;
+        *target.sync_done.lock() = done.then_some(req.chain_ver);
         info!(target = %req.target, from = %req.from, chain_ver = req.chain_ver, done, "sync mark");
         Ok(SyncResp {})
     }
@@ -668,7 +692,7 @@ impl StorageService {
             .await
             .map_err(rpc_err)?;
         let engine = target.engine.clone();
-        let local = blocking(move || Ok(engine.dump()?)).await?;
+        let local = self.blocking(move || Ok(engine.dump()?)).await?;
         let plan = sync::plan_sync(&local, &remote.chunks);
         let summary = sync::summarize(&plan);
         info!(?summary, remote_chunks = remote.chunks.len(), local_chunks = local.len(), "sync plan");
@@ -712,7 +736,7 @@ impl StorageService {
             Some(SyncAction::Delete(_)) => (ForwardMode::ReplaceRemove, Bytes::new()),
             Some(SyncAction::Send(..)) => {
                 let engine = target.engine.clone();
-                let read = blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly)?)).await?;
+                let read = self.blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly)?)).await?;
                 let data = Bytes::from(read.data);
                 let chunk_chain_ver = current.as_ref().map_or(chain_ver, |m| m.chain_ver);
                 let mode = ForwardMode::FullReplace {

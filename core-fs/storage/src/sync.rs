@@ -7,7 +7,16 @@
 //! | 2 | chunk only on the remote (syncing) side | delete |
 //! | 3 | local chain version newer than remote's | send |
 //! | 4 | same chain version, local committed ≠ remote pending (update) version | send |
+//! | 4b | same chain version, local committed = remote pending, remote still holds that version only as pending | send |
 //! | 5 | otherwise | skip |
+//!
+//! Rule 4b is ours (3FS skips there): a syncing target applies the writes
+//! it receives as full-chunk-replace, so a pending version it holds is a
+//! leftover of a write interrupted before it joined (e.g. it was the head
+//! when it was cut off, the successors committed and the ack never came
+//! back). Nothing would ever commit it; skipping left it committed at the
+//! old version, and when it later synced its own successor it sent that
+//! older version, so replicas diverged (simulation seed 6).
 //!
 //! "Local" counts only committed data (a local chunk with committed version
 //! 0 holds nothing a reader may see, so it counts as absent). The remote's
@@ -33,6 +42,8 @@ pub enum SendReason {
     NewerChainVersion,
     /// Rule 4.
     CommittedNeRemotePending,
+    /// Rule 4b.
+    RemotePendingLeftOver,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +97,9 @@ pub fn decide(chunk: ChunkId, local: Option<LocalChunk>, remote: Option<&RemoteC
         (Some(l), Some(r)) if l.chain_ver > r.chain_ver => SyncAction::Send(chunk, SendReason::NewerChainVersion),
         (Some(l), Some(r)) if l.chain_ver == r.chain_ver && l.committed_ver != r.update_ver() => {
             SyncAction::Send(chunk, SendReason::CommittedNeRemotePending)
+        }
+        (Some(l), Some(r)) if l.chain_ver == r.chain_ver && r.pending_ver.is_some() => {
+            SyncAction::Send(chunk, SendReason::RemotePendingLeftOver)
         }
         (Some(_), Some(_)) => SyncAction::Skip(chunk),
     })
@@ -177,11 +191,18 @@ mod tests {
     }
 
     #[test]
+    fn rule_4b_a_left_over_remote_pending_equal_to_local_committed_is_sent() {
+        // Remote holds v3 only as pending (an interrupted write); local committed v3.
+        assert_eq!(
+            plan_sync(&[(id(1), local(3, 3))], &[(id(1), remote(3, 2, Some(3)))]),
+            vec![SyncAction::Send(id(1), SendReason::RemotePendingLeftOver)]
+        );
+    }
+
+    #[test]
     fn rule_5_otherwise_skip() {
         // Equal versions.
         assert_eq!(plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(3, 2, None))]), vec![SyncAction::Skip(id(1))]);
-        // Local committed equals remote pending (remote awaits the commit of what local has).
-        assert_eq!(plan_sync(&[(id(1), local(3, 3))], &[(id(1), remote(3, 2, Some(3)))]), vec![SyncAction::Skip(id(1))]);
         // Remote chain version newer: not covered by rules 1-4, so skipped (see docs/storage.md).
         assert_eq!(plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(4, 1, None))]), vec![SyncAction::Skip(id(1))]);
     }

@@ -1,0 +1,896 @@
+//! Deterministic simulation (turmoil) of mgmtd + 3–6 storage nodes + 2
+//! writing clients under random crashes, restarts, pauses longer than T and
+//! partitions (mgmtd isolated too). See docs/mgmtd.md, "Simulation".
+//!
+//! * `cargo test -p fskv-mgmtd --test sim` runs `FSKV_SIM_SEEDS` seeds
+//!   (default [`DEFAULT_SEEDS`]) starting at 1;
+//! * `FSKV_SIM_SEED=<n>` replays one seed (with `RUST_LOG=info` for a trace).
+//!
+//! Checked after healing: every acknowledged write's latest value is on
+//! every replica, replicas are byte-identical, every chain is back to all
+//! serving within [`SERVING_BOUND_MS`], and no two observers ever saw
+//! different contents (hence heads) for one chain version.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode};
+use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
+use fskv_client::storage::{StorageClient, StorageClientConfig};
+use fskv_kv::{KeyValue, KvEngine, KvResult, RangeRequest, RangeResult, Transaction};
+use fskv_mgmtd::{Clock, Layout, Mgmtd, MgmtdConfig};
+use fskv_rpc::{ClientConfig, RpcClient, SimTransport};
+use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
+use fskv_storage::{StorageConfig, StorageService};
+use fskv_types::routing::{ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
+use fskv_types::{ChainId, ChunkId, InodeId, NodeId, TargetId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const DEFAULT_SEEDS: u64 = 24;
+/// T: a storage node silent this long is failed (its lease is T/2).
+const HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
+const MGMTD_TICK_MS: u64 = 200;
+const MGMTD_LEASE_MS: u64 = 2_000;
+const STORAGE_HEARTBEAT_MS: u64 = 300;
+/// Faults happen in `[FAULT_START_MS, FAULT_END_MS)` of simulated time;
+/// writers write during the same window.
+const FAULT_START_MS: u64 = 1_500;
+const FAULT_END_MS: u64 = 16_000;
+/// Every chain must be all serving within this after healing.
+const SERVING_BOUND_MS: u64 = 45_000;
+/// A supervisor restarts an exited storage service after this.
+const RESTART_DELAY_MS: u64 = 300;
+const REGION_BYTES: usize = 4096;
+const REGIONS_PER_CHUNK: u64 = 4;
+const CHUNKS_PER_WRITER: u64 = 4;
+const WRITERS: u64 = 2;
+const MGMTD_PORT: u16 = 9000;
+const STORAGE_PORT: u16 = 9100;
+const TICK_MS: u64 = 1;
+
+// ---------------------------------------------------------------- KV engine
+
+/// A single-process KV engine without threads (the memory engine has a
+/// commit thread, whose real-time completion would make the schedule depend
+/// on the machine). Transactions see a copy of the map taken at their first
+/// operation and apply their writes at commit; there is one mgmtd in the
+/// simulation and its lease round and tick are serialized, so no conflict
+/// checking is needed.
+#[derive(Default)]
+struct SimKv {
+    map: Mutex<BTreeMap<Bytes, Bytes>>,
+    version: AtomicU64,
+}
+
+enum Op {
+    Set(Bytes, Bytes),
+    Clear(Bytes),
+    ClearRange(Bytes, Bytes),
+}
+
+struct SimTxn {
+    kv: Arc<SimKv>,
+    view: Option<BTreeMap<Bytes, Bytes>>,
+    ops: Vec<Op>,
+}
+
+impl SimTxn {
+    fn view(&mut self) -> &mut BTreeMap<Bytes, Bytes> {
+        let kv = &self.kv;
+        self.view.get_or_insert_with(|| kv.map.lock().unwrap().clone())
+    }
+
+    fn apply(map: &mut BTreeMap<Bytes, Bytes>, op: &Op) {
+        match op {
+            Op::Set(k, v) => {
+                map.insert(k.clone(), v.clone());
+            }
+            Op::Clear(k) => {
+                map.remove(k);
+            }
+            Op::ClearRange(b, e) => {
+                let keys: Vec<Bytes> = map.range(b.clone()..e.clone()).map(|(k, _)| k.clone()).collect();
+                for k in keys {
+                    map.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, op: Op) {
+        Self::apply(self.view(), &op);
+        self.ops.push(op);
+    }
+
+    fn range(&mut self, r: &RangeRequest) -> RangeResult {
+        let mut kvs: Vec<KeyValue> = self
+            .view()
+            .range(r.begin.clone()..r.end.clone())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if r.reverse {
+            kvs.reverse();
+        }
+        let more = r.limit > 0 && kvs.len() > r.limit;
+        if more {
+            kvs.truncate(r.limit);
+        }
+        RangeResult { kvs, more }
+    }
+}
+
+/// [`SimKv`] as a [`KvEngine`] (shared across mgmtd restarts).
+struct SimKvEngine(Arc<SimKv>);
+
+#[async_trait]
+impl KvEngine for SimKvEngine {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    async fn begin(&self) -> KvResult<Box<dyn Transaction>> {
+        Ok(Box::new(SimTxn { kv: self.0.clone(), view: None, ops: Vec::new() }))
+    }
+}
+
+#[async_trait]
+impl Transaction for SimTxn {
+    async fn get(&mut self, key: &[u8]) -> KvResult<Option<Bytes>> {
+        Ok(self.view().get(key).cloned())
+    }
+    async fn snapshot_get(&mut self, key: &[u8]) -> KvResult<Option<Bytes>> {
+        Ok(self.view().get(key).cloned())
+    }
+    async fn get_range(&mut self, range: &RangeRequest) -> KvResult<RangeResult> {
+        Ok(self.range(range))
+    }
+    async fn snapshot_get_range(&mut self, range: &RangeRequest) -> KvResult<RangeResult> {
+        Ok(self.range(range))
+    }
+    fn set(&mut self, key: &[u8], value: &[u8]) -> KvResult<()> {
+        self.push(Op::Set(Bytes::copy_from_slice(key), Bytes::copy_from_slice(value)));
+        Ok(())
+    }
+    fn clear(&mut self, key: &[u8]) -> KvResult<()> {
+        self.push(Op::Clear(Bytes::copy_from_slice(key)));
+        Ok(())
+    }
+    fn clear_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()> {
+        self.push(Op::ClearRange(Bytes::copy_from_slice(begin), Bytes::copy_from_slice(end)));
+        Ok(())
+    }
+    fn atomic_add(&mut self, key: &[u8], delta: i64) -> KvResult<()> {
+        let mut cur = [0u8; 8];
+        if let Some(v) = self.view().get(key) {
+            let n = v.len().min(8);
+            cur[..n].copy_from_slice(&v[..n]);
+        }
+        let next = i64::from_le_bytes(cur).wrapping_add(delta);
+        self.push(Op::Set(Bytes::copy_from_slice(key), Bytes::copy_from_slice(&next.to_le_bytes())));
+        Ok(())
+    }
+    fn add_read_conflict_range(&mut self, _begin: &[u8], _end: &[u8]) -> KvResult<()> {
+        Ok(())
+    }
+    fn add_write_conflict_range(&mut self, _begin: &[u8], _end: &[u8]) -> KvResult<()> {
+        Ok(())
+    }
+    async fn commit(self: Box<Self>) -> KvResult<u64> {
+        let mut map = self.kv.map.lock().unwrap();
+        for op in &self.ops {
+            SimTxn::apply(&mut map, op);
+        }
+        Ok(self.kv.version.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+}
+
+// ---------------------------------------------------------------- clock
+
+/// mgmtd's clock: simulated milliseconds (shared by every host, so it stays
+/// monotonic across mgmtd restarts).
+struct SimClock;
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        1_000_000 + now_ms()
+    }
+}
+
+fn now_ms() -> u64 {
+    turmoil::sim_elapsed().map_or(0, |d| d.as_millis() as u64)
+}
+
+// ---------------------------------------------------------------- shared state
+
+/// One client write, in issue order per writer.
+#[derive(Clone, Debug)]
+struct WriteRecord {
+    writer: u64,
+    seq: u64,
+    acked: bool,
+}
+
+/// Key of a 4 KiB region: (chain, chunk, region index).
+type Region = (ChainId, ChunkId, u64);
+
+#[derive(Default)]
+struct Shared {
+    /// (chain, chain version) → the chain's targets and states as first seen, and by whom.
+    chain_versions: BTreeMap<(ChainId, u32), (Vec<ChainTarget>, String)>,
+    violations: Vec<String>,
+    writes: BTreeMap<Region, Vec<WriteRecord>>,
+    acked: u64,
+    failed: u64,
+    exits: Vec<String>,
+    /// Simulated ms at which every chain was all serving after the heal.
+    all_serving_at_ms: Option<u64>,
+    /// mgmtd's status the last time the checker found it unhealthy.
+    last_status: Option<String>,
+    /// A log of events for the replay trace (compared across runs of a seed).
+    trace: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Ctx {
+    seed: u64,
+    layout: Layout,
+    root: PathBuf,
+    shared: Arc<Mutex<Shared>>,
+    kv: Arc<SimKv>,
+    storage_generation: Arc<AtomicU64>,
+    healed: Arc<AtomicBool>,
+}
+
+impl Ctx {
+    fn observe(&self, who: &str, routing: &RoutingInfo) {
+        let mut s = self.shared.lock().unwrap();
+        for chain in &routing.chains {
+            let key = (chain.chain_id, chain.chain_version);
+            match s.chain_versions.get(&key) {
+                None => {
+                    let heads = chain.head().map(|h| h.target_id);
+                    s.trace.push(format!("{} {who} sees {}@{} head {heads:?}", now_ms(), chain.chain_id, chain.chain_version));
+                    s.chain_versions.insert(key, (chain.targets.clone(), who.to_string()));
+                }
+                Some((targets, first)) if *targets != chain.targets => {
+                    let msg = format!(
+                        "{}@{}: {first} saw {:?} (head {:?}) but {who} saw {:?} (head {:?})",
+                        chain.chain_id,
+                        chain.chain_version,
+                        targets,
+                        targets.iter().find(|t| t.state == PublicTargetState::Serving).map(|t| t.target_id),
+                        chain.targets,
+                        chain.head().map(|h| h.target_id)
+                    );
+                    s.violations.push(msg);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn node_targets(&self, node: NodeId) -> Vec<TargetId> {
+        (0..self.layout.targets_per_node).map(|k| fskv_mgmtd::layout::target_id(node, k)).collect()
+    }
+
+    fn trace(&self, line: String) {
+        self.shared.lock().unwrap().trace.push(format!("{} {line}", now_ms()));
+    }
+}
+
+fn mgmtd_client(rpc: RpcClient) -> MgmtdClient {
+    let config = MgmtdClientConfig { call_timeout_ms: 500, routing_poll_wait_ms: 500, retry_delay_ms: 100 };
+    MgmtdClient::new(rpc, vec![format!("mgmtd:{MGMTD_PORT}")], config)
+}
+
+fn sim_rpc() -> RpcClient {
+    RpcClient::new(Arc::new(SimTransport::new()), ClientConfig::default())
+}
+
+/// Publishes every routing the source sees into the observations.
+fn spawn_observer(ctx: &Ctx, who: String, source: &Arc<MgmtdRoutingSource>) {
+    let ctx = ctx.clone();
+    let mut rx = source.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let r = rx.borrow_and_update().clone();
+            ctx.observe(&who, &r);
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+// ---------------------------------------------------------------- hosts
+
+async fn run_mgmtd(ctx: Ctx) -> turmoil::Result {
+    let config = MgmtdConfig {
+        heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
+        tick_interval_ms: MGMTD_TICK_MS,
+        lease_ms: MGMTD_LEASE_MS,
+        max_routing_wait_ms: 1_000,
+        ..MgmtdConfig::new("mgmtd-sim")
+    };
+    let mgmtd = Mgmtd::new(config, ctx.layout, Arc::new(SimKvEngine(ctx.kv.clone())), Arc::new(SimClock))?;
+    let running = mgmtd.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{MGMTD_PORT}")).await?;
+    ctx.trace("mgmtd up".into());
+    loop {
+        let r = running.mgmtd.routing();
+        if r.version > 0 {
+            ctx.observe("mgmtd", &r);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One start of a storage service, like `fskv storage --mgmtd`: returns
+/// when it would exit (a supervisor restarts it).
+async fn run_storage(ctx: Ctx, node: NodeId) {
+    let who = format!("storage{}", node.0);
+    let rpc = sim_rpc();
+    let source = match MgmtdRoutingSource::start(mgmtd_client(rpc.clone()), Duration::from_secs(5)).await {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.trace(format!("{who} exits: no routing ({e})"));
+            return;
+        }
+    };
+    spawn_observer(&ctx, who.clone(), &source);
+    let targets = ctx.node_targets(node);
+    if let Err(e) = mgmtd_link::wait_until_safe_to_start(&source, node, &targets, 10_000).await {
+        ctx.trace(format!("{who} exits: {e}"));
+        source.stop();
+        return;
+    }
+    let config = StorageConfig { inline_engine_io: true, forward_timeout_ms: 2_000, ..StorageConfig::new(node) };
+    let engine_config = sim_engine_config();
+    let dir = ctx.root.join(format!("node-{}", node.0));
+    let service = match StorageService::open(config, &dir, &targets, engine_config, source.handle(), rpc) {
+        Ok(s) => s,
+        Err(e) => panic!("{who}: opening engines: {e:#}"),
+    };
+    let running = service.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{STORAGE_PORT}")).await.expect("bind");
+    let generation = ctx.storage_generation.fetch_add(1, Ordering::SeqCst);
+    ctx.trace(format!("{who} serving (generation {generation})"));
+    let link = MgmtdLinkConfig {
+        heartbeat_interval_ms: STORAGE_HEARTBEAT_MS,
+        generation,
+        initial_lease_ms: HEARTBEAT_TIMEOUT_MS / 2,
+        max_start_wait_ms: 10_000,
+    };
+    let address = format!("storage{}:{STORAGE_PORT}", node.0);
+    let reason = mgmtd_link::run_heartbeats(running.service.clone(), source.clone(), address, link).await;
+    ctx.trace(format!("{who} exits: {reason}"));
+    ctx.shared.lock().unwrap().exits.push(format!("{} {who}: {reason}", now_ms()));
+    source.stop();
+    running.shutdown().await;
+}
+
+fn sim_engine_config() -> EngineConfig {
+    EngineConfig { sync_writes: false, blocks_per_grow: 4 }
+}
+
+/// A replica's committed state: chunk → (committed version, bytes).
+type ReplicaState = BTreeMap<ChunkId, (u64, Bytes)>;
+
+fn pattern(writer: u64, seq: u64) -> Bytes {
+    let word = (writer << 48) | seq;
+    let mut out = Vec::with_capacity(REGION_BYTES);
+    while out.len() < REGION_BYTES {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    Bytes::from(out)
+}
+
+fn writer_regions(writer: u64, chains: u32) -> Vec<Region> {
+    let mut out = Vec::new();
+    for c in 0..CHUNKS_PER_WRITER {
+        let chain = ChainId(((writer * CHUNKS_PER_WRITER + c) % chains as u64) as u32 + 1);
+        let chunk = ChunkId::new(InodeId(1000 + writer), c);
+        for r in 0..REGIONS_PER_CHUNK {
+            out.push((chain, chunk, r));
+        }
+    }
+    out
+}
+
+async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
+    let who = format!("writer{writer}");
+    let mut rng = StdRng::seed_from_u64(ctx.seed.wrapping_mul(1_000_003).wrapping_add(writer));
+    let rpc = sim_rpc();
+    let source = MgmtdRoutingSource::start(mgmtd_client(rpc.clone()), Duration::from_secs(30)).await?;
+    spawn_observer(&ctx, who.clone(), &source);
+    let config = StorageClientConfig {
+        client_id: 0x5151_0000 + writer,
+        max_attempts: 8,
+        retry_backoff_ms: 20,
+        call_timeout_ms: 2_000,
+        routing_wait_ms: 500,
+        ..StorageClientConfig::default()
+    };
+    let client = StorageClient::new(rpc, source.handle(), config);
+    let regions = writer_regions(writer, ctx.layout.nodes * ctx.layout.targets_per_node / ctx.layout.replicas);
+    let mut seq = 0u64;
+    while now_ms() < FAULT_END_MS {
+        seq += 1;
+        let region = regions[rng.gen_range(0..regions.len())];
+        let (chain, chunk, r) = region;
+        let result = client.write(chain, chunk, r * REGION_BYTES as u64, pattern(writer, seq)).await;
+        let acked = result.is_ok();
+        {
+            let mut s = ctx.shared.lock().unwrap();
+            s.writes.entry(region).or_default().push(WriteRecord { writer, seq, acked });
+            if acked {
+                s.acked += 1;
+            } else {
+                s.failed += 1;
+            }
+        }
+        if let Err(e) = result {
+            ctx.trace(format!("{who} write {seq} to {chain} {chunk} region {r} failed: {e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(5..40))).await;
+    }
+    source.stop();
+    Ok(())
+}
+
+/// After the heal: waits (bounded) until mgmtd shows every node alive and
+/// heartbeating and every target serving and up to date, continuously for
+/// T (so a node that died just before the heal, which mgmtd only notices
+/// after T, cannot pass for healthy).
+async fn run_checker(ctx: Ctx) -> turmoil::Result {
+    let client = mgmtd_client(sim_rpc());
+    let addr = format!("mgmtd:{MGMTD_PORT}");
+    let healed_at = now_ms();
+    let mut stable_since: Option<u64> = None;
+    loop {
+        if let Ok(resp) = client.get_routing(0, 0).await {
+            if let Some(r) = resp.routing {
+                ctx.observe("checker", &r);
+            }
+        }
+        let healthy = match client.status_of(&addr).await {
+            Ok(st) => {
+                let nodes_ok = st.nodes.len() == ctx.layout.nodes as usize
+                    && st.nodes.iter().all(|n| n.alive && n.last_heartbeat_age_ms <= 3 * STORAGE_HEARTBEAT_MS);
+                let chains_ok = !st.chains.is_empty()
+                    && st.chains.iter().all(|c| {
+                        c.targets.iter().all(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate)
+                    });
+                let healthy = st.is_primary && nodes_ok && chains_ok;
+                if !healthy {
+                    ctx.shared.lock().unwrap().last_status = Some(format!("nodes {:?} chains {:?}", st.nodes, st.chains));
+                }
+                healthy
+            }
+            Err(_) => false,
+        };
+        if healthy {
+            let since = *stable_since.get_or_insert(now_ms());
+            if now_ms() >= since + HEARTBEAT_TIMEOUT_MS {
+                ctx.shared.lock().unwrap().all_serving_at_ms = Some(since);
+                return Ok(());
+            }
+        } else {
+            stable_since = None;
+        }
+        if now_ms() > healed_at + SERVING_BOUND_MS {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---------------------------------------------------------------- faults
+
+#[derive(Clone, Debug)]
+enum Fault {
+    /// Crash storage node (1-based) and restart it after the duration.
+    CrashStorage(u32),
+    /// Cut every link of a storage node for the duration.
+    PartitionStorage(u32),
+    /// Hold every link of a storage node (messages queue, delivered on
+    /// release) for longer than T: a pause, as the network sees it.
+    PauseStorage(u32),
+    /// Cut one link between two storage nodes.
+    PartitionPair(u32, u32),
+    /// Cut every link of mgmtd.
+    IsolateMgmtd,
+    /// Crash mgmtd and restart it (its state is in the KV engine).
+    CrashMgmtd,
+}
+
+#[derive(Clone, Debug)]
+struct Event {
+    at_ms: u64,
+    duration_ms: u64,
+    fault: Fault,
+}
+
+fn schedule(rng: &mut StdRng, nodes: u32) -> Vec<Event> {
+    let count = rng.gen_range(3..=8);
+    let mut events: Vec<Event> = (0..count)
+        .map(|_| {
+            let node = rng.gen_range(1..=nodes);
+            let (fault, duration_ms) = match rng.gen_range(0..10) {
+                0..=2 => (Fault::CrashStorage(node), rng.gen_range(100..2 * HEARTBEAT_TIMEOUT_MS)),
+                3..=4 => (Fault::PartitionStorage(node), rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
+                5 => (Fault::PauseStorage(node), rng.gen_range(HEARTBEAT_TIMEOUT_MS + 200..2 * HEARTBEAT_TIMEOUT_MS)),
+                6 => {
+                    let other = (node % nodes) + 1;
+                    (Fault::PartitionPair(node, other), rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS))
+                }
+                7..=8 => (Fault::IsolateMgmtd, rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
+                _ => (Fault::CrashMgmtd, rng.gen_range(100..HEARTBEAT_TIMEOUT_MS)),
+            };
+            let at_ms = rng.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
+            Event { at_ms, duration_ms: duration_ms.min(FAULT_END_MS - at_ms), fault }
+        })
+        .collect();
+    events.sort_by_key(|e| e.at_ms);
+    events
+}
+
+// ---------------------------------------------------------------- one seed
+
+struct Outcome {
+    trace_hash: u64,
+    summary: String,
+}
+
+fn storage_host(n: u32) -> String {
+    format!("storage{n}")
+}
+
+fn run_seed(seed: u64) -> Result<Outcome, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let nodes = rng.gen_range(3..=6u32);
+    let layout = Layout { nodes, targets_per_node: 3, replicas: 3 };
+    let chains = nodes * 3 / 3;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ctx = Ctx {
+        seed,
+        layout,
+        root: tmp.path().to_path_buf(),
+        shared: Arc::new(Mutex::new(Shared::default())),
+        kv: Arc::new(SimKv::default()),
+        storage_generation: Arc::new(AtomicU64::new(1)),
+        healed: Arc::new(AtomicBool::new(false)),
+    };
+    let events = schedule(&mut rng, nodes);
+
+    let mut sim = turmoil::Builder::new()
+        .simulation_duration(Duration::from_millis(FAULT_END_MS + SERVING_BOUND_MS + 20_000))
+        .tick_duration(Duration::from_millis(TICK_MS))
+        .min_message_latency(Duration::from_micros(100))
+        .max_message_latency(Duration::from_millis(5))
+        .rng_seed(seed)
+        .build();
+
+    let c = ctx.clone();
+    sim.host("mgmtd", move || run_mgmtd(c.clone()));
+    for n in 1..=nodes {
+        let c = ctx.clone();
+        sim.host(storage_host(n), move || {
+            let c = c.clone();
+            async move {
+                run_storage(c, NodeId(n)).await;
+                Ok(())
+            }
+        });
+    }
+    for w in 0..WRITERS {
+        let c = ctx.clone();
+        sim.client(format!("writer{w}"), run_writer(c, w));
+    }
+    let mut all_hosts: Vec<String> = vec!["mgmtd".into()];
+    all_hosts.extend((1..=nodes).map(storage_host));
+    all_hosts.extend((0..WRITERS).map(|w| format!("writer{w}")));
+    // (The checker host only exists after the heal.)
+
+    // Driver state.
+    let mut pending = events.clone();
+    pending.reverse();
+    // (end time, what to undo)
+    let mut undo: Vec<(u64, Fault)> = Vec::new();
+    let mut crashed: HashMap<String, u64> = HashMap::new();
+    let mut exited_since: HashMap<u32, u64> = HashMap::new();
+    let mut checker_started = false;
+    let mut elapsed_ms = 0u64;
+
+    let others = |me: &str| all_hosts.iter().filter(|h| h.as_str() != me).cloned().collect::<Vec<_>>();
+    let mut step_result: Result<bool, String>;
+    loop {
+        step_result = sim.step().map_err(|e| format!("simulation error: {e}"));
+        let finished = match &step_result {
+            Ok(f) => *f,
+            Err(_) => break,
+        };
+        elapsed_ms += TICK_MS;
+        if finished && checker_started {
+            break;
+        }
+        // Start due faults.
+        while pending.last().is_some_and(|e| e.at_ms <= elapsed_ms) {
+            let Some(e) = pending.pop() else { break };
+            ctx.shared.lock().unwrap().trace.push(format!("{elapsed_ms} fault {:?} for {} ms", e.fault, e.duration_ms));
+            let end = elapsed_ms + e.duration_ms;
+            match &e.fault {
+                Fault::CrashStorage(n) => {
+                    let h = storage_host(*n);
+                    if sim.is_host_running(h.as_str()) {
+                        sim.crash(h.as_str());
+                    }
+                    crashed.insert(h, end);
+                }
+                Fault::CrashMgmtd => {
+                    sim.crash("mgmtd");
+                    crashed.insert("mgmtd".into(), end);
+                }
+                Fault::PartitionStorage(n) => {
+                    for o in others(&storage_host(*n)) {
+                        sim.partition(storage_host(*n).as_str(), o.as_str());
+                    }
+                }
+                Fault::PauseStorage(n) => {
+                    for o in others(&storage_host(*n)) {
+                        sim.hold(storage_host(*n).as_str(), o.as_str());
+                    }
+                }
+                Fault::PartitionPair(a, b) => sim.partition(storage_host(*a).as_str(), storage_host(*b).as_str()),
+                Fault::IsolateMgmtd => {
+                    for o in others("mgmtd") {
+                        sim.partition("mgmtd", o.as_str());
+                    }
+                }
+            }
+            if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd) {
+                undo.push((end, e.fault.clone()));
+            }
+        }
+        // Undo due faults.
+        let heal_all = elapsed_ms >= FAULT_END_MS && !ctx.healed.load(Ordering::SeqCst);
+        let mut i = 0;
+        while i < undo.len() {
+            if undo[i].0 <= elapsed_ms || heal_all {
+                let (_, fault) = undo.remove(i);
+                match fault {
+                    Fault::PartitionStorage(n) => {
+                        for o in others(&storage_host(n)) {
+                            sim.repair(storage_host(n).as_str(), o.as_str());
+                        }
+                    }
+                    Fault::PauseStorage(n) => {
+                        for o in others(&storage_host(n)) {
+                            sim.release(storage_host(n).as_str(), o.as_str());
+                        }
+                    }
+                    Fault::PartitionPair(a, b) => sim.repair(storage_host(a).as_str(), storage_host(b).as_str()),
+                    Fault::IsolateMgmtd => {
+                        for o in others("mgmtd") {
+                            sim.repair("mgmtd", o.as_str());
+                        }
+                    }
+                    Fault::CrashStorage(_) | Fault::CrashMgmtd => {}
+                }
+            } else {
+                i += 1;
+            }
+        }
+        let restart: Vec<String> =
+            crashed.iter().filter(|(_, end)| **end <= elapsed_ms || heal_all).map(|(h, _)| h.clone()).collect();
+        let mut restart = restart;
+        restart.sort();
+        for h in restart {
+            crashed.remove(&h);
+            ctx.shared.lock().unwrap().trace.push(format!("{elapsed_ms} restart {h}"));
+            sim.bounce(h.as_str());
+        }
+        // Supervisor: restart exited storage services.
+        for n in 1..=nodes {
+            let h = storage_host(n);
+            if crashed.contains_key(&h) || sim.is_host_running(h.as_str()) {
+                exited_since.remove(&n);
+                continue;
+            }
+            let since = *exited_since.entry(n).or_insert(elapsed_ms);
+            if elapsed_ms >= since + RESTART_DELAY_MS {
+                exited_since.remove(&n);
+                ctx.shared.lock().unwrap().trace.push(format!("{elapsed_ms} supervisor restarts {h}"));
+                sim.bounce(h.as_str());
+            }
+        }
+        if heal_all {
+            // Full heal: repair every link (also ones cut by overlapping faults).
+            for a in &all_hosts {
+                for b in &all_hosts {
+                    if a < b {
+                        sim.repair(a.as_str(), b.as_str());
+                        sim.release(a.as_str(), b.as_str());
+                    }
+                }
+            }
+            ctx.healed.store(true, Ordering::SeqCst);
+            let c = ctx.clone();
+            sim.client("checker", run_checker(c));
+            checker_started = true;
+        }
+    }
+    let healed_at = FAULT_END_MS;
+    drop(sim);
+    step_result?;
+
+    // ---- checks
+    let shared = ctx.shared.lock().unwrap();
+    let mut problems: Vec<String> = shared.violations.iter().map(|v| format!("two views of one chain version: {v}")).collect();
+    match shared.all_serving_at_ms {
+        None => problems.push(format!(
+            "cluster not healthy (all nodes heartbeating, all targets serving and up to date, for T) within {SERVING_BOUND_MS} ms of the heal: last status {:?}",
+            shared.last_status
+        )),
+        Some(t) => {
+            if t > healed_at + SERVING_BOUND_MS {
+                problems.push(format!("chains all serving only {} ms after the heal", t - healed_at));
+            }
+        }
+    }
+    // Open every target's engine from disk (all hosts are stopped).
+    let mut engines: BTreeMap<TargetId, ChunkEngine> = BTreeMap::new();
+    for n in 1..=nodes {
+        for t in ctx.node_targets(NodeId(n)) {
+            let dir = ctx.root.join(format!("node-{n}")).join(format!("target-{}", t.0));
+            let engine = ChunkEngine::open(&dir, sim_engine_config())
+                .map_err(|e| format!("reopen {t}: {e}"))?;
+            engines.insert(t, engine);
+        }
+    }
+    // Chain membership from the last layout (targets never change chains).
+    let mut chain_targets: BTreeMap<ChainId, Vec<TargetId>> = BTreeMap::new();
+    for ((chain, _), (targets, _)) in shared.chain_versions.iter() {
+        chain_targets.insert(*chain, targets.iter().map(|t| t.target_id).collect());
+    }
+    // Replicas byte-identical: committed version and content of every chunk.
+    let mut contents: BTreeMap<(ChainId, ChunkId), Bytes> = BTreeMap::new();
+    let mut stale_pending: Vec<String> = Vec::new();
+    for (chain, targets) in &chain_targets {
+        let mut reference: Option<(TargetId, ReplicaState)> = None;
+        for t in targets {
+            let engine = &engines[t];
+            let mut chunks = ReplicaState::new();
+            for (chunk, meta) in engine.dump().map_err(|e| format!("dump {t}: {e}"))? {
+                if let Some((pv, _)) = meta.pending {
+                    // Not a failure: an unacknowledged write whose chain broke
+                    // stays pending until the chunk's next write replaces it
+                    // (reads there see "uncommitted"); reported in the summary.
+                    stale_pending.push(format!("{t} {chunk} v{pv}"));
+                }
+                let data = engine
+                    .read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly)
+                    .map_err(|e| format!("read {t} {chunk}: {e}"))?
+                    .data;
+                let data = Bytes::from(data);
+                chunks.insert(chunk, (meta.committed_ver, data));
+            }
+            match &reference {
+                None => reference = Some((*t, chunks)),
+                Some((rt, rchunks)) => {
+                    if *rchunks != chunks {
+                        let keys_a: Vec<_> = rchunks.iter().map(|(k, v)| (*k, v.0, v.1.len())).collect();
+                        let keys_b: Vec<_> = chunks.iter().map(|(k, v)| (*k, v.0, v.1.len())).collect();
+                        problems.push(format!("{chain}: replicas differ: {rt} has {keys_a:?}, {t} has {keys_b:?}"));
+                    }
+                }
+            }
+        }
+        if let Some((_, chunks)) = reference {
+            for (chunk, (_, data)) in chunks {
+                contents.insert((*chain, chunk), data);
+            }
+        }
+    }
+    // Every acknowledged write's latest value reads back.
+    for ((chain, chunk, r), writes) in &shared.writes {
+        let data = contents.get(&(*chain, *chunk));
+        let start = (*r as usize) * REGION_BYTES;
+        let got: Option<&[u8]> = data.and_then(|d| d.get(start..start + REGION_BYTES));
+        let last_acked = writes.iter().rposition(|w| w.acked);
+        let allowed: Vec<&WriteRecord> = match last_acked {
+            Some(i) => writes[i..].iter().collect(),
+            None => writes.iter().collect(),
+        };
+        let ok = match got {
+            Some(bytes) => {
+                allowed.iter().any(|w| bytes == &pattern(w.writer, w.seq)[..])
+                    || (last_acked.is_none() && bytes.iter().all(|b| *b == 0))
+            }
+            None => last_acked.is_none(),
+        };
+        if !ok {
+            let found = got.map(|b| u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])));
+            problems.push(format!(
+                "{chain} {chunk} region {r}: lost acknowledged write: expected one of {:?} (last acked {:?}), found word {found:x?}",
+                allowed.iter().map(|w| (w.writer, w.seq, w.acked)).collect::<Vec<_>>(),
+                last_acked.map(|i| writes[i].seq),
+            ));
+        }
+    }
+    let trace_hash = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        shared.trace.hash(&mut h);
+        h.finish()
+    };
+    let summary = format!(
+        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, {} acked / {} failed writes, {} exits, all serving {} ms after heal, stale pending versions {:?}",
+        events.len(),
+        shared.acked,
+        shared.failed,
+        shared.exits.len(),
+        shared.all_serving_at_ms.map_or(-1, |t| t as i64 - healed_at as i64),
+        stale_pending,
+    );
+    if let Ok(path) = std::env::var("FSKV_SIM_TRACE_FILE") {
+        let _ = std::fs::write(format!("{path}.{seed}"), shared.trace.join("\n"));
+    }
+    if problems.is_empty() {
+        Ok(Outcome { trace_hash, summary })
+    } else {
+        if std::env::var("FSKV_SIM_TRACE").is_ok() {
+            for line in &shared.trace {
+                eprintln!("  {line}");
+            }
+        }
+        Err(format!("{summary}\n  faults: {events:?}\n  exits: {:?}\n  {}", shared.exits, problems.join("\n  ")))
+    }
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+#[test]
+fn simulated_cluster_survives_random_faults() {
+    init_tracing();
+    let seeds: Vec<u64> = match std::env::var("FSKV_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("FSKV_SIM_SEED must be a number")],
+        Err(_) => {
+            let count = std::env::var("FSKV_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_SEEDS);
+            (1..=count).collect()
+        }
+    };
+    let mut failures = Vec::new();
+    for seed in seeds {
+        let started = std::time::Instant::now();
+        match run_seed(seed) {
+            Ok(o) => eprintln!("{} (trace {:016x}, {:.1} s)", o.summary, o.trace_hash, started.elapsed().as_secs_f64()),
+            Err(e) => {
+                eprintln!("FAILED {e}\n  replay: FSKV_SIM_SEED={seed} cargo test -p fskv-mgmtd --test sim");
+                failures.push(seed);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "failing seeds: {failures:?} (replay with FSKV_SIM_SEED=<seed>)");
+}
+
+/// A seed replays exactly: two runs give the same event trace. Only with
+/// tokio built with `--cfg tokio_unstable`, where turmoil seeds tokio's RNG
+/// (see docs/mgmtd.md, "Determinism").
+#[test]
+#[cfg_attr(not(tokio_unstable), ignore = "needs RUSTFLAGS=\"--cfg tokio_unstable\" for tokio's RNG to be seeded")]
+fn a_seed_replays_exactly() {
+    init_tracing();
+    let seed = std::env::var("FSKV_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let a = run_seed(seed).map(|o| o.trace_hash);
+    let b = run_seed(seed).map(|o| o.trace_hash);
+    assert_eq!(a, b, "seed {seed} did not replay identically");
+}
