@@ -52,6 +52,10 @@ fskv_rpc::rpc_method!(
 );
 fskv_rpc::rpc_method!("storage", CommitChunk = 2004, CommitReq => CommitResp);
 fskv_rpc::rpc_method!("storage", QueryLastChunk = 2005, QueryLastChunkReq => QueryLastChunkResp);
+fskv_rpc::rpc_method!(
+    /// Peer → tail: one chunk's metadata (settling a left-over pending version).
+    "storage", QueryChunk = 2011, QueryChunkReq => QueryChunkResp
+);
 fskv_rpc::rpc_method!("storage", RemoveChunks = 2006, RemoveChunksReq => RemoveChunksResp);
 fskv_rpc::rpc_method!("storage", SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp);
 fskv_rpc::rpc_method!("storage", DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
@@ -622,6 +626,7 @@ mod tests {
             BatchRead::ID,
             CommitChunk::ID,
             QueryLastChunk::ID,
+            QueryChunk::ID,
             RemoveChunks::ID,
             SpaceInfo::ID,
             DumpChunkMeta::ID,

@@ -617,6 +617,16 @@ impl ChunkEngine {
 
     // ----- query -----
 
+    /// `(version, tag, crc)` of the chunk's pending data version, if any —
+    /// without cloning the whole record (a hot-path check of the write path).
+    pub fn pending_data(&self, chunk: ChunkId) -> Option<(u64, UpdateTag, u32)> {
+        let c = self.cached(chunk)?;
+        match &c.meta.pending {
+            Some((ver, PendingState::Data(v))) => Some((*ver, v.tag, v.crc)),
+            _ => None,
+        }
+    }
+
     /// The chunk's metadata, if it exists.
     pub fn meta(&self, chunk: ChunkId) -> Option<ChunkMeta> {
         self.cached(chunk).map(|c| c.meta.clone())

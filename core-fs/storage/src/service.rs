@@ -10,7 +10,7 @@ use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::{Bytes, BytesMut};
 use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag};
 use fskv_client::storage::{
-    BatchRead, CommitChunk, DumpChunkMeta, ForwardChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo, SyncDone,
+    BatchRead, CommitChunk, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo, SyncDone,
     SyncStart, WriteChunk,
 };
 use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport, Transport};
@@ -262,6 +262,15 @@ impl StorageService {
             async move { s.handle_query_last(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
         });
         let s = self.clone();
+        let router = router.route::<QueryChunk, _, _>(move |_ctx, req: QueryChunkReq, _payload| {
+            let s = s.clone();
+            async move {
+                let target = s.target(req.target).map_err(Status::from)?;
+                let meta = target.engine.meta(req.chunk).map(|m| sync::remote_meta(&m));
+                Ok((QueryChunkResp { meta }, Bytes::new()))
+            }
+        });
+        let s = self.clone();
         let router = router.route::<RemoveChunks, _, _>(move |_ctx, req: RemoveChunksReq, _payload| {
             let s = s.clone();
             async move { s.handle_remove_chunks(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
@@ -382,6 +391,9 @@ impl StorageService {
         let _guard = target.locks.lock(req.chunk).await;
         // Routing may have changed while we waited for the lock.
         let (routing, pos) = self.check_write(req.chain_id, target.id, req.chain_ver, origin)?;
+        if pos.successor.is_some() && matches!(req.mode, ForwardMode::Update { .. }) {
+            self.settle_left_over_pending(target, &routing, req).await;
+        }
         let expected_ver = match (origin, req.mode) {
             (Origin::Predecessor(_), ForwardMode::Update { version }) => Some(version),
             _ => None,
@@ -428,6 +440,43 @@ impl StorageService {
     /// Sends a just-applied update on to the successor: as the same update,
     /// or as a full-chunk replace when the successor is syncing or its
     /// version diverged.
+    /// A pending version left by another request (its acknowledgement was
+    /// lost, e.g. when a successor crashed) may already be committed down the
+    /// chain. Before a new update builds on the committed version and would
+    /// overwrite it there, ask the tail: if the tail committed exactly that
+    /// version (same version, same CRC), commit it here too. Otherwise the
+    /// left-over was never committed anywhere and the new update replaces it.
+    /// Best effort: on any error the update proceeds as before.
+    async fn settle_left_over_pending(&self, target: &Arc<Target>, routing: &RoutingInfo, req: &ForwardReq) {
+        let Some((pending_ver, pending_tag, pending_crc)) = target.engine.pending_data(req.chunk) else { return };
+        if pending_tag == engine_tag(req.tag) {
+            return; // a retry of the pending write itself
+        }
+        let Ok(chain) = Self::chain_of(routing, req.chain_id) else { return };
+        let Some(tail) = chain.targets.iter().rev().find(|t| t.state.can_write()) else { return };
+        if tail.target_id == target.id {
+            return;
+        }
+        let Ok(addr) = Self::addr_of(routing, tail.node_id) else { return };
+        let query = QueryChunkReq { target: tail.target_id, chunk: req.chunk };
+        let remote = match self.inner.rpc.call::<QueryChunk>(&addr, &query, Bytes::new(), self.call_opts()).await {
+            Ok((resp, _)) => resp.meta,
+            Err(e) => {
+                debug!(chunk = %req.chunk, error = %e, "cannot ask the tail about a left-over pending version");
+                return;
+            }
+        };
+        let committed_at_tail = remote.is_some_and(|r| r.committed_ver == pending_ver && r.crc == pending_crc);
+        if !committed_at_tail {
+            return;
+        }
+        let (engine, chunk, version) = (target.engine.clone(), req.chunk, pending_ver);
+        match self.blocking(move || Ok(engine.commit(chunk, version)?)).await {
+            Ok(_) => info!(%chunk, version, "committed a left-over pending version the tail already committed"),
+            Err(e) => warn!(%chunk, version, error = %e, "could not commit a left-over pending version"),
+        }
+    }
+
     async fn forward_update(
         &self,
         target: &Arc<Target>,

@@ -378,3 +378,44 @@ async fn diverged_successor_is_repaired_with_a_full_chunk_replace() {
     .await;
     cluster.shutdown().await;
 }
+
+/// A write whose acknowledgement was lost after the whole chain committed it
+/// (the head and the middle kept it pending) is not rolled back by the next
+/// write: before building on its committed version, each target asks the
+/// tail, finds the left-over committed there and commits it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn left_over_pending_committed_at_the_tail_is_kept_by_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = three_node_cluster(dir.path()).await;
+    with_timeout(async {
+        let c = client(&cluster);
+        let chunk = ChunkId::new(InodeId(7), 0);
+        c.write(CHAIN, chunk, 0, Bytes::from_static(b"base----")).await.unwrap();
+        let chain_ver = cluster.routing().chains[0].chain_version;
+        let lost = fskv_chunk_engine::UpdateRequest {
+            chunk,
+            chain_ver,
+            kind: fskv_chunk_engine::UpdateKind::Write { offset_bytes: 0, data: b"AAAA" },
+            tag: fskv_chunk_engine::UpdateTag { client: 77, request: 1 },
+            expected_ver: None,
+            chunk_size_hint_bytes: None,
+        };
+        // Applied everywhere, committed at the middle and the tail, but the
+        // head never saw the ack.
+        for t in [TargetId(1), TargetId(2), TargetId(3)] {
+            let engine = cluster.engine(t).unwrap();
+            let out = engine.update(&lost).unwrap();
+            assert_eq!(out.pending_ver, 2);
+            if t != TargetId(1) {
+                engine.commit(chunk, 2).unwrap();
+            }
+        }
+        let resp = c.write(CHAIN, chunk, 4, Bytes::from_static(b"BBBB")).await.unwrap();
+        assert_eq!(resp.version, 3, "the next write builds on the left-over version, not beside it");
+        assert_replicas_equal(&cluster, &[TargetId(1), TargetId(2), TargetId(3)]);
+        let read = c.read(CHAIN, chunk, 0, 16, false).await.unwrap();
+        assert_eq!(&read.data[..], b"AAAABBBB", "the committed left-over write was rolled back");
+    })
+    .await;
+    cluster.shutdown().await;
+}

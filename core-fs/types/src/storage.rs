@@ -173,6 +173,19 @@ pub struct QueryLastChunkResp {
     pub last: Option<(ChunkId, RemoteChunkMeta)>,
 }
 
+/// One chunk's metadata on one target (peer to peer: a target settling a
+/// left-over pending version asks the chain's tail).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryChunkReq {
+    pub target: TargetId,
+    pub chunk: ChunkId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryChunkResp {
+    pub meta: Option<RemoteChunkMeta>,
+}
+
 /// Removes every chunk of `inode` with index `>= from_index` through the
 /// chain (sent to the head), at most `max_chunks` per call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
