@@ -100,6 +100,21 @@ struct Inner {
     syncs: Mutex<HashSet<(TargetId, TargetId, u32)>>,
     /// Plan of the last completed sync driven by each local target.
     last_sync: Mutex<HashMap<TargetId, sync::PlanSummary>>,
+    /// Chunks whose forward failed: they may hold a pending version the tail
+    /// committed (lost ack); the worker settles them (bounded set).
+    unsettled: Mutex<HashSet<(TargetId, ChainId, ChunkId)>>,
+}
+
+/// Most chunks remembered for settling after failed forwards.
+const MAX_UNSETTLED_CHUNKS: usize = 65_536;
+
+/// What asking the tail about a left-over pending version found.
+#[derive(Debug, PartialEq, Eq)]
+enum Settle {
+    /// Nothing to do (no left-over, or the tail never committed it).
+    Done,
+    /// The tail could not be asked; try again later.
+    Retry,
 }
 
 /// A running service: its RPC server and its sync worker.
@@ -156,6 +171,7 @@ impl StorageService {
                 rpc,
                 syncs: Mutex::new(HashSet::new()),
                 last_sync: Mutex::new(HashMap::new()),
+                unsettled: Mutex::new(HashSet::new()),
             }),
         }
     }
@@ -392,7 +408,7 @@ impl StorageService {
         // Routing may have changed while we waited for the lock.
         let (routing, pos) = self.check_write(req.chain_id, target.id, req.chain_ver, origin)?;
         if pos.successor.is_some() && matches!(req.mode, ForwardMode::Update { .. }) {
-            self.settle_left_over_pending(target, &routing, req).await;
+            self.settle_left_over_pending(target, &routing, req.chain_id, req.chunk, Some(engine_tag(req.tag))).await;
         }
         let expected_ver = match (origin, req.mode) {
             (Origin::Predecessor(_), ForwardMode::Update { version }) => Some(version),
@@ -427,7 +443,10 @@ impl StorageService {
             }
             AfterApply::CommitAndAck => {}
             AfterApply::Forward(succ) => {
-                self.forward_update(target, &routing, succ, req, payload, version).await?;
+                if let Err(e) = self.forward_update(target, &routing, succ, req, payload, version).await {
+                    self.remember_unsettled(target.id, req.chain_id, req.chunk);
+                    return Err(e);
+                }
             }
         }
         let engine = target.engine.clone();
@@ -441,39 +460,76 @@ impl StorageService {
     /// or as a full-chunk replace when the successor is syncing or its
     /// version diverged.
     /// A pending version left by another request (its acknowledgement was
-    /// lost, e.g. when a successor crashed) may already be committed down the
-    /// chain. Before a new update builds on the committed version and would
-    /// overwrite it there, ask the tail: if the tail committed exactly that
-    /// version (same version, same CRC), commit it here too. Otherwise the
-    /// left-over was never committed anywhere and the new update replaces it.
-    /// Best effort: on any error the update proceeds as before.
-    async fn settle_left_over_pending(&self, target: &Arc<Target>, routing: &RoutingInfo, req: &ForwardReq) {
-        let Some((pending_ver, pending_tag, pending_crc)) = target.engine.pending_data(req.chunk) else { return };
-        if pending_tag == engine_tag(req.tag) {
-            return; // a retry of the pending write itself
+    /// lost, e.g. when a successor crashed or a link failed) may already be
+    /// committed down the chain. Ask the tail: if it committed exactly that
+    /// version (same version, same CRC), commit it here too, so the next
+    /// update builds on it instead of rolling it back. Otherwise the
+    /// left-over was never committed anywhere; the next update replaces it.
+    /// `current` is the tag of the request about to apply (its own pending
+    /// version is not a left-over). Callers hold the chunk's lock.
+    async fn settle_left_over_pending(
+        &self,
+        target: &Arc<Target>,
+        routing: &RoutingInfo,
+        chain_id: ChainId,
+        chunk: ChunkId,
+        current: Option<UpdateTag>,
+    ) -> Settle {
+        let Some((pending_ver, pending_tag, pending_crc)) = target.engine.pending_data(chunk) else { return Settle::Done };
+        if Some(pending_tag) == current {
+            return Settle::Done;
         }
-        let Ok(chain) = Self::chain_of(routing, req.chain_id) else { return };
-        let Some(tail) = chain.targets.iter().rev().find(|t| t.state.can_write()) else { return };
+        let Ok(chain) = Self::chain_of(routing, chain_id) else { return Settle::Retry };
+        let Some(tail) = chain.targets.iter().rev().find(|t| t.state.can_write()) else { return Settle::Retry };
         if tail.target_id == target.id {
-            return;
+            return Settle::Done;
         }
-        let Ok(addr) = Self::addr_of(routing, tail.node_id) else { return };
-        let query = QueryChunkReq { target: tail.target_id, chunk: req.chunk };
+        let Ok(addr) = Self::addr_of(routing, tail.node_id) else { return Settle::Retry };
+        let query = QueryChunkReq { target: tail.target_id, chunk };
         let remote = match self.inner.rpc.call::<QueryChunk>(&addr, &query, Bytes::new(), self.call_opts()).await {
             Ok((resp, _)) => resp.meta,
             Err(e) => {
-                debug!(chunk = %req.chunk, error = %e, "cannot ask the tail about a left-over pending version");
-                return;
+                debug!(%chunk, error = %e, "cannot ask the tail about a left-over pending version");
+                return Settle::Retry;
             }
         };
         let committed_at_tail = remote.is_some_and(|r| r.committed_ver == pending_ver && r.crc == pending_crc);
         if !committed_at_tail {
-            return;
+            return Settle::Done;
         }
-        let (engine, chunk, version) = (target.engine.clone(), req.chunk, pending_ver);
+        let (engine, version) = (target.engine.clone(), pending_ver);
         match self.blocking(move || Ok(engine.commit(chunk, version)?)).await {
-            Ok(_) => info!(%chunk, version, "committed a left-over pending version the tail already committed"),
-            Err(e) => warn!(%chunk, version, error = %e, "could not commit a left-over pending version"),
+            Ok(_) => {
+                info!(%chunk, version, "committed a left-over pending version the tail already committed");
+                Settle::Done
+            }
+            Err(e) => {
+                warn!(%chunk, version, error = %e, "could not commit a left-over pending version");
+                Settle::Retry
+            }
+        }
+    }
+
+    fn remember_unsettled(&self, target: TargetId, chain: ChainId, chunk: ChunkId) {
+        let mut set = self.inner.unsettled.lock();
+        if set.len() < MAX_UNSETTLED_CHUNKS {
+            set.insert((target, chain, chunk));
+        } else {
+            warn!(%chunk, "too many chunks to settle; this one waits for its next write");
+        }
+    }
+
+    /// Settles the chunks whose forwards failed (one pass; kept for the next
+    /// pass only if the tail could not be asked).
+    async fn settle_unsettled(&self) {
+        let batch: Vec<_> = self.inner.unsettled.lock().drain().collect();
+        for (me, chain_id, chunk) in batch {
+            let Ok(target) = self.target(me) else { continue };
+            let _guard = target.locks.lock(chunk).await;
+            let routing = self.inner.routing.current();
+            if self.settle_left_over_pending(&target, &routing, chain_id, chunk, None).await == Settle::Retry {
+                self.remember_unsettled(me, chain_id, chunk);
+            }
         }
     }
 
@@ -720,6 +776,7 @@ impl StorageService {
                     .instrument(span),
                 );
             }
+            self.settle_unsettled().await;
             let poll = Duration::from_millis(self.inner.config.sync_poll_ms);
             let _ = tokio::time::timeout(poll, rx.changed()).await;
         }
