@@ -236,11 +236,7 @@ async fn failover(a: &FailoverBenchArgs, dir: &Path, raw_write: f64) -> anyhow::
     let m = MgmtdClient::new(rpc(), vec![maddr.clone()], MgmtdClientConfig::default());
     wait_status(&m, Duration::from_secs(30), "3 nodes serving", all_serving).await?;
     let source = MgmtdRoutingSource::start(m.clone(), Duration::from_secs(10)).await?;
-    // The status shows heartbeats at once; routing gets node addresses at the next tick.
-    let routing_deadline = Instant::now() + Duration::from_secs(10);
-    while source.current().nodes.len() < 3 && Instant::now() < routing_deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    source.wait_for_nodes(3, Duration::from_secs(10)).await;
     let client = StorageClient::new(
         rpc(),
         source.handle(),

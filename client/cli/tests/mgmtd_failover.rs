@@ -195,11 +195,7 @@ async fn kill9_storage_node_is_failed_over_and_recovered_by_mgmtd() {
     let outcome = tokio::time::timeout(Duration::from_secs(120), async {
         wait_status(&m, Duration::from_secs(30), "3 nodes up, all serving", all_serving).await;
         let source = MgmtdRoutingSource::start(mgmtd_client(mport), Duration::from_secs(10)).await.expect("routing");
-        // The status shows heartbeats at once; routing gets node addresses at the next tick.
-        let routing_deadline = Instant::now() + Duration::from_secs(10);
-        while source.current().nodes.len() < 3 && Instant::now() < routing_deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        source.wait_for_nodes(3, Duration::from_secs(10)).await;
         let client = StorageClient::new(
             rpc(),
             source.handle(),

@@ -193,6 +193,24 @@ impl MgmtdRoutingSource {
         &self.client
     }
 
+    /// Waits (at most `timeout`) until the routing lists at least `count`
+    /// nodes with addresses: mgmtd shows a heartbeat at once, but the node's
+    /// address enters the routing only at its next tick. Returns whether it did.
+    pub async fn wait_for_nodes(&self, count: usize, timeout: Duration) -> bool {
+        let mut rx = self.subscribe();
+        let listed = |r: &RoutingInfo| r.nodes.iter().filter(|n| !n.address.is_empty()).count() >= count;
+        tokio::time::timeout(timeout, async {
+            while !listed(&rx.borrow_and_update()) {
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     /// Pulls routing now (e.g. a heartbeat ack announced a newer version).
     pub async fn refresh_now(&self) -> Result<(), RpcError> {
         let known = self.publisher.current().version;

@@ -5,7 +5,7 @@
 //!
 //! Needs libfdb_c at link time. Tests run when `FDB_CLUSTER_FILE` is set.
 
-use crate::limits::{check_key, check_range, check_value, MAX_TRANSACTION_BYTES};
+use crate::limits::{check_key, check_range, check_value, grow_transaction, MAX_TRANSACTION_BYTES};
 use crate::{KeyValue, KvEngine, KvError, KvResult, RangeRequest, RangeResult, Transaction};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -89,12 +89,7 @@ struct FdbTransaction {
 
 impl FdbTransaction {
     fn grow(&mut self, bytes: usize) -> KvResult<()> {
-        let size = self.size_bytes + bytes;
-        if size > MAX_TRANSACTION_BYTES {
-            return Err(KvError::TransactionTooLarge { size, limit: MAX_TRANSACTION_BYTES });
-        }
-        self.size_bytes = size;
-        Ok(())
+        grow_transaction(&mut self.size_bytes, bytes)
     }
 
     async fn read_range(&mut self, req: &RangeRequest, snapshot: bool) -> KvResult<RangeResult> {

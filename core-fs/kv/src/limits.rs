@@ -35,3 +35,14 @@ pub fn check_range(begin: &[u8], end: &[u8]) -> KvResult<()> {
     }
     Ok(())
 }
+
+/// Adds `bytes` to a transaction's running size, refusing to pass
+/// [`MAX_TRANSACTION_BYTES`] (mutations plus conflict ranges, as FoundationDB counts).
+pub fn grow_transaction(size_bytes: &mut usize, bytes: usize) -> KvResult<()> {
+    let size = size_bytes.saturating_add(bytes);
+    if size > MAX_TRANSACTION_BYTES {
+        return Err(KvError::TransactionTooLarge { size, limit: MAX_TRANSACTION_BYTES });
+    }
+    *size_bytes = size;
+    Ok(())
+}

@@ -15,7 +15,7 @@
 //! then publishes the new committed version and answers every waiter. So 16
 //! concurrent committers share one fsync.
 
-use crate::limits::{check_key, check_range, check_value, MAX_TRANSACTION_BYTES};
+use crate::limits::{check_key, check_range, check_value, grow_transaction};
 use crate::resolver::{ConflictSet, Resolver, Verdict};
 use crate::{key_after, KeyValue, KvError, KvResult, RangeRequest, RangeResult, Transaction};
 use async_trait::async_trait;
@@ -198,12 +198,7 @@ impl<S: Store> LocalTransaction<S> {
     }
 
     fn grow(&mut self, bytes: usize) -> KvResult<()> {
-        let size = self.size_bytes + bytes;
-        if size > MAX_TRANSACTION_BYTES {
-            return Err(KvError::TransactionTooLarge { size, limit: MAX_TRANSACTION_BYTES });
-        }
-        self.size_bytes = size;
-        Ok(())
+        grow_transaction(&mut self.size_bytes, bytes)
     }
 
     fn is_cleared(&self, key: &[u8]) -> bool {
