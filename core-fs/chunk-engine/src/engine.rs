@@ -654,14 +654,15 @@ impl ChunkEngine {
 
     /// All chunk records in id order (recovery compares them with a peer's).
     pub fn dump(&self) -> Result<Vec<(ChunkId, ChunkMeta)>> {
-        let mut out = Vec::new();
-        for item in self.db.prefix_iterator([CHUNK_KEY_PREFIX]) {
-            let (key, value) = item?;
-            if key.first() != Some(&CHUNK_KEY_PREFIX) {
-                break;
-            }
-            out.push((chunk_from_key(&key)?, self.decode_record(&value)?));
+        // From the in-memory cache, which holds every chunk and swaps each
+        // entry atomically: reading records and their page-table segments
+        // from RocksDB with separate gets could mix two versions of a chunk
+        // written concurrently (seen as a spurious CorruptMetadata).
+        let mut out: Vec<(ChunkId, ChunkMeta)> = Vec::new();
+        for shard in self.cache.iter() {
+            out.extend(shard.read().iter().map(|(id, c)| (*id, c.meta.clone())));
         }
+        out.sort_unstable_by_key(|(id, _)| *id);
         Ok(out)
     }
 
