@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 ./deploy/install-deps.sh
 export CARGO_TERM_COLOR=never
 start=$(date +%s)
+# Disk is the first thing to run out on a small CI machine: say how much there is.
+echo "test: free disk: $(df -h --output=avail . | tail -1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}"
 
 echo "test: cargo check -p fskv-kv --features fdb (FoundationDB engine must compile; libfdb_c is not installable here, so it is not linked)"
 cargo check -p fskv-kv --features fdb --tests
@@ -24,7 +26,7 @@ set -e
 # last of which is often an empty doc-test run).
 passed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed.*/\1/' | awk '{s+=$1} END {print s+0}')
 failed=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
-echo "test: done in $(( $(date +%s) - start )) s"
+echo "test: done in $(( $(date +%s) - start )) s; target/ holds $(du -sh target 2>/dev/null | cut -f1); free disk now $(df -h --output=avail . | tail -1 | tr -d ' ')"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
     echo "test: cargo test exited with $status (a build error or a crashed test binary)"
     failed=1

@@ -1,5 +1,6 @@
 //! Block pools: per size class, 256 data files, an in-memory occupancy
-//! bitmap, growth by one `fallocate` of `blocks_per_grow` contiguous blocks.
+//! bitmap, growth by one `fallocate` of the pool's step of contiguous blocks
+//! (`blocks_per_grow`, capped in bytes by [`crate::layout::MAX_GROW_STEP_BYTES`]).
 //!
 //! The bitmap is never persisted: at open it is rebuilt from the chunk
 //! metadata (every block referenced by a committed or pending version is
@@ -9,7 +10,7 @@
 //! reference a block beyond the recorded capacity.
 
 use crate::error::{ChunkError, Result};
-use crate::layout::{locate, SizeClass, FILES_PER_POOL, NUM_CLASSES};
+use crate::layout::{locate, pool_blocks_per_grow, SizeClass, FILES_PER_POOL, NUM_CLASSES};
 use parking_lot::Mutex;
 use rocksdb::{WriteOptions, DB};
 use std::fs::{File, OpenOptions};
@@ -77,6 +78,8 @@ struct PoolState {
 
 struct Pool {
     class: SizeClass,
+    /// Blocks per growth step of this pool (see `layout::pool_blocks_per_grow`).
+    step_blocks: u64,
     dir: PathBuf,
     files: Vec<OnceLock<File>>,
     state: Mutex<PoolState>,
@@ -95,7 +98,6 @@ pub struct PoolStats {
 /// All eleven pools of one engine.
 pub struct Allocator {
     db: Arc<DB>,
-    blocks_per_grow: u64,
     pools: Vec<Pool>,
     fallocate_calls: AtomicU64,
 }
@@ -109,7 +111,7 @@ impl Allocator {
         for class in SizeClass::all() {
             pools.push(Self::open_pool(root, &db, class, blocks_per_grow)?);
         }
-        Ok(Allocator { db, blocks_per_grow, pools, fallocate_calls: AtomicU64::new(0) })
+        Ok(Allocator { db, pools, fallocate_calls: AtomicU64::new(0) })
     }
 
     fn open_pool(root: &Path, db: &DB, class: SizeClass, blocks_per_grow: u64) -> Result<Pool> {
@@ -121,19 +123,17 @@ impl Allocator {
                 ChunkError::CorruptMetadata(format!("pool record of class {} has {} bytes", class.raw(), v.len()))
             })?),
         };
+        let step_blocks = pool_blocks_per_grow(class, blocks_per_grow);
         let pool = Pool {
             class,
+            step_blocks,
             dir,
             files: (0..FILES_PER_POOL).map(|_| OnceLock::new()).collect(),
             state: Mutex::new(PoolState { grow_steps, bitmap: Bitmap::default() }),
         };
-        pool.state.lock().bitmap.grow_to(grow_steps * blocks_per_grow);
-        pool.check_files_cover(grow_steps, blocks_per_grow)?;
+        pool.state.lock().bitmap.grow_to(grow_steps * step_blocks);
+        pool.check_files_cover(grow_steps)?;
         Ok(pool)
-    }
-
-    pub fn blocks_per_grow(&self) -> u64 {
-        self.blocks_per_grow
     }
 
     /// Number of `fallocate` calls made since open.
@@ -199,11 +199,17 @@ impl Allocator {
 
     fn grow(&self, pool: &Pool, st: &mut PoolState) -> Result<()> {
         let step = st.grow_steps;
-        let first = locate(pool.class, step * self.blocks_per_grow, self.blocks_per_grow);
-        let len_bytes = self.blocks_per_grow * pool.class.block_bytes();
+        let first = locate(pool.class, step * pool.step_blocks, pool.step_blocks);
+        let len_bytes = pool.step_blocks * pool.class.block_bytes();
         let file = pool.file(first.file_index)?;
-        fallocate(file, first.offset_bytes, len_bytes)
-            .map_err(|e| ChunkError::io(format!("fallocate {len_bytes} bytes in class {}", pool.class.raw()), e))?;
+        fallocate(file, first.offset_bytes, len_bytes).map_err(|e| {
+            let what = format!("fallocate {len_bytes} bytes in class {}", pool.class.raw());
+            if e.raw_os_error() == Some(libc::ENOSPC) {
+                ChunkError::NoSpace(format!("{what}: the disk is full"))
+            } else {
+                ChunkError::io(what, e)
+            }
+        })?;
         // The new file size must be durable before the record that relies on it.
         file.sync_all().map_err(|e| ChunkError::io("fsync after fallocate", e))?;
         self.fallocate_calls.fetch_add(1, Ordering::Relaxed);
@@ -211,8 +217,8 @@ impl Allocator {
         wo.set_sync(true);
         self.db.put_opt(pool_key(pool.class), (step + 1).to_le_bytes(), &wo)?;
         st.grow_steps = step + 1;
-        st.bitmap.grow_to(st.grow_steps * self.blocks_per_grow);
-        tracing::debug!(class = pool.class.raw(), step, "pool grew by {} blocks", self.blocks_per_grow);
+        st.bitmap.grow_to(st.grow_steps * pool.step_blocks);
+        tracing::debug!(class = pool.class.raw(), step, "pool grew by {} blocks", pool.step_blocks);
         Ok(())
     }
 
@@ -244,8 +250,9 @@ impl Allocator {
     }
 
     fn file_of(&self, class: SizeClass, idx: u64) -> Result<(&File, u64)> {
-        let loc = locate(class, idx, self.blocks_per_grow);
-        let file = self.pools[class.index()].file(loc.file_index)?;
+        let pool = &self.pools[class.index()];
+        let loc = locate(class, idx, pool.step_blocks);
+        let file = pool.file(loc.file_index)?;
         Ok((file, loc.offset_bytes))
     }
 
@@ -271,8 +278,9 @@ impl Allocator {
     /// Path of the file holding a block and the block's offset (tests use it
     /// to corrupt data).
     pub fn block_path(&self, class: SizeClass, idx: u64) -> (PathBuf, u64) {
-        let loc = locate(class, idx, self.blocks_per_grow);
-        (self.pools[class.index()].file_path(loc.file_index), loc.offset_bytes)
+        let pool = &self.pools[class.index()];
+        let loc = locate(class, idx, pool.step_blocks);
+        (pool.file_path(loc.file_index), loc.offset_bytes)
     }
 }
 
@@ -298,7 +306,8 @@ impl Pool {
     }
 
     /// Every recorded growth step must be backed by its file range.
-    fn check_files_cover(&self, grow_steps: u64, blocks_per_grow: u64) -> Result<()> {
+    fn check_files_cover(&self, grow_steps: u64) -> Result<()> {
+        let blocks_per_grow = self.step_blocks;
         for step in 0..grow_steps.min(FILES_PER_POOL) {
             let last_step = step + (grow_steps - 1 - step) / FILES_PER_POOL * FILES_PER_POOL;
             let end_idx = (last_step + 1) * blocks_per_grow - 1;

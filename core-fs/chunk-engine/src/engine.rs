@@ -781,19 +781,33 @@ impl ChunkEngine {
 }
 
 fn check_engine_config(db: &DB, config: &EngineConfig) -> Result<()> {
-    let want = config.blocks_per_grow.to_le_bytes();
+    // The block layout depends on both the configured step and the byte cap.
+    let mut want = config.blocks_per_grow.to_le_bytes().to_vec();
+    want.extend_from_slice(&crate::layout::MAX_GROW_STEP_BYTES.to_le_bytes());
     match db.get(ENGINE_CONFIG_KEY)? {
         None => {
             let mut wo = WriteOptions::default();
             wo.set_sync(true);
-            db.put_opt(ENGINE_CONFIG_KEY, want, &wo)?;
+            db.put_opt(ENGINE_CONFIG_KEY, &want, &wo)?;
             Ok(())
         }
         Some(v) if v.as_slice() == want => Ok(()),
         Some(v) => Err(ChunkError::InvalidArgument(format!(
-            "engine directory was created with blocks_per_grow {:?}, opened with {}",
-            v, config.blocks_per_grow
+            "engine directory was created with another block layout (blocks_per_grow and growth cap {}), \
+             opened with blocks_per_grow {} and growth cap {} bytes",
+            describe_layout_record(&v),
+            config.blocks_per_grow,
+            crate::layout::MAX_GROW_STEP_BYTES
         ))),
+    }
+}
+
+fn describe_layout_record(v: &[u8]) -> String {
+    let word = |i: usize| v.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    match (v.len(), word(0), word(1)) {
+        (16, Some(blocks), Some(cap)) => format!("{blocks} blocks, {cap} bytes"),
+        (8, Some(blocks), _) => format!("{blocks} blocks, no cap: a directory of an older version"),
+        _ => format!("an unreadable record of {} bytes", v.len()),
     }
 }
 

@@ -1,10 +1,11 @@
 //! Size classes and block addressing.
 //!
 //! Class `k` (0..=10) has blocks of `64 KiB << k`. Every class is a pool of
-//! [`FILES_PER_POOL`] files. The pool grows in steps of `blocks_per_grow`
-//! blocks; growth step `g` is one contiguous `fallocate` range appended to
-//! file `g % 256`. A block is named by its pool-wide index
-//! `idx = g * blocks_per_grow + i`.
+//! [`FILES_PER_POOL`] files. The pool grows in steps of
+//! [`pool_blocks_per_grow`] blocks (the configured `blocks_per_grow`, capped so
+//! one step is at most [`MAX_GROW_STEP_BYTES`]); growth step `g` is one
+//! contiguous `fallocate` range appended to file `g % 256`. A block is named
+//! by its pool-wide index `idx = g * step_blocks + i`.
 
 /// Number of block size classes.
 pub const NUM_CLASSES: usize = 11;
@@ -16,6 +17,17 @@ pub const MAX_CHUNK_BYTES: u64 = MIN_BLOCK_BYTES << (NUM_CLASSES - 1);
 pub const FILES_PER_POOL: u64 = 256;
 /// Default number of blocks created by one pool growth step.
 pub const DEFAULT_BLOCKS_PER_GROW: u64 = 256;
+/// Largest single growth step of a pool. Without the cap, 256 blocks of the
+/// 64 MiB class would be one 16 GiB `fallocate` for the first chunk stored.
+/// Part of the on-disk layout: the engine records it and refuses to open a
+/// directory created with another value.
+pub const MAX_GROW_STEP_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Blocks per growth step of `class`'s pool: `blocks_per_grow`, capped at
+/// [`MAX_GROW_STEP_BYTES`], at least one block.
+pub fn pool_blocks_per_grow(class: SizeClass, blocks_per_grow: u64) -> u64 {
+    blocks_per_grow.min(MAX_GROW_STEP_BYTES / class.block_bytes()).max(1)
+}
 
 /// A block size class, `0..NUM_CLASSES`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -97,5 +109,19 @@ mod tests {
         let wrap = locate(c, 256 * 256, 256);
         assert_eq!(wrap.file_index, 0);
         assert_eq!(wrap.offset_bytes, 256 * c.block_bytes());
+    }
+
+    #[test]
+    fn growth_steps_are_capped_in_bytes() {
+        let small = SizeClass::new(0).unwrap();
+        assert_eq!(pool_blocks_per_grow(small, 256), 256);
+        assert_eq!(pool_blocks_per_grow(small, 8), 8);
+        let mid = SizeClass::new(6).unwrap();
+        assert_eq!(pool_blocks_per_grow(mid, 256) * mid.block_bytes(), MAX_GROW_STEP_BYTES);
+        let big = SizeClass::new(10).unwrap();
+        assert_eq!(pool_blocks_per_grow(big, 256), 1);
+        for c in SizeClass::all() {
+            assert!(pool_blocks_per_grow(c, 256) * c.block_bytes() <= MAX_GROW_STEP_BYTES.max(c.block_bytes()));
+        }
     }
 }

@@ -401,6 +401,39 @@ fn chunk_size_hint_sizes_the_first_block_so_appends_stay_in_place() {
 }
 
 #[test]
+fn large_classes_grow_by_at_most_the_byte_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    // A 64 MiB-class chunk grows its pool by one block, not by 256 (16 GiB).
+    let c = cid(61, 0);
+    let req = UpdateRequest {
+        chunk: c,
+        chain_ver: 1,
+        kind: UpdateKind::Write { offset_bytes: 0, data: b"head of a big chunk" },
+        tag: tag(1),
+        expected_ver: None,
+        chunk_size_hint_bytes: Some(64 * 1024 * 1024),
+    };
+    let out = e.update(&req).unwrap();
+    e.commit(c, out.pending_ver).unwrap();
+    let block = committed_block(&e, c);
+    assert_eq!(block.class, 10);
+    let stats = &e.pool_stats()[10];
+    assert_eq!((stats.capacity_blocks, stats.grow_steps), (1, 1));
+    let (path, off) = e.block_file(block).unwrap();
+    assert_eq!(off, 0);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 * 1024 * 1024);
+    // A 4 MiB-class pool grows in 16 MiB steps.
+    write_commit(&e, cid(62, 0), 0, &vec![1u8; 3 * 1024 * 1024], 1);
+    assert_eq!(e.pool_stats()[6].capacity_blocks, fskv_chunk_engine::layout::MAX_GROW_STEP_BYTES / (4 << 20));
+    drop(e);
+    let e = open(&dir);
+    assert_eq!(e.pool_stats()[10].capacity_blocks, 1);
+    assert_eq!(read_all(&e, c), b"head of a big chunk");
+    e.check_invariants().unwrap();
+}
+
+#[test]
 fn open_rejects_double_referenced_blocks_and_garbage_records() {
     let dir = tempfile::tempdir().unwrap();
     let e = open(&dir);
