@@ -61,6 +61,11 @@ fskv_rpc::rpc_method!("storage", SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp
 fskv_rpc::rpc_method!("storage", DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
 fskv_rpc::rpc_method!("storage", SyncStart = 2009, SyncReq => SyncResp);
 fskv_rpc::rpc_method!("storage", SyncDone = 2010, SyncReq => SyncResp);
+fskv_rpc::rpc_method!(
+    /// Server-side copy at the destination head: it reads the source range
+    /// from the source chain and writes it like a `WriteChunk`; no payload.
+    "storage", CopyRange = 2012, CopyRangeReq => CopyRangeResp
+);
 
 // ----- routing handle -----
 
@@ -371,6 +376,54 @@ impl StorageClient {
         .await
     }
 
+    /// Copies `src` to `offset_bytes` of `chunk` on `chain` inside the
+    /// cluster: the head of `chain` reads the source range from a serving
+    /// replica of `src.chain_id` and writes it down its chain; the data
+    /// never passes through this client. Returns once every target of the
+    /// destination chain committed. Retried like a write (same tag, routing
+    /// refresh on a stale chain version).
+    pub async fn copy_range(
+        &self,
+        chain: ChainId,
+        chunk: ChunkId,
+        offset_bytes: u64,
+        src: CopySource,
+        chunk_size_hint_bytes: Option<u64>,
+    ) -> Result<CopyRangeResp> {
+        self.copy_range_tagged(chain, chunk, offset_bytes, src, chunk_size_hint_bytes, self.new_tag()).await
+    }
+
+    /// [`StorageClient::copy_range`] with a caller-chosen tag (a retry with
+    /// the same tag is applied once).
+    pub async fn copy_range_tagged(
+        &self,
+        chain: ChainId,
+        chunk: ChunkId,
+        offset_bytes: u64,
+        src: CopySource,
+        chunk_size_hint_bytes: Option<u64>,
+        tag: RequestTag,
+    ) -> Result<CopyRangeResp> {
+        let span = tracing::debug_span!("storage_copy", %chain, %chunk, src_chain = %src.chain_id, src_chunk = %src.chunk, request = tag.request);
+        let attempts = self.with_retries(|attempt| async move {
+            let route = self.head_route(chain)?;
+            let req = CopyRangeReq {
+                chain_id: chain,
+                chain_ver: route.chain_ver,
+                target: route.target,
+                chunk,
+                offset_bytes,
+                src,
+                tag,
+                chunk_size_hint_bytes,
+            };
+            tracing::trace!(attempt, target = %route.target, "copy attempt");
+            let r = self.inner.rpc.call::<CopyRange>(&route.addr, &req, Bytes::new(), self.call_opts()).await;
+            r.map(|(resp, _)| resp).map_err(|e| (StorageClientError::from(e), route.routing_version))
+        });
+        tracing::Instrument::instrument(attempts, span).await
+    }
+
     /// Reads `len_bytes` at `offset_bytes` (short at the chunk end) from a
     /// serving target of `chain`, spreading reads over the chain.
     pub async fn read(&self, chain: ChainId, chunk: ChunkId, offset_bytes: u64, len_bytes: u32, relaxed: bool) -> Result<ReadData> {
@@ -632,6 +685,7 @@ mod tests {
             DumpChunkMeta::ID,
             SyncStart::ID,
             SyncDone::ID,
+            CopyRange::ID,
         ];
         let mut sorted = ids.to_vec();
         sorted.sort_unstable();

@@ -26,6 +26,11 @@ pub enum StorageError {
     /// mgmtd has not published it); retryable once routing catches up.
     #[error("{0} has no address in the routing info yet")]
     NoAddress(NodeId),
+    /// Reading the source range of a `CopyRange` failed (after the peer
+    /// read client's retries); the source's code is passed through, so a
+    /// retryable failure there is retryable for the caller too.
+    #[error("copy source {chunk} on {chain}: {status}")]
+    CopySource { chain: ChainId, chunk: ChunkId, status: Status },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -50,6 +55,7 @@ impl StorageError {
             // A successor's failure is passed through with its code, so the
             // client sees e.g. StaleChainVersion from anywhere in the chain.
             StorageError::Forward { status, .. } => status.code,
+            StorageError::CopySource { status, .. } => status.code,
             StorageError::Internal(_) => ErrorCode::Internal,
         }
     }

@@ -10,8 +10,8 @@ use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::{Bytes, BytesMut};
 use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag};
 use fskv_client::storage::{
-    BatchRead, CommitChunk, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo, SyncDone,
-    SyncStart, WriteChunk,
+    BatchRead, CommitChunk, CopyRange, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo,
+    StorageClient, StorageClientConfig, SyncDone, SyncStart, WriteChunk,
 };
 use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport, Transport};
 use fskv_types::routing::{ChainInfo, LocalTargetState, PublicTargetState, RoutingInfo};
@@ -53,6 +53,12 @@ pub struct StorageConfig {
     /// thread finishing in real time would make the schedule depend on the
     /// machine.
     pub inline_engine_io: bool,
+    /// Source reads of `CopyRange` (peer to peer) in flight at once: the
+    /// sender-grant bound of the service's peer read client.
+    pub max_in_flight_copy_reads: usize,
+    /// Attempts of one `CopyRange` source read (uncommitted data on the
+    /// replica read, stale routing, transport errors), first included.
+    pub copy_read_max_attempts: u32,
 }
 
 impl StorageConfig {
@@ -67,6 +73,8 @@ impl StorageConfig {
             sync_retry_delay_ms: 200,
             sync_pause_between_chunks_ms: 0,
             inline_engine_io: false,
+            max_in_flight_copy_reads: 64,
+            copy_read_max_attempts: 6,
         }
     }
 }
@@ -94,6 +102,10 @@ struct Inner {
     targets: HashMap<TargetId, Arc<Target>>,
     routing: RoutingHandle,
     rpc: RpcClient,
+    /// Reads the source ranges of `CopyRange` from other chains (same RPC
+    /// client and routing as forwards; spreads over serving replicas,
+    /// retries uncommitted data and stale routing, checks CRCs).
+    peer_reader: StorageClient,
     client_write_slots: Semaphore,
     read_slots: Semaphore,
     /// (me, successor, chain version) of syncs running now.
@@ -142,6 +154,42 @@ fn engine_tag(tag: RequestTag) -> UpdateTag {
     UpdateTag { client: tag.client, request: tag.request }
 }
 
+/// Largest range one `CopyRange` copies: the largest chunk, which is also
+/// the largest write the chunk engine takes.
+pub const MAX_COPY_BYTES: u64 = fskv_chunk_engine::MAX_CHUNK_BYTES;
+
+/// First backoff of a retried `CopyRange` source read (doubles, capped at 16x).
+const COPY_READ_BACKOFF_MS: u64 = 5;
+/// How long a `CopyRange` source read waits for newer routing after a
+/// stale-version or not-serving answer.
+const COPY_READ_ROUTING_WAIT_MS: u64 = 500;
+
+/// The peer read client's limits (its tags are never used: it only reads).
+fn peer_reader_config(config: &StorageConfig) -> StorageClientConfig {
+    StorageClientConfig {
+        client_id: u64::from(config.node_id.0),
+        max_concurrent_senders: config.max_in_flight_copy_reads.max(1),
+        max_attempts: config.copy_read_max_attempts.max(1),
+        retry_backoff_ms: COPY_READ_BACKOFF_MS,
+        call_timeout_ms: config.forward_timeout_ms,
+        routing_wait_ms: COPY_READ_ROUTING_WAIT_MS,
+    }
+}
+
+/// Rejects a copy whose source or destination range does not fit a chunk.
+fn check_copy_bounds(req: &CopyRangeReq) -> Result<()> {
+    let len = u64::from(req.src.len_bytes);
+    if len == 0 || len > MAX_COPY_BYTES {
+        return Err(StorageError::Invalid(format!("copy of {len} bytes: must be 1..={MAX_COPY_BYTES}")));
+    }
+    for (what, offset) in [("source", req.src.offset_bytes), ("destination", req.offset_bytes)] {
+        if offset.checked_add(len).is_none_or(|end| end > MAX_COPY_BYTES) {
+            return Err(StorageError::Invalid(format!("copy {what} range {offset}+{len} exceeds the {MAX_COPY_BYTES}-byte chunk limit")));
+        }
+    }
+    Ok(())
+}
+
 fn check_payload(chunk: ChunkId, payload: &[u8], len_bytes: u32, crc: u32) -> Result<()> {
     if payload.len() != len_bytes as usize {
         return Err(StorageError::Invalid(format!("{chunk}: payload of {} bytes, header says {len_bytes}", payload.len())));
@@ -161,8 +209,10 @@ impl StorageService {
             .into_iter()
             .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(None) })))
             .collect();
+        let peer_reader = StorageClient::new(rpc.clone(), routing.clone(), peer_reader_config(&config));
         StorageService {
             inner: Arc::new(Inner {
+                peer_reader,
                 client_write_slots: Semaphore::new(config.max_in_flight_client_writes.max(1)),
                 read_slots: Semaphore::new(config.max_in_flight_reads.max(1)),
                 config,
@@ -258,6 +308,11 @@ impl StorageService {
             async move { s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
         });
         let s = self.clone();
+        let router = router.route::<CopyRange, _, _>(move |_ctx: RequestContext, req: CopyRangeReq, _payload: Bytes| {
+            let s = s.clone();
+            async move { s.handle_copy_range(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let s = self.clone();
         let router = router.route::<ForwardChunk, _, _>(move |_ctx, req: ForwardReq, payload: Bytes| {
             let s = s.clone();
             async move { s.handle_forward(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
@@ -346,34 +401,103 @@ impl StorageService {
     async fn handle_write(&self, req: WriteReq, payload: Bytes) -> Result<WriteResp> {
         let span = info_span!("write", chain = %req.chain_id, target = %req.target, chunk = %req.chunk, request = req.tag.request);
         async move {
-            let _slot = self
-                .inner
-                .client_write_slots
-                .acquire()
-                .await
-                .map_err(|_| StorageError::Internal("write slots closed".into()))?;
-            let target = self.target(req.target)?;
-            // Stale chain version first (before touching data or locks).
-            self.check_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
-            if let UpdateOp::Write { len_bytes, crc, .. } = req.op {
-                check_payload(req.chunk, &payload, len_bytes, crc)?;
-            }
-            let fwd = ForwardReq {
-                chain_id: req.chain_id,
-                chain_ver: req.chain_ver,
-                from: req.target,
-                to: req.target,
-                chunk: req.chunk,
-                op: req.op,
-                mode: ForwardMode::Update { version: 0 },
-                tag: req.tag,
-                chunk_size_hint_bytes: req.chunk_size_hint_bytes,
-            };
-            let applied = self.apply_update(&target, Origin::Client, &fwd, payload).await?;
-            Ok(WriteResp { version: applied.version, len_bytes: applied.len_bytes, crc: applied.crc, duplicate: applied.duplicate })
+            let _slot = self.client_write_slot().await?;
+            self.head_write(&req, payload).await
         }
         .instrument(span)
         .await
+    }
+
+    async fn client_write_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.inner.client_write_slots.acquire().await.map_err(|_| StorageError::Internal("write slots closed".into()))
+    }
+
+    /// A client write at the head (the caller holds a client write slot):
+    /// routing check, payload check, then the CRAQ step. Client writes and
+    /// server-side copies both go through here.
+    async fn head_write(&self, req: &WriteReq, payload: Bytes) -> Result<WriteResp> {
+        let target = self.target(req.target)?;
+        // Stale chain version first (before touching data or locks).
+        self.check_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
+        if let UpdateOp::Write { len_bytes, crc, .. } = req.op {
+            check_payload(req.chunk, &payload, len_bytes, crc)?;
+        }
+        let fwd = ForwardReq {
+            chain_id: req.chain_id,
+            chain_ver: req.chain_ver,
+            from: req.target,
+            to: req.target,
+            chunk: req.chunk,
+            op: req.op,
+            mode: ForwardMode::Update { version: 0 },
+            tag: req.tag,
+            chunk_size_hint_bytes: req.chunk_size_hint_bytes,
+        };
+        let applied = self.apply_update(&target, Origin::Client, &fwd, payload).await?;
+        Ok(WriteResp { version: applied.version, len_bytes: applied.len_bytes, crc: applied.crc, duplicate: applied.duplicate })
+    }
+
+    /// A server-side copy at the destination head: checks bounds and
+    /// routing (stale version first, before any read), reads the source
+    /// range from the source chain, then writes it as a client write would.
+    async fn handle_copy_range(&self, req: CopyRangeReq) -> Result<CopyRangeResp> {
+        let span = info_span!(
+            "copy_range",
+            chain = %req.chain_id,
+            target = %req.target,
+            chunk = %req.chunk,
+            src_chain = %req.src.chain_id,
+            src_chunk = %req.src.chunk,
+            request = req.tag.request
+        );
+        async move {
+            check_copy_bounds(&req)?;
+            let _slot = self.client_write_slot().await?;
+            self.target(req.target)?;
+            self.check_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
+            let (data, src_found_bytes) = self.read_copy_source(req.src).await?;
+            let op = UpdateOp::Write { offset_bytes: req.offset_bytes, len_bytes: req.src.len_bytes, crc: crc32c::crc32c(&data) };
+            let write = WriteReq {
+                chain_id: req.chain_id,
+                chain_ver: req.chain_ver,
+                target: req.target,
+                chunk: req.chunk,
+                op,
+                tag: req.tag,
+                chunk_size_hint_bytes: req.chunk_size_hint_bytes,
+            };
+            let write = self.head_write(&write, data).await?;
+            debug!(version = write.version, duplicate = write.duplicate, src_found_bytes, "copied");
+            Ok(CopyRangeResp { write, src_found_bytes })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The committed bytes of `src` from a serving replica of its chain,
+    /// zero-filled to `src.len_bytes` (a missing chunk reads as all zeros);
+    /// also returns how many bytes the chunk held.
+    async fn read_copy_source(&self, src: CopySource) -> Result<(Bytes, u32)> {
+        let read = self.inner.peer_reader.read(src.chain_id, src.chunk, src.offset_bytes, src.len_bytes, false).await;
+        let data = match read {
+            Ok(r) => r.data,
+            Err(e) if e.code() == fskv_types::ErrorCode::NotFound => Bytes::new(),
+            Err(e) => {
+                return Err(StorageError::CopySource { chain: src.chain_id, chunk: src.chunk, status: Status::new(e.code(), e.to_string()) });
+            }
+        };
+        let want = src.len_bytes as usize;
+        if data.len() > want {
+            return Err(StorageError::Internal(format!("{}: source read returned {} bytes for {want}", src.chunk, data.len())));
+        }
+        let found = data.len() as u32;
+        if data.len() == want {
+            return Ok((data, found));
+        }
+        let mut padded = BytesMut::with_capacity(want);
+        padded.extend_from_slice(&data);
+        padded.resize(want, 0);
+        Ok((padded.freeze(), found))
     }
 
     async fn handle_forward(&self, req: ForwardReq, payload: Bytes) -> Result<ForwardResp> {

@@ -242,3 +242,46 @@ pub struct SyncReq {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncResp {}
+
+/// Where a [`CopyRangeReq`] takes its bytes from: a range of one chunk on
+/// another (or the same) chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopySource {
+    pub chain_id: ChainId,
+    pub chunk: ChunkId,
+    pub offset_bytes: u64,
+    /// Bytes to copy (> 0, at most the largest chunk).
+    pub len_bytes: u32,
+}
+
+/// A server-side copy, sent to the head of the destination chain: the head
+/// reads `src` (committed data, from a serving replica of the source chain)
+/// and writes it at `offset_bytes` of `chunk` exactly as a client
+/// [`WriteReq`] would (same version, forwarding, commit and idempotency by
+/// `tag`). A missing source chunk, or the part of the range past the source
+/// chunk's end, is written as zeros. The data never passes through the
+/// caller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyRangeReq {
+    pub chain_id: ChainId,
+    /// The destination chain version the caller routed with.
+    pub chain_ver: u32,
+    /// The head target of the destination chain the caller believes in.
+    pub target: TargetId,
+    pub chunk: ChunkId,
+    pub offset_bytes: u64,
+    pub src: CopySource,
+    pub tag: RequestTag,
+    /// The destination layout's chunk size, if known (block sizing hint).
+    pub chunk_size_hint_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyRangeResp {
+    /// The write on the destination chain (`duplicate` for a retry of a
+    /// copy already applied).
+    pub write: WriteResp,
+    /// Bytes of the range the source chunk held (the rest was written as
+    /// zeros); 0 for a missing source chunk.
+    pub src_found_bytes: u32,
+}
