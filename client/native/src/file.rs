@@ -15,6 +15,11 @@
 //!   and meta computes the exact length from storage.
 //! * Inline files (bytes kept in the inode) are read through `ReadInline`;
 //!   writing them through a handle is `Unsupported`.
+//! * [`FileHandle::copy_from`] copies a range of another (or the same) file
+//!   inside the cluster: each piece (cut at the chunk boundaries of both
+//!   files) is one storage `CopyRange` to the destination chain's head,
+//!   which reads the source from the source chain; no data passes through
+//!   this client (except from an inline source, which is small).
 //!
 //! See `docs/client.md`.
 
@@ -24,6 +29,7 @@ use crate::storage::{StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
 use fskv_types::meta::{chain_for_chunk, FileLayout, Inode, UserInfo};
+use fskv_types::storage::CopySource;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
@@ -132,6 +138,14 @@ pub type Result<T, E = FileError> = std::result::Result<T, E>;
 pub struct IoStats {
     pub chunks_read: AtomicU64,
     pub chunks_written: AtomicU64,
+    /// Data bytes received by reads of chunks (inline reads not counted).
+    pub bytes_read: AtomicU64,
+    /// Data bytes sent by writes of chunks.
+    pub bytes_written: AtomicU64,
+    /// Pieces copied inside the cluster (`CopyRange`) and their bytes; these
+    /// bytes never pass through the client.
+    pub chunks_copied: AtomicU64,
+    pub bytes_copied: AtomicU64,
     inflight: AtomicUsize,
     /// Most chunk pieces ever in flight at once.
     pub peak_inflight_chunks: AtomicUsize,
@@ -336,6 +350,57 @@ fn split_range(offset: u64, len: u64, chunk_bytes: u64) -> Vec<Piece> {
     out
 }
 
+/// One piece of a copy: inside one chunk of the source and one chunk of the
+/// destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CopyPiece {
+    src_index: u64,
+    src_chunk_offset: u64,
+    dst_index: u64,
+    dst_chunk_offset: u64,
+    len: u64,
+}
+
+/// Cuts a copy of `len` bytes at the chunk boundaries of both files, lazily
+/// (a long copy never holds its whole piece list).
+struct CopyPieces {
+    src_pos: u64,
+    dst_pos: u64,
+    left: u64,
+    src_chunk_bytes: u64,
+    dst_chunk_bytes: u64,
+}
+
+impl CopyPieces {
+    fn new(src_offset: u64, dst_offset: u64, len: u64, src_chunk_bytes: u64, dst_chunk_bytes: u64) -> Self {
+        CopyPieces { src_pos: src_offset, dst_pos: dst_offset, left: len, src_chunk_bytes, dst_chunk_bytes }
+    }
+}
+
+impl Iterator for CopyPieces {
+    type Item = CopyPiece;
+
+    fn next(&mut self) -> Option<CopyPiece> {
+        if self.left == 0 {
+            return None;
+        }
+        let src_chunk_offset = self.src_pos % self.src_chunk_bytes;
+        let dst_chunk_offset = self.dst_pos % self.dst_chunk_bytes;
+        let len = (self.src_chunk_bytes - src_chunk_offset).min(self.dst_chunk_bytes - dst_chunk_offset).min(self.left);
+        let piece = CopyPiece {
+            src_index: self.src_pos / self.src_chunk_bytes,
+            src_chunk_offset,
+            dst_index: self.dst_pos / self.dst_chunk_bytes,
+            dst_chunk_offset,
+            len,
+        };
+        self.src_pos += len;
+        self.dst_pos += len;
+        self.left -= len;
+        Some(piece)
+    }
+}
+
 impl FileHandle {
     fn new(client: FsClient, path: String, inode: Inode, session: u64, flags: OpenFlags) -> Result<Self> {
         let Some(file) = inode.file() else {
@@ -483,7 +548,10 @@ impl FileHandle {
         let result = client.storage.read(chain, chunk, p.chunk_offset, want, client.config.relaxed_reads).await;
         client.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
         let data = match result {
-            Ok(r) => r.data,
+            Ok(r) => {
+                client.stats.bytes_read.fetch_add(r.data.len() as u64, Ordering::Relaxed);
+                r.data
+            }
             Err(e) if e.code() == ErrorCode::NotFound => {
                 tracing::trace!(%chunk, "hole");
                 Bytes::new()
@@ -544,12 +612,109 @@ impl FileHandle {
         let client = &self.shared.client;
         let _g = client.stats.enter();
         let hint = Some(self.chunk_bytes());
+        let len_bytes = data.len() as u64;
         client
             .storage
             .write_hinted(chain, chunk, p.chunk_offset, data, hint)
             .await
             .map_err(|cause| FileError::Storage { op: "write", path: self.shared.path.clone(), chunk, chain, cause })?;
         client.stats.chunks_written.fetch_add(1, Ordering::Relaxed);
+        client.stats.bytes_written.fetch_add(len_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Copies `len` bytes at `src_offset` of `src` to `dst_offset` of this
+    /// file inside the cluster: the range is cut at the chunk boundaries of
+    /// both files, and each piece is one storage `CopyRange` sent to the head
+    /// of the destination chunk's chain, which reads the source piece from
+    /// the source chunk's chain (committed data; holes and short chunks as
+    /// zeros) and writes it like [`FileHandle::write_at`]. At most
+    /// `max_inflight_chunks` pieces are in flight; returns once every piece
+    /// is committed. The written end and length move as with `write_at`.
+    ///
+    /// `self` must be open for writing and `src` for reading; the source
+    /// range must lie within `src.len()` (else `InvalidArgument`), and may not
+    /// overlap the destination range of the same file. An inline source is
+    /// read through meta and written with `write_at`; an inline destination
+    /// is `Unsupported`, as for `write_at`.
+    pub async fn copy_from(&self, src: &FileHandle, src_offset: u64, dst_offset: u64, len: u64) -> Result<()> {
+        self.check_open(true)?;
+        src.check_open(false)?;
+        if self.shared.state.lock().inline {
+            return Err(FileError::Unsupported { path: self.shared.path.clone(), what: "writing an inline file through a handle" });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let dst_end = self.check_copy_range(src, src_offset, dst_offset, len)?;
+        if src.shared.state.lock().inline {
+            let data = src.read_at(src_offset, len).await?;
+            if data.len() as u64 != len {
+                return Err(FileError::InvalidArgument(format!("{}: inline source shrank under the copy", src.shared.path)));
+            }
+            return self.write_at(dst_offset, data).await;
+        }
+        let _writing = self.shared.writes.read().await;
+        let span = tracing::debug_span!("copy_from", inode = %self.shared.inode, src_inode = %src.shared.inode, src_offset, dst_offset, len);
+        self.copy_chunks(src, src_offset, dst_offset, len).instrument(span).await?;
+        {
+            let mut st = self.shared.state.lock();
+            st.written_end = st.written_end.max(dst_end);
+            st.length = st.length.max(dst_end);
+        }
+        self.start_reporter();
+        Ok(())
+    }
+
+    /// Checks the ranges of a copy; returns the destination end.
+    fn check_copy_range(&self, src: &FileHandle, src_offset: u64, dst_offset: u64, len: u64) -> Result<u64> {
+        let overflow = |what: &str| FileError::InvalidArgument(format!("copy of {len} bytes at {what} overflows"));
+        let src_end = src_offset.checked_add(len).ok_or_else(|| overflow("the source offset"))?;
+        let dst_end = dst_offset.checked_add(len).ok_or_else(|| overflow("the destination offset"))?;
+        let src_len = src.len();
+        if src_end > src_len {
+            return Err(FileError::InvalidArgument(format!(
+                "copy of [{src_offset}, {src_end}) of {} reads past its length {src_len}",
+                src.shared.path
+            )));
+        }
+        if src.shared.inode == self.shared.inode && src_offset < dst_end && dst_offset < src_end {
+            return Err(FileError::InvalidArgument(format!(
+                "copy within {}: [{src_offset}, {src_end}) overlaps [{dst_offset}, {dst_end})",
+                self.shared.path
+            )));
+        }
+        Ok(dst_end)
+    }
+
+    async fn copy_chunks(&self, src: &FileHandle, src_offset: u64, dst_offset: u64, len: u64) -> Result<()> {
+        let pieces = CopyPieces::new(src_offset, dst_offset, len, src.chunk_bytes(), self.chunk_bytes());
+        let inflight = self.shared.client.config.max_inflight_chunks;
+        futures::stream::iter(pieces.map(|p| self.copy_piece(src, p)))
+            .buffer_unordered(inflight)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
+    }
+
+    async fn copy_piece(&self, src: &FileHandle, p: CopyPiece) -> Result<()> {
+        let chain = self.chain(p.dst_index)?;
+        let chunk = ChunkId::new(self.shared.inode, p.dst_index);
+        let source = CopySource {
+            chain_id: src.chain(p.src_index)?,
+            chunk: ChunkId::new(src.shared.inode, p.src_index),
+            offset_bytes: p.src_chunk_offset,
+            len_bytes: u32::try_from(p.len).map_err(|_| FileError::InvalidArgument(format!("copy piece of {} bytes", p.len)))?,
+        };
+        let client = &self.shared.client;
+        let _g = client.stats.enter();
+        client
+            .storage
+            .copy_range(chain, chunk, p.dst_chunk_offset, source, Some(self.chunk_bytes()))
+            .await
+            .map_err(|cause| FileError::Storage { op: "copy", path: self.shared.path.clone(), chunk, chain, cause })?;
+        client.stats.chunks_copied.fetch_add(1, Ordering::Relaxed);
+        client.stats.bytes_copied.fetch_add(p.len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -705,5 +870,20 @@ mod tests {
         assert_eq!(got, vec![(0, 10, 6, 0), (1, 0, 16, 6), (2, 0, 8, 22)]);
         assert!(split_range(5, 0, 16).is_empty());
         assert_eq!(split_range(32, 16, 16).len(), 1);
+    }
+
+    #[test]
+    fn copy_pieces_cut_at_the_boundaries_of_both_files() {
+        // Source chunks of 10, destination chunks of 4: src [7, 25) -> dst [2, 20).
+        let got: Vec<(u64, u64, u64, u64, u64)> = CopyPieces::new(7, 2, 18, 10, 4)
+            .map(|p| (p.src_index, p.src_chunk_offset, p.dst_index, p.dst_chunk_offset, p.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(0, 7, 0, 2, 2), (0, 9, 1, 0, 1), (1, 0, 1, 1, 3), (1, 3, 2, 0, 4), (1, 7, 3, 0, 3), (2, 0, 3, 3, 1), (2, 1, 4, 0, 4)]
+        );
+        assert_eq!(got.iter().map(|p| p.4).sum::<u64>(), 18);
+        assert_eq!(CopyPieces::new(0, 0, 0, 4, 4).count(), 0);
+        assert_eq!(CopyPieces::new(4, 8, 8, 4, 4).count(), 2);
     }
 }
