@@ -283,6 +283,9 @@ impl StorageService {
     }
 
     /// The plan summary of the last sync `target` completed as predecessor.
+    /// Recorded only once the syncing target acknowledged `SyncDone`, so it
+    /// lags the target's up-to-date state (set when it handles `SyncDone`)
+    /// by that reply: whoever sees the target up to date must wait for it.
     pub fn last_sync(&self, target: TargetId) -> Option<sync::PlanSummary> {
         self.inner.last_sync.lock().get(&target).copied()
     }

@@ -257,6 +257,20 @@ async fn wait_up_to_date(cluster: &LocalCluster, node: usize, target: TargetId) 
     panic!("{target} never finished syncing");
 }
 
+/// The summary of the sync `target` (on `node`) ran as predecessor. The
+/// predecessor records it when the syncing target's reply to `SyncDone`
+/// arrives, i.e. just *after* that target turned up-to-date, so a test that
+/// saw the target up to date waits (bounded) for the record.
+async fn wait_last_sync(cluster: &LocalCluster, node: usize, target: TargetId) -> fskv_storage::sync::PlanSummary {
+    for _ in 0..200 {
+        if let Some(plan) = cluster.service(node).and_then(|s| s.last_sync(target)) {
+            return plan;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{target} never recorded the sync it ran (SyncDone not acknowledged within 5 s)");
+}
+
 async fn recovery_round(wipe: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = three_node_cluster(dir.path()).await;
@@ -282,7 +296,7 @@ async fn recovery_round(wipe: bool) {
         wait_up_to_date(&cluster, 2, TargetId(3)).await;
         let during_sync = acked_total.load(Ordering::Relaxed) - at_sync_start;
         assert!(during_sync > 0, "no write was acknowledged while the target was syncing");
-        let plan = cluster.service(1).and_then(|s| s.last_sync(TargetId(2))).expect("target 2 ran the sync");
+        let plan = wait_last_sync(&cluster, 1, TargetId(2)).await;
         assert!(plan.send > 0, "the sync sent nothing: {plan:?}");
         cluster.set_state(TargetId(3), PublicTargetState::Serving);
         tokio::time::sleep(Duration::from_millis(300)).await;
