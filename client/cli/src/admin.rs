@@ -1,5 +1,6 @@
-//! `fskv admin …`: cluster administration: planning a chain table and the
-//! cluster status (nodes, chains with target states, space per target).
+//! `fskv admin …`: cluster administration: planning a chain table, the
+//! cluster status (nodes, chains with target states, space per target) and
+//! the metadata consistency check (`fskv admin fsck`).
 
 use bytes::Bytes;
 use clap::{Args, Subcommand};
@@ -22,7 +23,47 @@ pub enum AdminCommand {
     /// Show the cluster: nodes, chains with their targets' public/local
     /// states (in chain order), and space per target.
     Status(StatusArgs),
+    /// Check the metadata for consistency (dangling entries, orphans, nlink,
+    /// unreachable directories, undecodable records) on a meta server.
+    /// Exit code 0: clean; 1: problems found; 2: the check could not run.
+    Fsck(FsckArgs),
 }
+
+#[derive(Args)]
+pub struct FsckArgs {
+    /// mgmtd address(es), `host:port`; repeat or separate with commas (its
+    /// routing version is shown; the check runs without it if unreachable).
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es), `host:port`; the check runs on the first that answers.
+    #[arg(long, required = true, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// Problems to list (all are counted; the server lists at most 10000).
+    #[arg(long, default_value_t = fskv_types::meta::DEFAULT_FSCK_PROBLEMS)]
+    max_problems: u32,
+    /// Deadline of the check, in seconds (a large namespace takes long).
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An error (or a finding) with the process exit code it stands for; `main`
+/// exits with `code` when it finds one in the error.
+#[derive(Debug)]
+pub struct ExitStatus {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ExitStatus {}
 
 #[derive(Args)]
 pub struct ChainTableArgs {
@@ -62,7 +103,88 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AdminCommand::Status(a) => status(a).await,
+        AdminCommand::Fsck(a) => {
+            let reply = fsck(&a).await.map_err(|e| e.context(ExitStatus { code: 2, message: "fsck could not run".into() }))?;
+            if reply.problems_total == 0 {
+                Ok(())
+            } else {
+                let message = format!("fsck found {} problem(s)", reply.problems_total);
+                Err(anyhow::Error::new(ExitStatus { code: 1, message }))
+            }
+        }
     }
+}
+
+/// Pause between two progress lines of a long fsck.
+const FSCK_PROGRESS_INTERVAL_MS: u64 = 2_000;
+
+/// Runs `meta.Fsck` and prints its reply; the caller maps problems to exit 1.
+async fn fsck(a: &FsckArgs) -> anyhow::Result<fskv_types::meta::FsckReply> {
+    use anyhow::Context;
+    use fskv_client::meta::{MetaClient, MetaClientConfig};
+    use fskv_types::meta::FsckRequest;
+    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+    let config = MgmtdClientConfig { call_timeout_ms: ADMIN_CALL_TIMEOUT_MS, ..Default::default() };
+    let mgmtd = MgmtdClient::new(rpc, a.mgmtd.clone(), config);
+    let routing_version = match primary_status(&mgmtd).await {
+        Ok(st) => Some(st.routing_version),
+        Err(e) => {
+            eprintln!("fskv: warning: {e:#}; checking the metadata anyway");
+            None
+        }
+    };
+    let mut cfg = MetaClientConfig::new(a.meta.clone());
+    // Read-only, but a full re-run: at most one attempt per server.
+    cfg.max_attempts = a.meta.len().clamp(1, 8) as u32;
+    let client = MetaClient::new(cfg).context("meta client")?;
+    let req = FsckRequest { max_problems: a.max_problems, page_keys: 0 };
+    let timeout_ms = a.timeout_secs.saturating_mul(1000).max(1);
+    let started = std::time::Instant::now();
+    let call = client.fsck(&req, timeout_ms);
+    tokio::pin!(call);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(FSCK_PROGRESS_INTERVAL_MS));
+    tick.tick().await; // the first tick is immediate
+    let reply = loop {
+        tokio::select! {
+            r = &mut call => break r.with_context(|| format!("fsck on meta {:?}", a.meta))?,
+            _ = tick.tick() => eprintln!("fsck: scanning the metadata… {} s", started.elapsed().as_secs()),
+        }
+    };
+    if a.json {
+        let out = serde_json::json!({
+            "clean": reply.problems_total == 0,
+            "routing_version": routing_version,
+            "fsck": &reply,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print!("{}", render_fsck(&reply, routing_version));
+    }
+    Ok(reply)
+}
+
+fn render_fsck(r: &fskv_types::meta::FsckReply, routing_version: Option<u64>) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    if let Some(v) = routing_version {
+        let _ = writeln!(s, "routing v{v}");
+    }
+    let _ = writeln!(
+        s,
+        "inodes {}, entries {}, queued for GC {}, problems {} ({} ms, {} read transaction(s))",
+        r.inodes, r.entries, r.gc_queued, r.problems_total, r.elapsed_ms, r.transactions
+    );
+    if r.transactions > 1 {
+        let _ = writeln!(s, "note: the scan used several read transactions; changes made meanwhile can show as problems (re-run to confirm)");
+    }
+    for p in &r.problems {
+        let _ = writeln!(s, "  {:<24} {:<14} {}", wire_name(&p.kind), p.inode.to_string(), p.detail);
+    }
+    if (r.problems.len() as u64) < r.problems_total {
+        let _ = writeln!(s, "  … {} more not listed (--max-problems)", r.problems_total - r.problems.len() as u64);
+    }
+    let _ = writeln!(s, "{}", if r.problems_total == 0 { "clean" } else { "PROBLEMS FOUND" });
+    s
 }
 
 /// Space of one storage node, or why it is unknown.

@@ -112,7 +112,10 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fskv: {e:#}");
-            std::process::ExitCode::FAILURE
+            match e.downcast_ref::<admin::ExitStatus>() {
+                Some(status) => std::process::ExitCode::from(status.code),
+                None => std::process::ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -36,6 +36,15 @@ impl Method for MetaBatchCall {
     type Resp = MetaBatchResponse;
 }
 
+/// `meta.Fsck`: the read-only consistency check of the namespace (admin).
+pub struct MetaFsckCall;
+impl Method for MetaFsckCall {
+    const ID: u16 = 1002;
+    const NAME: &'static str = "meta.Fsck";
+    type Req = FsckRequest;
+    type Resp = FsckReply;
+}
+
 /// The client's single error type.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetaClientError {
@@ -377,4 +386,18 @@ fn unexpected(op: &'static str, reply: &MetaReply) -> MetaClientError {
     let mut text = format!("{reply:?}");
     text.truncate(200);
     MetaClientError::UnexpectedReply { op, reply: text }
+}
+
+impl MetaClient {
+    /// Runs the consistency check of the namespace on one meta server (the
+    /// first that answers; read-only, so a retry elsewhere is safe).
+    /// `timeout_ms` bounds each attempt: a large namespace takes long.
+    pub async fn fsck(&self, req: &FsckRequest, timeout_ms: u64) -> Result<FsckReply> {
+        self.with_failover(route_hash(InodeId::ROOT), |addr| {
+            let rpc = self.rpc.clone();
+            let opts = CallOptions { timeout_ms };
+            async move { rpc.call::<MetaFsckCall>(&addr, req, Bytes::new(), opts).await.map(|(r, _)| r) }
+        })
+        .await
+    }
 }

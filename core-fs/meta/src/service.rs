@@ -13,7 +13,7 @@ use crate::ops::{self, MetaConfig, OpCtx, Prepared};
 use crate::schema::*;
 use crate::storage::StorageBackend;
 use bytes::Bytes;
-use fskv_client::meta::{MetaBatchCall, MetaCall};
+use fskv_client::meta::{MetaBatchCall, MetaCall, MetaFsckCall};
 use fskv_kv::{KvEngine, Transaction};
 use fskv_rpc::{Router, Server, ServerConfig, Status, TcpTransport};
 use fskv_types::meta::*;
@@ -43,6 +43,8 @@ struct Inner {
     layout_rr: AtomicU64,
     batch_queues: Vec<mpsc::Sender<BatchItem>>,
     gc_wakeup: Notify,
+    /// One fsck at a time per server (it holds a summary of every inode).
+    fsck_permit: Semaphore,
 }
 
 /// Aborts the background tasks when the last handle of a service is dropped.
@@ -161,6 +163,7 @@ impl MetaService {
             layout_rr: AtomicU64::new(rand::random::<u32>() as u64),
             batch_queues,
             gc_wakeup: Notify::new(),
+            fsck_permit: Semaphore::new(1),
         });
         let mut tasks = Vec::new();
         for (i, rx) in receivers.into_iter().enumerate() {
@@ -221,11 +224,43 @@ impl MetaService {
         gc::run_until_idle(&self.inner.engine, &*self.inner.storage, &self.inner.cfg).await
     }
 
-    /// The RPC routes of this service (`meta.Call`, `meta.Batch`).
+    /// The consistency check (`meta.Fsck`), bounded by the request and
+    /// [`MAX_FSCK_PROBLEMS`] / [`MAX_FSCK_INODES`]; one at a time per server
+    /// (a second one is refused with `ResourceExhausted`).
+    pub async fn fsck(&self, req: &FsckRequest) -> MetaResult<FsckReply> {
+        let _permit = self
+            .inner
+            .fsck_permit
+            .try_acquire()
+            .map_err(|_| MetaError::TooLarge("another fsck is running on this meta server (one at a time)".into()))?;
+        let page_keys = if req.page_keys == 0 { crate::fsck::DEFAULT_PAGE_KEYS } else { req.page_keys as usize };
+        let opts = crate::fsck::FsckOptions {
+            max_problems: req.max_problems.min(MAX_FSCK_PROBLEMS) as usize,
+            page_keys,
+            max_inodes: MAX_FSCK_INODES,
+        };
+        tracing::info!(max_problems = opts.max_problems, page_keys = opts.page_keys, "fsck started");
+        let reply = crate::fsck::run(&*self.inner.engine, &opts).await?;
+        tracing::info!(
+            inodes = reply.inodes,
+            entries = reply.entries,
+            problems = reply.problems_total,
+            elapsed_ms = reply.elapsed_ms,
+            "fsck done"
+        );
+        Ok(reply)
+    }
+
+    /// The RPC routes of this service (`meta.Call`, `meta.Batch`, `meta.Fsck`).
     pub fn router(&self) -> Router {
         let one = self.clone();
         let many = self.clone();
+        let checker = self.clone();
         Router::new()
+            .route::<MetaFsckCall, _, _>(move |_ctx, req: FsckRequest, _payload| {
+                let svc = checker.clone();
+                async move { svc.fsck(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            })
             .route::<MetaCall, _, _>(move |_ctx, req: MetaRequest, _payload| {
                 let svc = one.clone();
                 async move { svc.execute(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }

@@ -426,6 +426,74 @@ pub enum MetaReply {
     Data(Vec<u8>),
 }
 
+// ----- consistency check (`meta.Fsck`, admin) -----
+
+/// Most problems one [`FsckReply`] lists (the counts cover all of them).
+pub const MAX_FSCK_PROBLEMS: u32 = 10_000;
+/// Default of [`FsckRequest::max_problems`].
+pub const DEFAULT_FSCK_PROBLEMS: u32 = 1_000;
+/// Most inodes one check keeps in memory; a larger namespace is refused
+/// (`ResourceExhausted`) instead of exhausting the server's memory.
+pub const MAX_FSCK_INODES: u64 = 20_000_000;
+
+/// `meta.Fsck`: a read-only consistency check of the whole namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckRequest {
+    /// Problems to list in the reply (≤ [`MAX_FSCK_PROBLEMS`]); all are counted.
+    pub max_problems: u32,
+    /// Keys per range read (0 = the server's default; capped by the server).
+    pub page_keys: u32,
+}
+
+/// What one fsck problem is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FsckProblemKind {
+    /// An entry whose parent is not a directory inode.
+    ParentNotDirectory,
+    /// An entry pointing to a missing inode.
+    DanglingEntry,
+    /// An entry whose kind differs from its inode's.
+    KindMismatch,
+    /// A directory whose `parent`/`name` differ from the entry naming it.
+    DirectoryNameMismatch,
+    /// A directory named by more than one entry.
+    DirectoryMultiplyNamed,
+    /// An inode that is not the root, not named and not queued for GC.
+    Orphan,
+    /// A non-directory whose nlink differs from its number of entries.
+    NlinkMismatch,
+    /// A live directory whose parents do not lead to the root.
+    Unreachable,
+    /// A key or value that does not decode.
+    Undecodable,
+}
+
+/// One problem found by fsck.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckProblem {
+    pub kind: FsckProblemKind,
+    /// The inode concerned (the entry's parent for entry problems; 0 if unknown).
+    pub inode: InodeId,
+    /// Human-readable details.
+    pub detail: String,
+}
+
+/// The result of `meta.Fsck`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsckReply {
+    pub inodes: u64,
+    pub entries: u64,
+    pub gc_queued: u64,
+    /// Every problem found; `problems` lists the first `max_problems` of them.
+    pub problems_total: u64,
+    pub problems: Vec<FsckProblem>,
+    /// KV read transactions used (more than one when a transaction grew too
+    /// old during the scan: then concurrent changes can show as problems).
+    pub transactions: u32,
+    pub elapsed_ms: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,63 @@
+//! `fskv admin fsck` against a running `fskv up` after some file operations:
+//! clean (exit 0, counts > 0) as JSON and as text; exit 2 when the meta
+//! server cannot be reached.
+
+mod common;
+
+use common::{free_base_port, start_up, stop_up};
+use std::process::{Command, Output};
+
+fn fskv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = fskv(args);
+    assert!(
+        out.status.success(),
+        "fskv {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn admin_fsck_is_clean_after_file_operations_on_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port();
+    let up = start_up(&dir.path().join("data"), base);
+    let mgmtd = format!("127.0.0.1:{}", base + 11);
+    let meta = format!("127.0.0.1:{}", base + 12);
+
+    // A chunked file, a small one, one replaced by a second put.
+    let big: Vec<u8> = (0..(3 << 20) + 777u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let local_big = dir.path().join("big.bin");
+    std::fs::write(&local_big, &big).unwrap();
+    let local_small = dir.path().join("small.txt");
+    std::fs::write(&local_small, b"hello fsck").unwrap();
+    for (local, remote) in [(&local_big, "/big.bin"), (&local_small, "/small.txt"), (&local_small, "/big2.bin"), (&local_big, "/big2.bin")] {
+        ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), remote]);
+    }
+
+    let out = ok(&["admin", "fsck", "--mgmtd", &mgmtd, "--meta", &meta, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fsck JSON");
+    assert_eq!(v["clean"], true, "{v:#}");
+    let r = &v["fsck"];
+    assert_eq!(r["problems_total"], 0, "{v:#}");
+    assert!(r["problems"].as_array().is_some_and(|p| p.is_empty()), "{v:#}");
+    // root + three files (at least), and their three entries.
+    assert!(r["inodes"].as_u64().is_some_and(|n| n >= 4), "{v:#}");
+    assert!(r["entries"].as_u64().is_some_and(|n| n >= 3), "{v:#}");
+    assert!(v["routing_version"].as_u64().is_some_and(|n| n > 0), "{v:#}");
+
+    let text = String::from_utf8(ok(&["admin", "fsck", "--mgmtd", &mgmtd, "--meta", &meta]).stdout).unwrap();
+    assert!(text.contains("problems 0") && text.trim_end().ends_with("clean"), "{text}");
+
+    // No meta server there: the check cannot run → exit 2, with the reason.
+    let dead = format!("127.0.0.1:{}", base + 19);
+    let out = fskv(&["admin", "fsck", "--mgmtd", &mgmtd, "--meta", &dead]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fsck could not run"), "{}", String::from_utf8_lossy(&out.stderr));
+    stop_up(up);
+}
