@@ -9,6 +9,7 @@ mod mgmtd_cmd;
 mod supervisor;
 mod storage_cmd;
 mod meta_cmd;
+mod gateway_cmd;
 mod mount_cmd;
 mod transfer;
 mod up;
@@ -48,6 +49,9 @@ enum Command {
     Get(transfer::GetArgs),
     /// Mount the filesystem with FUSE: `fskv mount --mgmtd A --meta A PATH`.
     Mount(mount_cmd::MountArgs),
+    /// Run a gateway process: `fskv gateway s3 --role reader|writer ...`.
+    #[command(subcommand)]
+    Gateway(gateway_cmd::GatewayCommand),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -95,6 +99,7 @@ fn main() -> std::process::ExitCode {
             Command::Put(args) => transfer::put(args).await,
             Command::Get(args) => transfer::get(args).await,
             Command::Mount(args) => mount_cmd::run(args).await,
+            Command::Gateway(cmd) => gateway_cmd::run(cmd).await,
             Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,

@@ -7,9 +7,11 @@
 //! `DIR/endpoints.json`, and runs until Ctrl-C or SIGTERM, then stops the
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
 //! brings back all data. With `--mount PATH` it then starts `fskv mount` on
-//! PATH as another supervised child (stopped, and so unmounted, first). The
-//! gateways (S3 on P, KV on P+1, MQ on P+2) are not built yet;
-//! endpoints.json lists them as null.
+//! PATH as another supervised child (stopped, and so unmounted, first).
+//! Once the cluster is ready it starts the S3 gateway (`fskv gateway s3`):
+//! a writer on P and a reader on P+5, buckets under `/s3`, keys from
+//! `DIR/credentials.json`. The KV (P+1) and MQ (P+2) gateways are not built
+//! yet; endpoints.json lists them as null.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -69,6 +71,8 @@ struct Endpoints {
     meta: String,
     storage: Vec<String>,
     s3: Option<String>,
+    /// The S3 gateway with `--role reader`.
+    s3_reader: Option<String>,
     kv: Option<String>,
     mq: Option<String>,
     /// Where `--mount` mounted the filesystem.
@@ -87,12 +91,20 @@ struct Ports {
     mgmtd: String,
     meta: String,
     storage: Vec<String>,
+    s3: String,
+    s3_reader: String,
 }
 
 impl Ports {
     fn new(base: u16) -> Ports {
         let addr = |off: u16| format!("127.0.0.1:{}", base + off);
-        Ports { mgmtd: addr(11), meta: addr(12), storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect() }
+        Ports {
+            mgmtd: addr(11),
+            meta: addr(12),
+            storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect(),
+            s3: addr(0),
+            s3_reader: addr(5),
+        }
     }
 }
 
@@ -103,7 +115,8 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let ports = Ports::new(base_port);
-    for addr in std::iter::once(&ports.mgmtd).chain(std::iter::once(&ports.meta)).chain(&ports.storage) {
+    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader];
+    for addr in all.into_iter().chain(&ports.storage) {
         ensure_free(addr)?;
     }
     let credentials = load_or_create_credentials(&data_dir)?;
@@ -125,11 +138,20 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         supervisor.shutdown().await;
         return Err(e);
     }
+    let gateways = match start_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("fskv up: {e:#}; stopping");
+            supervisor.shutdown().await;
+            return Err(e);
+        }
+    };
     let endpoints = Endpoints {
         mgmtd: ports.mgmtd.clone(),
         meta: ports.meta.clone(),
         storage: ports.storage.clone(),
-        s3: None,
+        s3: Some(format!("http://{}", ports.s3)),
+        s3_reader: Some(format!("http://{}", ports.s3_reader)),
         kv: None,
         mq: None,
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
@@ -138,12 +160,14 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     };
     write_atomically(&data_dir.join("endpoints.json"), &serde_json::to_vec_pretty(&endpoints)?)?;
     say!("  ready    mgmtd {}  meta {}  storage {}", ports.mgmtd, ports.meta, ports.storage.join(" "));
-    say!("  not yet  S3 / KV / MQ gateways (issues #8 and later): not implemented");
+    say!("  S3       writer http://{}  reader http://{}  (buckets under /s3; keys in {})", ports.s3, ports.s3_reader, data_dir.join("credentials.json").display());
+    say!("  not yet  KV / MQ gateways: not implemented");
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
             Err(e) => {
                 eprintln!("fskv up: {e:#}; stopping");
+                gateways.shutdown().await;
                 supervisor.shutdown().await;
                 return Err(e);
             }
@@ -160,6 +184,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         m.shutdown().await;
         say!("  unmounted");
     }
+    gateways.shutdown().await;
     for (name, status) in supervisor.status().await {
         if status.starts > 1 {
             let last = status.last_exit.unwrap_or_default();
@@ -169,6 +194,37 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     supervisor.shutdown().await;
     say!("fskv up: stopped cleanly");
     Ok(())
+}
+
+/// Bound on the wait for a gateway to accept connections.
+const GATEWAY_READY_TIMEOUT_MS: u64 = 30_000;
+
+/// Starts the S3 writer and reader gateways under their own supervisor
+/// (stopped before the cluster) and waits until both accept connections.
+async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
+    let creds = data.join("credentials.json").display().to_string();
+    let s3 = |role: &str, listen: &str| {
+        let mut args: Vec<String> = vec!["gateway".into(), "s3".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
+        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--meta".into(), ports.meta.clone(), "--credentials".into(), creds.clone()]);
+        if role == "reader" {
+            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.s3)]);
+        }
+        args
+    };
+    let specs = vec![child("s3-writer", exe, s3("writer", &ports.s3)), child("s3-reader", exe, s3("reader", &ports.s3_reader))];
+    let opts = SupervisorOptions { restart, ..SupervisorOptions::new(data) };
+    let supervisor = Supervisor::start(specs, opts).await?;
+    let start = Instant::now();
+    for addr in [&ports.s3, &ports.s3_reader] {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if start.elapsed() > Duration::from_millis(GATEWAY_READY_TIMEOUT_MS) {
+                supervisor.shutdown().await;
+                anyhow::bail!("the S3 gateway on {addr} did not come up (see {})", data.join("logs").display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(supervisor)
 }
 
 /// Bound on the wait for `fskv mount` to show up in /proc/mounts.

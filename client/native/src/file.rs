@@ -28,7 +28,7 @@ use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use crate::storage::{StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
-use fskv_types::meta::{chain_for_chunk, FileLayout, Inode, UserInfo};
+use fskv_types::meta::{chain_for_chunk, Expected, FileLayout, Inode, PublishAttrs, UserInfo};
 use fskv_types::storage::CopySource;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
 use futures::{StreamExt, TryStreamExt};
@@ -251,6 +251,53 @@ impl FsClient {
             .await
             .map_err(|cause| FileError::Meta { op: "create", path: path.clone(), cause })?;
         FileHandle::new(self.clone(), path, inode, session, OpenFlags { read: true, write: true, create: true, exclusive, truncate: false })
+    }
+
+    /// A write handle on a new file without a name in `parent` (meta
+    /// `CreateUnlinked`; it takes the directory's layout). Write it, then
+    /// [`FsClient::publish`] it; one never published is reclaimed by meta
+    /// after its `temp_inode_ttl_ms`. No write session: nothing reports a
+    /// length before the publish, which sets the exact one.
+    pub async fn create_temp(&self, parent: InodeId, mode: u32) -> Result<FileHandle> {
+        let path = format!("{parent}/<temp>");
+        let inode = self.meta.create_unlinked(parent, mode).await.map_err(|cause| FileError::Meta { op: "create a temp file in", path: path.clone(), cause })?;
+        FileHandle::new(self.clone(), path, inode, 0, OpenFlags { read: true, write: true, create: true, exclusive: true, truncate: false })
+    }
+
+    /// A read handle on `inode` as a lookup or stat returned it, without a
+    /// meta call (the caller already checked what it needs). It reads the
+    /// data as the inode's layout places it; its length is the inode's.
+    pub fn reader(&self, inode: Inode) -> Result<FileHandle> {
+        let path = inode.id.to_string();
+        FileHandle::new(self.clone(), path, inode, 0, OpenFlags::read_only())
+    }
+
+    /// Publishes a handle of [`FsClient::create_temp`] as `parent/name`,
+    /// atomically replacing a file there if `expected` holds, with its length
+    /// set to the end of the handle's writes and `attrs` (mtime, xattrs) set
+    /// in the same transaction. Waits for the handle's writes first. A failed
+    /// publish (say, the directory went away) may be retried with the handle.
+    pub async fn publish(
+        &self,
+        handle: &FileHandle,
+        parent: InodeId,
+        name: &str,
+        expected: Option<Expected>,
+        mut attrs: PublishAttrs,
+    ) -> Result<Inode> {
+        let path = format!("{parent}/{name}");
+        let length = {
+            let _quiet = handle.shared.writes.write().await;
+            handle.shared.state.lock().written_end
+        };
+        attrs.length = Some(length);
+        let inode = handle.inode();
+        let published = self
+            .meta
+            .replace(parent, name, inode, expected, attrs)
+            .await
+            .map_err(|cause| FileError::Meta { op: "publish", path, cause })?;
+        Ok(published)
     }
 
     /// Opens the file at a `/`-separated path from the root.
@@ -722,7 +769,8 @@ impl FileHandle {
     fn start_reporter(&self) {
         let interval_ms = self.shared.client.config.length_report_interval_ms;
         let mut slot = self.reporter.lock();
-        if interval_ms == 0 || slot.is_some() {
+        // No session (a temp file of `create_temp`): nothing to report to.
+        if interval_ms == 0 || slot.is_some() || self.shared.session == 0 {
             return;
         }
         let weak = Arc::downgrade(&self.shared);

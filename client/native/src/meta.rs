@@ -365,8 +365,15 @@ impl MetaClient {
         }
     }
 
-    pub async fn replace(&self, parent: InodeId, name: &str, inode: InodeId, expected: Option<Expected>) -> Result<Inode> {
-        self.inode(MetaOp::Replace { parent, name: name.into(), inode, expected }, "replace").await
+    pub async fn replace(
+        &self,
+        parent: InodeId,
+        name: &str,
+        inode: InodeId,
+        expected: Option<Expected>,
+        attrs: PublishAttrs,
+    ) -> Result<Inode> {
+        self.inode(MetaOp::Replace { parent, name: name.into(), inode, expected, attrs }, "replace").await
     }
 
     pub async fn create_write_publish(
@@ -376,8 +383,9 @@ impl MetaClient {
         mode: u32,
         data: &[u8],
         expected: Option<Expected>,
+        attrs: PublishAttrs,
     ) -> Result<Inode> {
-        let op = MetaOp::CreateWritePublish { parent, name: name.into(), mode, data: data.to_vec(), expected };
+        let op = MetaOp::CreateWritePublish { parent, name: name.into(), mode, data: data.to_vec(), expected, attrs };
         self.inode(op, "create_write_publish").await
     }
 }

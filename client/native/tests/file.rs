@@ -239,7 +239,7 @@ async fn second_handle_sees_writes_after_fsync_report_and_close() {
 async fn inline_files_read_and_refuse_writes() {
     let env = Env::start(FsClientConfig::default()).await;
     let body = b"small inline body".to_vec();
-    env.fs.meta().create_write_publish(InodeId::ROOT, "inline", 0o644, &body, None).await.expect("create inline");
+    env.fs.meta().create_write_publish(InodeId::ROOT, "inline", 0o644, &body, None, Default::default()).await.expect("create inline");
     let r = env.fs.open("/inline", OpenFlags::read_only()).await.expect("open");
     assert_eq!(r.len(), body.len() as u64);
     assert_eq!(r.read_at(0, 1000).await.expect("read inline"), body);

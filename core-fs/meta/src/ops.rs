@@ -291,11 +291,12 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
             write_inline(txn, ctx, *inode, *offset, data).await.map(MetaReply::Inode)
         }
         MetaOp::ReadInline { inode, offset, len } => read_inline(txn, ctx, *inode, *offset, *len).await.map(MetaReply::Data),
-        MetaOp::Replace { parent, name, inode, expected } => {
-            replace(txn, ctx, *parent, name, *inode, expected.as_ref()).await.map(MetaReply::Inode)
+        MetaOp::Replace { parent, name, inode, expected, attrs } => {
+            replace(txn, ctx, *parent, name, *inode, expected.as_ref(), attrs).await.map(MetaReply::Inode)
         }
-        MetaOp::CreateWritePublish { parent, name, mode, data, expected } => {
-            create_write_publish(txn, ctx, *parent, name, *mode, data, expected.as_ref()).await.map(MetaReply::Inode)
+        MetaOp::CreateWritePublish { parent, name, mode, data, expected, attrs } => {
+            let publish = InlinePublish { mode: *mode, data, expected: expected.as_ref(), attrs };
+            create_write_publish(txn, ctx, *parent, name, publish).await.map(MetaReply::Inode)
         }
     }
 }
@@ -902,6 +903,37 @@ async fn publish(
     set_entry(txn, dir.id, name, DentryValue { inode: new.id, kind: InodeKind::File })
 }
 
+/// Checks the attributes a publish sets (before anything is written).
+fn check_publish_attrs(attrs: &PublishAttrs) -> MetaResult<()> {
+    if attrs.xattrs.len() > MAX_PUBLISH_XATTRS {
+        return Err(MetaError::TooLarge(format!("{} xattrs in one publish (max {MAX_PUBLISH_XATTRS})", attrs.xattrs.len())));
+    }
+    for (name, value) in &attrs.xattrs {
+        check_xattr_name(name)?;
+        if value.len() > MAX_XATTR_VALUE_BYTES {
+            return Err(MetaError::TooLarge(format!("xattr {name} of {} bytes (max {MAX_XATTR_VALUE_BYTES})", value.len())));
+        }
+    }
+    Ok(())
+}
+
+/// Applies [`PublishAttrs`] to an inode about to be saved.
+fn apply_publish_attrs(txn: &mut dyn Transaction, inode: &mut Inode, attrs: &PublishAttrs) -> MetaResult<()> {
+    if let Some(mtime) = attrs.mtime_ns {
+        inode.mtime_ns = mtime;
+        inode.atime_ns = mtime;
+    }
+    if let (Some(len), InodeData::File(f)) = (attrs.length, &mut inode.data) {
+        if f.inline.is_none() {
+            f.length = len;
+        }
+    }
+    for (name, value) in &attrs.xattrs {
+        txn.set(&xattr_key(inode.id, name), value)?;
+    }
+    Ok(())
+}
+
 pub async fn replace(
     txn: &mut dyn Transaction,
     ctx: &OpCtx<'_>,
@@ -909,8 +941,10 @@ pub async fn replace(
     name: &str,
     id: InodeId,
     expected: Option<&Expected>,
+    attrs: &PublishAttrs,
 ) -> MetaResult<Inode> {
     check_name(name)?;
+    check_publish_attrs(attrs)?;
     let dir = load_dir(txn, parent).await?;
     perm::check(&dir, ctx.user, WRITE | EXEC)?;
     let mut inode = load_inode(txn, id).await?;
@@ -921,10 +955,19 @@ pub async fn replace(
     publish(txn, ctx, &dir, name, current, &inode).await?;
     inode.nlink = 1;
     bump(&mut inode, ctx.prep.now_ns);
+    apply_publish_attrs(txn, &mut inode, attrs)?;
     save_inode(txn, &inode)?;
     txn.clear(&gc_key(id))?;
     tracing::debug!(parent = %parent, inode = %id, name, "replace");
     Ok(inode)
+}
+
+/// What [`create_write_publish`] publishes.
+pub struct InlinePublish<'a> {
+    pub mode: u32,
+    pub data: &'a [u8],
+    pub expected: Option<&'a Expected>,
+    pub attrs: &'a PublishAttrs,
 }
 
 pub async fn create_write_publish(
@@ -932,20 +975,20 @@ pub async fn create_write_publish(
     ctx: &OpCtx<'_>,
     parent: InodeId,
     name: &str,
-    mode: u32,
-    data: &[u8],
-    expected: Option<&Expected>,
+    p: InlinePublish<'_>,
 ) -> MetaResult<Inode> {
     check_name(name)?;
-    if data.len() > ctx.cfg.inline_max_bytes {
-        return Err(MetaError::TooLarge(format!("{} bytes inline (max {})", data.len(), ctx.cfg.inline_max_bytes)));
+    check_publish_attrs(p.attrs)?;
+    if p.data.len() > ctx.cfg.inline_max_bytes {
+        return Err(MetaError::TooLarge(format!("{} bytes inline (max {})", p.data.len(), ctx.cfg.inline_max_bytes)));
     }
     let dir = load_dir(txn, parent).await?;
     perm::check(&dir, ctx.user, WRITE | EXEC)?;
-    let current = check_expected(txn, parent, name, expected).await?;
-    let file = InodeData::File(new_file_data(ctx, &dir, Some(data.to_vec())));
-    let inode = new_inode(ctx, file, mode, 1, &dir)?;
+    let current = check_expected(txn, parent, name, p.expected).await?;
+    let file = InodeData::File(new_file_data(ctx, &dir, Some(p.data.to_vec())));
+    let mut inode = new_inode(ctx, file, p.mode, 1, &dir)?;
     publish(txn, ctx, &dir, name, current, &inode).await?;
+    apply_publish_attrs(txn, &mut inode, p.attrs)?;
     save_inode(txn, &inode)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
     Ok(inode)

@@ -173,7 +173,7 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
                 Some((_, InodeKind::Directory)) => err(ErrorCode::IsDirectory),
                 _ => Ok(()),
             };
-            let op = MetaOp::CreateWritePublish { parent: dir, name: name.clone(), mode: 0o644, data: b"x".to_vec(), expected: None };
+            let op = MetaOp::CreateWritePublish { parent: dir, name: name.clone(), mode: 0o644, data: b"x".to_vec(), expected: None, attrs: Default::default() };
             let got = fs.inode(op).await;
             assert_eq!(got.as_ref().map(|_| ()).map_err(|e| e.code()), expect, "{s:?}");
             if let Ok(inode) = got {

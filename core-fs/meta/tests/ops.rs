@@ -163,12 +163,12 @@ async fn readdir_pagination_and_attrs() {
 async fn cas_replace_and_create_write_publish() {
     let fs = Fs::new().await;
     let v1 = fs
-        .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"one".to_vec(), expected: Some(Expected::Absent) })
+        .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"one".to_vec(), expected: Some(Expected::Absent), attrs: Default::default() })
         .await
         .unwrap();
     assert_eq!(v1.size_bytes(), 3);
     assert_eq!(
-        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"x".to_vec(), expected: Some(Expected::Absent) }).await),
+        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"x".to_vec(), expected: Some(Expected::Absent), attrs: Default::default() }).await),
         ErrorCode::PreconditionFailed
     );
     // Temp inode, written, then published with the right expectation.
@@ -177,11 +177,11 @@ async fn cas_replace_and_create_write_publish() {
     fs.inode(MetaOp::WriteInline { inode: tmp.id, offset: 0, data: b"two!".to_vec() }).await.unwrap();
     let wrong = Expected::Inode { id: v1.id, version: v1.version + 5 };
     assert_eq!(
-        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(wrong) }).await),
+        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(wrong), attrs: Default::default() }).await),
         ErrorCode::PreconditionFailed
     );
     let right = Expected::Inode { id: v1.id, version: v1.version };
-    let v2 = fs.inode(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(right.clone()) }).await.unwrap();
+    let v2 = fs.inode(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(right.clone()), attrs: Default::default() }).await.unwrap();
     assert_eq!(v2.nlink, 1);
     assert_eq!(fs.lookup(ROOT, "obj").await.unwrap().id, tmp.id);
     assert_eq!(fs.op(MetaOp::ReadInline { inode: tmp.id, offset: 0, len: 100 }).await.unwrap(), MetaReply::Data(b"two!".to_vec()));
@@ -189,15 +189,50 @@ async fn cas_replace_and_create_write_publish() {
     assert_eq!(code(fs.stat(v1.id).await), ErrorCode::NotFound);
     let tmp2 = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
     assert_eq!(
-        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp2.id, expected: Some(right) }).await),
+        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp2.id, expected: Some(right), attrs: Default::default() }).await),
         ErrorCode::PreconditionFailed
     );
     // Inline size limit.
     assert_eq!(
-        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "big".into(), mode: 0o644, data: vec![0; 5000], expected: None }).await),
+        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "big".into(), mode: 0o644, data: vec![0; 5000], expected: None, attrs: Default::default() }).await),
         ErrorCode::ResourceExhausted
     );
     fs.fsck_clean().await;
+}
+
+#[tokio::test]
+async fn publish_sets_length_mtime_and_xattrs_in_the_same_transaction() {
+    let fs = Fs::new().await;
+    let attrs = PublishAttrs {
+        length: Some(123_456),
+        mtime_ns: Some(1_700_000_000_000_000_000),
+        xattrs: vec![("user.s3.meta".into(), b"etag".to_vec()), ("user.s3.tags".into(), b"k=v".to_vec())],
+    };
+    let tmp = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    let published = fs
+        .inode(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(Expected::Absent), attrs: attrs.clone() })
+        .await
+        .unwrap();
+    assert_eq!(published.size_bytes(), 123_456);
+    assert_eq!(published.mtime_ns, 1_700_000_000_000_000_000);
+    assert_eq!(fs.op(MetaOp::GetXattr { inode: tmp.id, name: "user.s3.meta".into() }).await.unwrap(), MetaReply::Data(b"etag".to_vec()));
+    // Inline publish: xattrs and mtime too; the length is the data's.
+    let inline = fs
+        .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "small".into(), mode: 0o644, data: b"abc".to_vec(), expected: None, attrs: attrs.clone() })
+        .await
+        .unwrap();
+    assert_eq!((inline.size_bytes(), inline.mtime_ns), (3, 1_700_000_000_000_000_000));
+    assert_eq!(fs.op(MetaOp::GetXattr { inode: inline.id, name: "user.s3.tags".into() }).await.unwrap(), MetaReply::Data(b"k=v".to_vec()));
+    // Bad attributes fail the whole publish: nothing becomes visible.
+    let bad = PublishAttrs { xattrs: vec![("".into(), Vec::new())], ..Default::default() };
+    let tmp2 = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    assert!(fs.op(MetaOp::Replace { parent: ROOT, name: "other".into(), inode: tmp2.id, expected: None, attrs: bad }).await.is_err());
+    assert_eq!(code(fs.lookup(ROOT, "other").await), ErrorCode::NotFound);
+    let many = PublishAttrs { xattrs: (0..=MAX_PUBLISH_XATTRS).map(|i| (format!("user.x{i}"), Vec::new())).collect(), ..Default::default() };
+    assert_eq!(
+        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "many".into(), mode: 0o644, data: Vec::new(), expected: None, attrs: many }).await),
+        ErrorCode::ResourceExhausted
+    );
 }
 
 #[tokio::test]
@@ -368,7 +403,7 @@ async fn unpublished_temp_inodes_are_reclaimed_after_their_ttl() {
     // Written through the data path (chunks), then abandoned.
     fs.storage.write_file(tmp.id, &tmp.file().unwrap().layout, 100_000);
     let published = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
-    fs.inode(MetaOp::Replace { parent: ROOT, name: "kept".into(), inode: published.id, expected: None }).await.unwrap();
+    fs.inode(MetaOp::Replace { parent: ROOT, name: "kept".into(), inode: published.id, expected: None, attrs: Default::default() }).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     fs.svc.run_gc_until_idle().await.unwrap();
     assert_eq!(code(fs.stat(tmp.id).await), ErrorCode::NotFound);

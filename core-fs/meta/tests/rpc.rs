@@ -42,7 +42,7 @@ async fn meta_client_over_loopback_with_failover() {
     let (page, more) = client.readdir(d.id, "", 4, true).await.unwrap();
     assert_eq!(page.len(), 4);
     assert!(more);
-    let obj = client.create_write_publish(ROOT, "obj", 0o644, b"hello", Some(Expected::Absent)).await.unwrap();
+    let obj = client.create_write_publish(ROOT, "obj", 0o644, b"hello", Some(Expected::Absent), Default::default()).await.unwrap();
     assert_eq!(client.read_inline(obj.id, 0, 100).await.unwrap(), b"hello");
 
     // Batched lookups/stats/creates in one round trip.

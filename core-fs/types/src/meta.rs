@@ -239,6 +239,24 @@ pub enum Expected {
     Inode { id: InodeId, version: u64 },
 }
 
+/// What [`MetaOp::Replace`] / [`MetaOp::CreateWritePublish`] set on the
+/// published inode in the same transaction (the S3 gateway publishes an
+/// object's data, length and metadata at once).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PublishAttrs {
+    /// Exact length of a non-inline file whose chunks the caller wrote (it
+    /// knows the length: every write was acknowledged). Ignored for inline files.
+    pub length: Option<u64>,
+    /// The file's mtime (and atime); `None` keeps the inode's.
+    pub mtime_ns: Option<u64>,
+    /// Extended attributes set (created or replaced), at most
+    /// [`MAX_PUBLISH_XATTRS`], each within the SetXattr limits.
+    pub xattrs: Vec<(String, Vec<u8>)>,
+}
+
+/// Most extended attributes one publish sets.
+pub const MAX_PUBLISH_XATTRS: usize = 16;
+
 /// How [`MetaOp::SetXattr`] treats an existing attribute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum XattrFlag {
@@ -305,10 +323,10 @@ pub enum MetaOp {
     ReadInline { inode: InodeId, offset: u64, len: u32 },
     /// Publishes the unlinked `inode` under `parent/name`, atomically
     /// replacing what is there (not a directory), if `expected` holds.
-    Replace { parent: InodeId, name: String, inode: InodeId, expected: Option<Expected> },
+    Replace { parent: InodeId, name: String, inode: InodeId, expected: Option<Expected>, attrs: PublishAttrs },
     /// Creates an inline file with `data` and publishes it under
     /// `parent/name` in one transaction (replacing a file there if `expected` holds).
-    CreateWritePublish { parent: InodeId, name: String, mode: u32, data: Vec<u8>, expected: Option<Expected> },
+    CreateWritePublish { parent: InodeId, name: String, mode: u32, data: Vec<u8>, expected: Option<Expected>, attrs: PublishAttrs },
 }
 
 impl MetaOp {

@@ -1,0 +1,87 @@
+//! `fskv gateway s3 --role reader|writer ...`: one S3 gateway process.
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use fskv_client::file::{FsClient, FsClientConfig};
+use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum GatewayCommand {
+    /// The S3 gateway: buckets are directories under --root, objects are files.
+    S3(S3Args),
+}
+
+#[derive(Args)]
+pub struct S3Args {
+    /// reader (GET/HEAD/LIST only; writes get 403 naming --writer-endpoint) or writer (everything).
+    #[arg(long, default_value = "writer")]
+    role: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// mgmtd address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// Filesystem directory whose subdirectories are the buckets (a writer creates it).
+    #[arg(long, default_value = "/s3")]
+    root: String,
+    /// JSON file with the access keys: {"access_key": .., "secret_key": ..} or a list of such objects.
+    #[arg(long)]
+    credentials: PathBuf,
+    /// Region reported and expected in signatures.
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// The writer endpoint a reader names when it refuses a write.
+    #[arg(long)]
+    writer_endpoint: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct KeyFile {
+    access_key: String,
+    secret_key: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Keys {
+    One(KeyFile),
+    Many(Vec<KeyFile>),
+}
+
+fn load_keys(path: &PathBuf) -> anyhow::Result<Vec<AccessKey>> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read credentials {}", path.display()))?;
+    let keys: Keys = serde_json::from_slice(&text).with_context(|| format!("{}: expected {{\"access_key\", \"secret_key\"}} or a list of them", path.display()))?;
+    let list = match keys {
+        Keys::One(k) => vec![k],
+        Keys::Many(v) => v,
+    };
+    anyhow::ensure!(!list.is_empty(), "{}: no access keys", path.display());
+    Ok(list.into_iter().map(|k| AccessKey { access_key: k.access_key, secret_key: k.secret_key }).collect())
+}
+
+pub async fn run(cmd: GatewayCommand) -> anyhow::Result<()> {
+    let GatewayCommand::S3(args) = cmd;
+    let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
+    let keys = load_keys(&args.credentials)?;
+    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
+        .await
+        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let mut cfg = GatewayConfig::new(args.listen, role, keys);
+    cfg.root_path = args.root;
+    cfg.region = args.region;
+    cfg.writer_endpoint = args.writer_endpoint;
+    let handle = fskv_gateway_s3::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
+    println!("S3 gateway ({}) serving on {}", args.role, handle.addr);
+    let _ = std::io::stdout().flush();
+    crate::storage_cmd::wait_for_signal().await;
+    handle.stop().await;
+    client.shutdown();
+    Ok(())
+}

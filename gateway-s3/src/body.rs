@@ -1,0 +1,199 @@
+//! Request bodies in (digests, checksum checks) and object data out
+//! (a bounded read-ahead stream).
+
+use crate::error;
+use crate::objmeta::Checksums;
+use base64::Engine as _;
+use bytes::Bytes;
+use fskv_client::{FileHandle, FsClient};
+use fskv_types::InodeId;
+use futures::StreamExt;
+use http::HeaderMap;
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{Checksum as _, Crc32, Crc32c, Crc64Nvme, Md5, Sha1, Sha256};
+use s3s::S3Error;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// The checksum algorithms S3 defines, by the suffix of their header.
+pub const ALGORITHMS: [&str; 5] = ["crc32", "crc32c", "crc64nvme", "sha1", "sha256"];
+
+/// Digests computed over a body as it streams in.
+pub struct Digests {
+    md5: Md5,
+    sums: ChecksumHasher,
+    pub size: u64,
+}
+
+impl Digests {
+    /// MD5 always; the checksums named in `algorithms` (lowercase suffixes).
+    pub fn new(algorithms: &[String]) -> Digests {
+        let mut sums = ChecksumHasher::default();
+        for a in algorithms {
+            match a.as_str() {
+                "crc32" => sums.crc32 = Some(Crc32::new()),
+                "crc32c" => sums.crc32c = Some(Crc32c::new()),
+                "crc64nvme" => sums.crc64nvme = Some(Crc64Nvme::new()),
+                "sha1" => sums.sha1 = Some(Sha1::new()),
+                "sha256" => sums.sha256 = Some(Sha256::new()),
+                _ => {}
+            }
+        }
+        Digests { md5: Md5::new(), sums, size: 0 }
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        self.md5.update(data);
+        self.sums.update(data);
+        self.size += data.len() as u64;
+    }
+
+    /// (binary MD5, checksums as base64).
+    pub fn finish(self) -> ([u8; 16], Checksums) {
+        let c = self.sums.finalize();
+        let sums = Checksums {
+            crc32: c.checksum_crc32,
+            crc32c: c.checksum_crc32c,
+            crc64nvme: c.checksum_crc64nvme,
+            sha1: c.checksum_sha1,
+            sha256: c.checksum_sha256,
+            kind: None,
+        };
+        (self.md5.finalize(), sums)
+    }
+}
+
+/// The checksums a request asks for: values sent in headers, algorithms
+/// named by `x-amz-sdk-checksum-algorithm` / `x-amz-checksum-algorithm`, and
+/// those announced as trailers (`x-amz-trailer`).
+pub fn requested_algorithms(headers: &HeaderMap) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut add = |a: &str| {
+        let a = a.trim().to_ascii_lowercase();
+        if ALGORITHMS.contains(&a.as_str()) && !out.contains(&a) {
+            out.push(a);
+        }
+    };
+    for a in ALGORITHMS {
+        if headers.contains_key(format!("x-amz-checksum-{a}").as_str()) {
+            add(a);
+        }
+    }
+    for h in ["x-amz-sdk-checksum-algorithm", "x-amz-checksum-algorithm"] {
+        if let Some(v) = headers.get(h).and_then(|v| v.to_str().ok()) {
+            add(v);
+        }
+    }
+    if let Some(v) = headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()) {
+        for t in v.split(',') {
+            if let Some(a) = t.trim().to_ascii_lowercase().strip_prefix("x-amz-checksum-") {
+                add(a);
+            }
+        }
+    }
+    out
+}
+
+/// Checks the computed checksums against the values the client sent in
+/// headers or trailers, and Content-MD5.
+pub fn verify(headers: &HeaderMap, trailers: Option<&HeaderMap>, md5: &[u8; 16], sums: &Checksums) -> Result<(), S3Error> {
+    if let Some(v) = headers.get("content-md5") {
+        let want = v.to_str().ok().and_then(|s| base64::engine::general_purpose::STANDARD.decode(s.trim()).ok());
+        match want {
+            Some(w) if w.as_slice() == md5.as_slice() => {}
+            Some(_) => return Err(bad_digest_md5()),
+            None => return Err(S3Error::with_message(s3s::S3ErrorCode::InvalidDigest, "Content-MD5 is not base64 of 16 bytes")),
+        }
+    }
+    for (alg, got) in [
+        ("crc32", &sums.crc32),
+        ("crc32c", &sums.crc32c),
+        ("crc64nvme", &sums.crc64nvme),
+        ("sha1", &sums.sha1),
+        ("sha256", &sums.sha256),
+    ] {
+        let name = format!("x-amz-checksum-{alg}");
+        let sent = headers.get(name.as_str()).or_else(|| trailers.and_then(|t| t.get(name.as_str())));
+        let Some(sent) = sent.and_then(|v| v.to_str().ok()) else { continue };
+        if got.as_deref() != Some(sent.trim()) {
+            return Err(error::bad_digest(format!(
+                "the {} you specified did not match the calculated checksum",
+                alg.to_ascii_uppercase()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn bad_digest_md5() -> S3Error {
+    error::bad_digest("the Content-MD5 you specified did not match what we received")
+}
+
+/// A `Stream` over a channel: `Send + Sync`, as s3s wants response bodies.
+pub struct ChannelStream(tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>);
+
+impl futures::Stream for ChannelStream {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// How an object's bytes `[start, end)` are streamed out.
+pub struct ReadPlan {
+    pub inode: InodeId,
+    pub start: u64,
+    pub end: u64,
+    /// Bytes per read; pieces never cross a chunk boundary when this is the chunk size.
+    pub piece_bytes: u64,
+    /// Reads in flight ahead of the client.
+    pub readahead: usize,
+}
+
+/// Streams `plan`'s range of `handle`, reading ahead; at the end checks
+/// that the inode is still linked (a file replaced or removed during the
+/// read may have had chunks reclaimed: the stream then fails instead of
+/// ending with bytes that were never written).
+pub fn stream_range(fs: FsClient, handle: FileHandle, plan: ReadPlan) -> ChannelStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(plan.readahead.max(1));
+    let handle = Arc::new(handle);
+    tokio::spawn(async move {
+        let piece = plan.piece_bytes.max(4096);
+        let mut offsets = Vec::new();
+        let mut pos = plan.start;
+        while pos < plan.end {
+            // Align pieces after the first to `piece` so each read stays in one chunk.
+            let next = ((pos / piece) + 1) * piece;
+            let len = next.min(plan.end) - pos;
+            offsets.push((pos, len));
+            pos += len;
+        }
+        let mut reads = futures::stream::iter(offsets)
+            .map(|(off, len)| {
+                let h = Arc::clone(&handle);
+                async move { h.read_at(off, len).await.map(|b| (b, len)) }
+            })
+            .buffered(plan.readahead.max(1));
+        while let Some(r) = reads.next().await {
+            let item = match r {
+                Ok((b, len)) if b.len() as u64 == len => Ok(b),
+                Ok((b, len)) => Err(std::io::Error::other(format!("object shrank while read: {} of {len} bytes", b.len()))),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                return;
+            }
+        }
+        match fs.meta().stat(plan.inode).await {
+            Ok(i) if i.nlink > 0 => {}
+            _ => {
+                tracing::warn!(inode = %plan.inode, "object replaced or removed while streamed; failing the response");
+                let _ = tx.send(Err(std::io::Error::other("the object was replaced or removed while being read"))).await;
+            }
+        }
+    });
+    ChannelStream(rx)
+}

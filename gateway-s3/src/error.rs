@@ -1,0 +1,112 @@
+//! Every error of the gateway becomes an S3 error here, in one place: the
+//! filesystem's [`ErrorCode`]s, the key and request checks, and our own
+//! conflict codes. Handlers return [`S3Error`] built by these functions and
+//! never format status codes themselves.
+
+use fskv_client::file::FileError;
+use fskv_client::meta::MetaClientError;
+use fskv_types::ErrorCode;
+use s3s::{S3Error, S3ErrorCode};
+
+/// A key names an object below a path that is itself an object (`a/b`
+/// exists as an object, the request is for `a/b/c`).
+pub const PARENT_IS_OBJECT: &str = "ParentIsObject";
+/// A key names a path that is a directory of other objects (`a/b/c`
+/// exists, the request is for object `a/b`).
+pub const OBJECT_EXISTS_AS_PREFIX: &str = "ObjectExistsAsPrefix";
+
+fn custom(code: &'static str, status: http::StatusCode, msg: String) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), msg);
+    e.set_status_code(status);
+    e
+}
+
+pub fn parent_is_object(key: &str, parent: &str) -> S3Error {
+    custom(PARENT_IS_OBJECT, http::StatusCode::CONFLICT, format!("cannot store {key:?}: {parent:?} is an object, so it cannot also be a prefix"))
+}
+
+pub fn exists_as_prefix(key: &str) -> S3Error {
+    custom(OBJECT_EXISTS_AS_PREFIX, http::StatusCode::CONFLICT, format!("cannot store {key:?}: other objects exist under {key:?}/"))
+}
+
+pub fn invalid_key(key: &str, why: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InvalidArgument, format!("object key {key:?} is not accepted: {why}"))
+}
+
+pub fn no_such_key(key: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}"))
+}
+
+pub fn no_such_bucket(bucket: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::NoSuchBucket, format!("no bucket {bucket:?}"))
+}
+
+pub fn no_such_upload(id: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::NoSuchUpload, format!("no multipart upload {id:?} (completed, aborted or expired)"))
+}
+
+pub fn precondition_failed(what: impl Into<String>) -> S3Error {
+    S3Error::with_message(S3ErrorCode::PreconditionFailed, what.into())
+}
+
+pub fn bad_digest(what: impl Into<String>) -> S3Error {
+    S3Error::with_message(S3ErrorCode::BadDigest, what.into())
+}
+
+pub fn invalid_argument(what: impl Into<String>) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InvalidArgument, what.into())
+}
+
+pub fn invalid_request(what: impl Into<String>) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InvalidRequest, what.into())
+}
+
+pub fn internal(what: impl std::fmt::Display) -> S3Error {
+    tracing::error!(error = %what, "internal error");
+    S3Error::with_message(S3ErrorCode::InternalError, format!("internal error: {what}"))
+}
+
+pub fn invalid_part_number(msg: String) -> S3Error {
+    custom("InvalidPartNumber", http::StatusCode::RANGE_NOT_SATISFIABLE, msg)
+}
+
+pub fn read_only(writer: Option<&str>) -> S3Error {
+    let where_ = match writer {
+        Some(w) => format!("; send writes to the writer gateway at {w}"),
+        None => String::new(),
+    };
+    custom("ReadOnlyGateway", http::StatusCode::FORBIDDEN, format!("this gateway serves reads only (--role reader){where_}"))
+}
+
+/// Maps a filesystem error code to S3 for a request about `what` (a key or a bucket).
+pub fn from_code(code: ErrorCode, what: &str, detail: &dyn std::fmt::Display) -> S3Error {
+    match code {
+        ErrorCode::NotFound => no_such_key(what),
+        ErrorCode::AlreadyExists => custom("AlreadyExists", http::StatusCode::CONFLICT, format!("{what}: {detail}")),
+        ErrorCode::PermissionDenied => S3Error::with_message(S3ErrorCode::AccessDenied, format!("{what}: {detail}")),
+        ErrorCode::PreconditionFailed => {
+            tracing::debug!(%what, %detail, "precondition failed");
+            precondition_failed(format!("{what}: the object changed or exists, so the condition of the request does not hold"))
+        }
+        ErrorCode::NotDirectory => parent_is_object(what, "a parent"),
+        ErrorCode::IsDirectory | ErrorCode::NotEmpty => exists_as_prefix(what),
+        ErrorCode::NameTooLong => S3Error::with_message(S3ErrorCode::KeyTooLongError, format!("{what}: {detail}")),
+        ErrorCode::InvalidArgument => invalid_argument(format!("{what}: {detail}")),
+        ErrorCode::ResourceExhausted | ErrorCode::KvTooLarge => {
+            custom("ResourceExhausted", http::StatusCode::INSUFFICIENT_STORAGE, format!("{what}: {detail}"))
+        }
+        c if c.is_retryable() => {
+            tracing::warn!(%what, error = %detail, "unavailable");
+            S3Error::with_message(S3ErrorCode::ServiceUnavailable, format!("{what}: {detail}; retry"))
+        }
+        _ => internal(format_args!("{what}: {detail}")),
+    }
+}
+
+pub fn from_file(e: FileError, what: &str) -> S3Error {
+    from_code(e.code(), what, &e)
+}
+
+pub fn from_meta(e: MetaClientError, what: &str) -> S3Error {
+    from_code(e.code(), what, &e)
+}

@@ -1,0 +1,31 @@
+//! The S3 gateway: an S3-compatible object store over the filesystem.
+//!
+//! Buckets are directories under a root directory; an object key is a path
+//! below its bucket; object data is file data; metadata (headers, user
+//! metadata, ETag, checksums, tags) lives in xattrs. A PUT writes a temp
+//! inode and publishes data, length and metadata in one meta transaction,
+//! so readers see the old object or the new one. The protocol (routing,
+//! XML, SigV4, aws-chunked bodies) is `s3s`; `ops/` holds the operations,
+//! `error.rs` maps every failure to an S3 error.
+//!
+//! Code map: `paths` (keys → paths), `objmeta` (the xattr records, ETags),
+//! `store` (buckets and directories), `walk` + `list` (listing in S3 order
+//! from a position), `body` (digests in, read-ahead stream out),
+//! `ops/*` (one file per group of operations), `auth` (keys, reader role),
+//! `server` (HTTP accept loop).
+
+pub mod auth;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod list;
+pub mod objmeta;
+pub mod ops;
+pub mod paths;
+pub mod s3;
+pub mod server;
+pub mod store;
+pub mod walk;
+
+pub use config::{AccessKey, GatewayConfig, Limits, Role};
+pub use server::{start, GatewayHandle};

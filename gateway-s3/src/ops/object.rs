@@ -1,0 +1,486 @@
+//! PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects, CopyObject.
+
+use super::write::{self, Data};
+use super::Gateway;
+use crate::body::{self, Digests, ReadPlan};
+use crate::error;
+use crate::objmeta::{self, Headers, ObjectMeta, TagList, XATTR_META, XATTR_TAGS};
+use crate::paths::{self, ObjectPath};
+use crate::store::{Found, Store};
+use fskv_types::meta::{Expected, Inode, XattrFlag};
+use fskv_types::{ErrorCode, InodeId};
+use http::HeaderMap;
+use s3s::dto::*;
+use s3s::{S3Error, S3ErrorCode};
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+pub fn parse(key: &str) -> Result<ObjectPath, S3Error> {
+    paths::parse_key(key).map_err(|why| error::invalid_key(key, why))
+}
+
+pub fn timestamp(ns: u64) -> Timestamp {
+    Timestamp::from(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+}
+
+fn unix_secs(t: &Timestamp) -> i64 {
+    time::OffsetDateTime::from(t.clone()).unix_timestamp()
+}
+
+pub fn headers_from(
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+    expires: Option<&Timestamp>,
+) -> Headers {
+    let expires = expires.and_then(|t| {
+        let mut buf = Vec::new();
+        t.format(TimestampFormat::HttpDate, &mut buf).ok()?;
+        String::from_utf8(buf).ok()
+    });
+    Headers { content_type, content_encoding, content_disposition, content_language, cache_control, expires }
+}
+
+fn expires_of(h: &Headers) -> Option<Timestamp> {
+    h.expires.as_deref().and_then(|s| Timestamp::parse(TimestampFormat::HttpDate, s).ok())
+}
+
+pub fn user_meta(m: Option<Metadata>) -> Result<BTreeMap<String, String>, S3Error> {
+    let user: BTreeMap<String, String> = m.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    let bytes: usize = user.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > objmeta::MAX_USER_META_BYTES {
+        return Err(S3Error::with_message(
+            S3ErrorCode::MetadataTooLarge,
+            format!("user metadata of {bytes} bytes (at most {})", objmeta::MAX_USER_META_BYTES),
+        ));
+    }
+    Ok(user)
+}
+
+/// An object as found, with its effective record.
+pub struct Object {
+    pub inode: Inode,
+    pub meta: ObjectMeta,
+    pub dir: bool,
+}
+
+pub async fn find_object(store: &Store, bucket: InodeId, path: &ObjectPath, key: &str) -> Result<Option<Object>, S3Error> {
+    match store.find(bucket, path).await? {
+        None => Ok(None),
+        Some(Found::DirObject(inode, record)) => {
+            let meta = objmeta::effective_dir(&inode, Some(&record));
+            Ok(Some(Object { inode, meta, dir: true }))
+        }
+        Some(Found::File(inode)) => {
+            let record = match store.fs.meta().get_xattr(inode.id, XATTR_META).await {
+                Ok(r) => Some(r),
+                Err(e) if e.code() == ErrorCode::NotFound => None,
+                Err(e) => return Err(error::from_meta(e, key)),
+            };
+            let meta = objmeta::effective(&inode, record.as_deref());
+            Ok(Some(Object { inode, meta, dir: false }))
+        }
+    }
+}
+
+/// Read-side preconditions (RFC 9110 order, as S3 applies them).
+pub fn check_read_conditions(
+    meta: &ObjectMeta,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+    if_unmodified_since: Option<&Timestamp>,
+) -> Result<(), S3Error> {
+    let secs = (meta.mtime_ns / 1_000_000_000) as i64;
+    let matches = |c: &ETagCondition| match c {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(e) => e.value() == meta.etag,
+    };
+    match if_match {
+        Some(c) if !matches(c) => return Err(error::precondition_failed("If-Match: the ETag does not match")),
+        Some(_) => {}
+        None => {
+            if let Some(t) = if_unmodified_since {
+                if secs > unix_secs(t) {
+                    return Err(error::precondition_failed("If-Unmodified-Since: the object was modified since"));
+                }
+            }
+        }
+    }
+    match if_none_match {
+        Some(c) if matches(c) => return Err(not_modified()),
+        Some(_) => {}
+        None => {
+            if let Some(t) = if_modified_since {
+                if secs <= unix_secs(t) {
+                    return Err(not_modified());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn not_modified() -> S3Error {
+    let mut e = S3Error::new(S3ErrorCode::NotModified);
+    e.set_status_code(http::StatusCode::NOT_MODIFIED);
+    e
+}
+
+/// The write precondition of a PUT (or Complete): `If-None-Match: *` or
+/// `If-Match`, turned into the meta CAS that makes it atomic.
+pub async fn write_expectation(
+    store: &Store,
+    bucket: InodeId,
+    path: &ObjectPath,
+    key: &str,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> Result<Option<Expected>, S3Error> {
+    if let Some(c) = if_none_match {
+        if !matches!(c, ETagCondition::Any) {
+            return Err(error::invalid_argument("If-None-Match on a write takes only '*'"));
+        }
+        return Ok(Some(Expected::Absent));
+    }
+    let Some(c) = if_match else { return Ok(None) };
+    let Some(cur) = find_object(store, bucket, path, key).await?.filter(|o| !o.dir) else {
+        return Err(error::no_such_key(key));
+    };
+    if let ETagCondition::ETag(e) = c {
+        if e.value() != cur.meta.etag {
+            return Err(error::precondition_failed("If-Match: the ETag does not match"));
+        }
+    }
+    Ok(Some(Expected::Inode { id: cur.inode.id, version: cur.inode.version }))
+}
+
+pub struct PutArgs<'a> {
+    pub bucket: &'a str,
+    pub key: &'a str,
+    pub headers: Headers,
+    pub user: BTreeMap<String, String>,
+    pub tags: Option<TagList>,
+    pub if_match: Option<&'a ETagCondition>,
+    pub if_none_match: Option<&'a ETagCondition>,
+}
+
+impl Gateway {
+    pub async fn put(
+        &self,
+        args: PutArgs<'_>,
+        body: Option<StreamingBlob>,
+        req_headers: &HeaderMap,
+        trailers: Option<&s3s::TrailingHeaders>,
+    ) -> Result<ObjectMeta, S3Error> {
+        let path = parse(args.key)?;
+        let bucket = self.store.bucket(args.bucket).await?.id;
+        if path.dir_object {
+            return self.put_dir_object(bucket, &path, args, body).await;
+        }
+        let expected = write_expectation(&self.store, bucket, &path, args.key, args.if_match, args.if_none_match).await?;
+        // Conflicts with the tree are found before the body is read.
+        let parent = self.store.ensure_dirs(bucket, path.parent(), args.key).await?;
+        let mut digests = Digests::new(&body::requested_algorithms(req_headers));
+        let limits = &self.cfg.limits;
+        let data = write::receive(&self.store, parent, body, &mut digests, limits.max_object_bytes, limits).await?;
+        let size = digests.size;
+        let (md5, checksums) = digests.finish();
+        let trailer_map = trailers.and_then(|t| t.take());
+        body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums)?;
+        let meta = ObjectMeta { etag: hex::encode(md5), size, mtime_ns: 0, headers: args.headers, user: args.user, checksums, part_sizes: Vec::new() };
+        let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
+        Ok(meta)
+    }
+
+    async fn put_dir_object(&self, bucket: InodeId, path: &ObjectPath, args: PutArgs<'_>, body: Option<StreamingBlob>) -> Result<ObjectMeta, S3Error> {
+        let mut digests = Digests::new(&[]);
+        if let Some(mut b) = body {
+            use futures::StreamExt;
+            while let Some(piece) = b.next().await {
+                let piece = piece.map_err(|e| error::invalid_request(format!("reading the body: {e}")))?;
+                digests.update(&piece);
+                if digests.size > 0 {
+                    return Err(error::invalid_argument(format!("{:?} ends in '/': such a key names a directory and takes no data", args.key)));
+                }
+            }
+        }
+        let dir = self.store.ensure_dirs(bucket, &path.components, args.key).await?;
+        let meta = ObjectMeta {
+            etag: objmeta::EMPTY_MD5.into(),
+            size: 0,
+            mtime_ns: write::now_ns(),
+            headers: args.headers,
+            user: args.user,
+            ..ObjectMeta::default()
+        };
+        let flag = if args.if_none_match.is_some() { XattrFlag::Create } else { XattrFlag::Any };
+        match self.store.fs.meta().set_xattr(dir, XATTR_META, &meta.encode(), flag).await {
+            Ok(()) => {}
+            Err(e) if e.code() == ErrorCode::AlreadyExists => return Err(error::precondition_failed("If-None-Match: the object exists")),
+            Err(e) => return Err(error::from_meta(e, args.key)),
+        }
+        if let Some(t) = args.tags.filter(|t| !t.is_empty()) {
+            self.store.fs.meta().set_xattr(dir, XATTR_TAGS, &objmeta::encode_tags(&t), XattrFlag::Any).await.map_err(|e| error::from_meta(e, args.key))?;
+        }
+        Ok(meta)
+    }
+
+    pub async fn head(&self, input: &HeadObjectInput) -> Result<HeadObjectOutput, S3Error> {
+        let path = parse(&input.key)?;
+        let bucket = self.store.bucket(&input.bucket).await?.id;
+        let obj = find_object(&self.store, bucket, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
+        check_read_conditions(
+            &obj.meta,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        )?;
+        let m = &obj.meta;
+        let want_sums = input.checksum_mode.as_ref().is_some_and(|c| c.as_str() == ChecksumMode::ENABLED);
+        let (range, len) = match part_range(m, input.part_number)? {
+            Some((s, e)) => (Some(format!("bytes {s}-{}/{}", e - 1, m.size)), e - s),
+            None => (None, m.size),
+        };
+        Ok(HeadObjectOutput {
+            content_length: Some(len as i64),
+            content_range: range,
+            e_tag: Some(ETag::Strong(m.etag.clone())),
+            last_modified: Some(timestamp(m.mtime_ns)),
+            content_type: m.headers.content_type.clone().or_else(|| Some("binary/octet-stream".into())),
+            content_encoding: m.headers.content_encoding.clone(),
+            content_disposition: m.headers.content_disposition.clone(),
+            content_language: m.headers.content_language.clone(),
+            cache_control: m.headers.cache_control.clone(),
+            expires: expires_of(&m.headers),
+            metadata: user_out(m),
+            checksum_crc32: want_sums.then(|| m.checksums.crc32.clone()).flatten(),
+            checksum_crc32c: want_sums.then(|| m.checksums.crc32c.clone()).flatten(),
+            checksum_crc64nvme: want_sums.then(|| m.checksums.crc64nvme.clone()).flatten(),
+            checksum_sha1: want_sums.then(|| m.checksums.sha1.clone()).flatten(),
+            checksum_sha256: want_sums.then(|| m.checksums.sha256.clone()).flatten(),
+            parts_count: (!m.part_sizes.is_empty() && input.part_number.is_some()).then_some(m.part_sizes.len() as i32),
+            ..HeadObjectOutput::default()
+        })
+    }
+
+    pub async fn get(&self, input: &GetObjectInput) -> Result<GetObjectOutput, S3Error> {
+        let path = parse(&input.key)?;
+        let bucket = self.store.bucket(&input.bucket).await?.id;
+        let obj = find_object(&self.store, bucket, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
+        check_read_conditions(
+            &obj.meta,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
+        )?;
+        let m = &obj.meta;
+        let (start, end, ranged) = match (&input.range, part_range(m, input.part_number)?) {
+            (Some(r), _) => {
+                let rr = r.check(m.size).map_err(|_| {
+                    S3Error::with_message(S3ErrorCode::InvalidRange, format!("the range is not satisfiable for {} bytes", m.size))
+                })?;
+                (rr.start, rr.end, true)
+            }
+            (None, Some((s, e))) => (s, e, true),
+            (None, None) => (0, m.size, false),
+        };
+        let body = self.object_body(&obj, start, end).await?;
+        let want_sums = input.checksum_mode.as_ref().is_some_and(|c| c.as_str() == ChecksumMode::ENABLED) && !ranged;
+        Ok(GetObjectOutput {
+            body: Some(body),
+            content_length: Some((end - start) as i64),
+            content_range: ranged.then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), m.size)),
+            e_tag: Some(ETag::Strong(m.etag.clone())),
+            last_modified: Some(timestamp(m.mtime_ns)),
+            content_type: input
+                .response_content_type
+                .clone()
+                .or_else(|| m.headers.content_type.clone())
+                .or_else(|| Some("binary/octet-stream".into())),
+            content_encoding: input.response_content_encoding.clone().or_else(|| m.headers.content_encoding.clone()),
+            content_disposition: input.response_content_disposition.clone().or_else(|| m.headers.content_disposition.clone()),
+            content_language: input.response_content_language.clone().or_else(|| m.headers.content_language.clone()),
+            cache_control: input.response_cache_control.clone().or_else(|| m.headers.cache_control.clone()),
+            expires: input.response_expires.clone().or_else(|| expires_of(&m.headers)),
+            metadata: user_out(m),
+            checksum_crc32: want_sums.then(|| m.checksums.crc32.clone()).flatten(),
+            checksum_crc32c: want_sums.then(|| m.checksums.crc32c.clone()).flatten(),
+            checksum_crc64nvme: want_sums.then(|| m.checksums.crc64nvme.clone()).flatten(),
+            checksum_sha1: want_sums.then(|| m.checksums.sha1.clone()).flatten(),
+            checksum_sha256: want_sums.then(|| m.checksums.sha256.clone()).flatten(),
+            parts_count: (!m.part_sizes.is_empty() && input.part_number.is_some()).then_some(m.part_sizes.len() as i32),
+            ..GetObjectOutput::default()
+        })
+    }
+
+    async fn object_body(&self, obj: &Object, start: u64, end: u64) -> Result<StreamingBlob, S3Error> {
+        if obj.dir || start >= end {
+            return Ok(StreamingBlob::wrap(futures::stream::empty::<Result<bytes::Bytes, std::io::Error>>()));
+        }
+        if let Some(inline) = obj.inode.file().and_then(|f| f.inline.as_ref()).filter(|b| b.len() as u64 == obj.inode.size_bytes()) {
+            let s = (start as usize).min(inline.len());
+            let e = (end as usize).min(inline.len());
+            let data = bytes::Bytes::copy_from_slice(&inline[s..e]);
+            return Ok(StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(data) })));
+        }
+        let handle = self.store.fs.reader(obj.inode.clone()).map_err(|e| error::from_file(e, "object"))?;
+        let chunk = u64::from(handle.layout().chunk_size_bytes).max(4096);
+        let plan = ReadPlan { inode: obj.inode.id, start, end, piece_bytes: chunk, readahead: self.cfg.limits.readahead_pieces };
+        Ok(StreamingBlob::wrap(body::stream_range(self.store.fs.clone(), handle, plan)))
+    }
+
+    /// Deletes `key`; a missing key is success, as in S3.
+    pub async fn delete(&self, bucket_name: &str, key: &str) -> Result<(), S3Error> {
+        let path = parse(key)?;
+        let bucket = self.store.bucket(bucket_name).await?.id;
+        match self.store.find(bucket, &path).await? {
+            None => return Ok(()),
+            Some(Found::DirObject(dir, _)) => {
+                for name in [XATTR_META, XATTR_TAGS] {
+                    match self.store.fs.meta().remove_xattr(dir.id, name).await {
+                        Ok(()) => {}
+                        Err(e) if e.code() == ErrorCode::NotFound => {}
+                        Err(e) => return Err(error::from_meta(e, key)),
+                    }
+                }
+                self.store.remove_empty_dirs(bucket, &path.components).await;
+            }
+            Some(Found::File(_)) => {
+                let parent = match self.store.ensure_dirs_existing(bucket, path.parent()).await {
+                    Some(p) => p,
+                    None => return Ok(()),
+                };
+                match self.store.fs.meta().unlink(parent, path.name()).await {
+                    Ok(()) => {}
+                    Err(e) if e.code() == ErrorCode::NotFound => {}
+                    Err(e) => return Err(error::from_meta(e, key)),
+                }
+                self.store.remove_empty_dirs(bucket, path.parent()).await;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn copy(&self, input: &CopyObjectInput) -> Result<CopyObjectOutput, S3Error> {
+        let CopySource::Bucket { bucket: src_bucket, key: src_key, .. } = &input.copy_source else {
+            return Err(error::invalid_argument("copying from an access point is not supported"));
+        };
+        let src_path = parse(src_key)?;
+        let src_bucket_id = self.store.bucket(src_bucket).await?.id;
+        let src = find_object(&self.store, src_bucket_id, &src_path, src_key).await?.ok_or_else(|| error::no_such_key(src_key))?;
+        check_read_conditions(
+            &src.meta,
+            input.copy_source_if_match.as_ref().map(|e| e as &ETagCondition),
+            input.copy_source_if_none_match.as_ref().map(|e| e as &ETagCondition),
+            input.copy_source_if_modified_since.as_ref(),
+            input.copy_source_if_unmodified_since.as_ref(),
+        )
+        .map_err(|e| if e.code() == &S3ErrorCode::NotModified { error::precondition_failed("copy source condition") } else { e })?;
+        let dst_path = parse(&input.key)?;
+        let dst_bucket = self.store.bucket(&input.bucket).await?.id;
+        let replace_meta = input.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        let same = src_bucket_id == dst_bucket && src_path == dst_path;
+        if same && !replace_meta {
+            return Err(error::invalid_request(
+                "copying an object onto itself needs a change: set x-amz-metadata-directive: REPLACE",
+            ));
+        }
+        let (headers, user) = if replace_meta {
+            let h = headers_from(
+                input.content_type.clone(),
+                input.content_encoding.clone(),
+                input.content_disposition.clone(),
+                input.content_language.clone(),
+                input.cache_control.clone(),
+                input.expires.as_ref(),
+            );
+            (h, user_meta(input.metadata.clone())?)
+        } else {
+            (src.meta.headers.clone(), src.meta.user.clone())
+        };
+        let tags = if input.tagging_directive.as_ref().is_some_and(|d| d.as_str() == TaggingDirective::REPLACE) {
+            Some(objmeta::parse_tagging_header(input.tagging.as_deref().unwrap_or("")).map_err(error::invalid_argument)?)
+        } else {
+            self.tags_of(src.inode.id).await?
+        };
+        if src.dir || dst_path.dir_object {
+            return Err(error::invalid_argument("copying directory objects (keys ending in '/') is not supported"));
+        }
+        let parent = self.store.ensure_dirs(dst_bucket, dst_path.parent(), &input.key).await?;
+        let data = self.copy_data(&src.inode, parent, 0, src.meta.size).await?;
+        let meta = ObjectMeta {
+            etag: src.meta.etag.clone(),
+            size: src.meta.size,
+            mtime_ns: 0,
+            headers,
+            user,
+            checksums: src.meta.checksums.clone(),
+            part_sizes: src.meta.part_sizes.clone(),
+        };
+        let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
+        Ok(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(ETag::Strong(meta.etag.clone())),
+                last_modified: Some(timestamp(meta.mtime_ns)),
+                checksum_crc32: meta.checksums.crc32.clone(),
+                checksum_crc32c: meta.checksums.crc32c.clone(),
+                checksum_crc64nvme: meta.checksums.crc64nvme.clone(),
+                checksum_sha1: meta.checksums.sha1.clone(),
+                checksum_sha256: meta.checksums.sha256.clone(),
+                ..CopyObjectResult::default()
+            }),
+            ..CopyObjectOutput::default()
+        })
+    }
+
+    pub async fn tags_of(&self, inode: InodeId) -> Result<Option<TagList>, S3Error> {
+        match self.store.fs.meta().get_xattr(inode, XATTR_TAGS).await {
+            Ok(b) => Ok(Some(objmeta::decode_tags(&b))),
+            Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
+            Err(e) => Err(error::from_meta(e, "tags")),
+        }
+    }
+
+    /// Bytes `[start, end)` of `src` as new object data in `temp_dir`,
+    /// copied inside the cluster.
+    pub async fn copy_data(&self, src: &Inode, temp_dir: InodeId, start: u64, end: u64) -> Result<Data, S3Error> {
+        let len = end.saturating_sub(start);
+        // Readdir strips inline bytes: use them only when they are all there.
+        if let Some(inline) = src.file().and_then(|f| f.inline.as_ref()).filter(|b| b.len() as u64 == src.size_bytes()) {
+            let s = (start as usize).min(inline.len());
+            let e = (end as usize).min(inline.len());
+            return Ok(Data::Inline(bytes::Bytes::copy_from_slice(&inline[s..e])));
+        }
+        if len <= fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
+            let reader = self.store.fs.reader(src.clone()).map_err(|e| error::from_file(e, "copy source"))?;
+            let data = reader.read_at(start, len).await.map_err(|e| error::from_file(e, "copy source"))?;
+            return Ok(Data::Inline(data));
+        }
+        let reader = self.store.fs.reader(src.clone()).map_err(|e| error::from_file(e, "copy source"))?;
+        let temp = self.store.fs.create_temp(temp_dir, crate::store::FILE_MODE).await.map_err(|e| error::from_file(e, "copy"))?;
+        super::copy::copy_range(&reader, &temp, start, 0, len, &self.cfg.limits).await?;
+        Ok(Data::Temp(std::sync::Arc::new(temp)))
+    }
+}
+
+/// The byte range of part `n` of a multipart object.
+fn part_range(m: &ObjectMeta, part: Option<i32>) -> Result<Option<(u64, u64)>, S3Error> {
+    let Some(n) = part else { return Ok(None) };
+    if m.part_sizes.is_empty() {
+        return if n == 1 { Ok(Some((0, m.size))) } else { Err(error::invalid_part_number(format!("part {n} of a single-part object"))) };
+    }
+    let idx = usize::try_from(n).ok().filter(|&i| (1..=m.part_sizes.len()).contains(&i)).ok_or_else(|| {
+        error::invalid_part_number(format!("part {n}: the object has {} parts", m.part_sizes.len()))
+    })?;
+    let start: u64 = m.part_sizes[..idx - 1].iter().sum();
+    Ok(Some((start, start + m.part_sizes[idx - 1])))
+}
+
+fn user_out(m: &ObjectMeta) -> Option<Metadata> {
+    (!m.user.is_empty()).then(|| m.user.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}

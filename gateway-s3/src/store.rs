@@ -1,0 +1,176 @@
+//! The filesystem side of the gateway: buckets as directories under the
+//! root, keys as paths, parent directories made on demand and removed
+//! when emptied.
+
+use crate::error;
+use crate::objmeta::XATTR_META;
+use crate::paths::{self, ObjectPath};
+use fskv_client::FsClient;
+use fskv_types::meta::{Inode, InodeKind};
+use fskv_types::{ErrorCode, InodeId};
+use s3s::S3Error;
+
+/// Name of the directory under the root that stages multipart uploads
+/// (not a valid bucket name, so never listed as one).
+pub const UPLOADS_DIR: &str = ".fskv-uploads";
+/// Mode of directories the gateway makes.
+pub const DIR_MODE: u32 = 0o755;
+/// Mode of files the gateway makes.
+pub const FILE_MODE: u32 = 0o644;
+
+/// What a key names.
+pub enum Found {
+    File(Inode),
+    /// A directory with an object record (a key ending in `/`).
+    DirObject(Inode, Vec<u8>),
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pub fs: FsClient,
+    /// The directory whose subdirectories are the buckets.
+    pub root: InodeId,
+}
+
+impl Store {
+    /// Resolves (a writer: creates) the root directory `root_path`.
+    pub async fn open(fs: FsClient, root_path: &str, create: bool) -> Result<Store, String> {
+        let mut cur = InodeId::ROOT;
+        for name in root_path.split('/').filter(|c| !c.is_empty()) {
+            cur = match fs.meta().lookup(cur, name).await {
+                Ok(i) if i.dir().is_some() => i.id,
+                Ok(_) => return Err(format!("{root_path}: {name} is not a directory")),
+                Err(e) if e.code() == ErrorCode::NotFound && create => match fs.meta().mkdir(cur, name, DIR_MODE).await {
+                    Ok(i) => i.id,
+                    Err(e) if e.code() == ErrorCode::AlreadyExists => fs.meta().lookup(cur, name).await.map_err(|e| e.to_string())?.id,
+                    Err(e) => return Err(format!("cannot create {root_path}: {e}")),
+                },
+                Err(e) => return Err(format!("{root_path}: {e}")),
+            };
+        }
+        Ok(Store { fs, root: cur })
+    }
+
+    pub async fn bucket(&self, name: &str) -> Result<Inode, S3Error> {
+        if !paths::is_bucket_name(name) {
+            return Err(error::no_such_bucket(name));
+        }
+        match self.fs.meta().lookup(self.root, name).await {
+            Ok(i) if i.dir().is_some() => Ok(i),
+            Ok(_) => Err(error::no_such_bucket(name)),
+            Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_bucket(name)),
+            Err(e) => Err(error::from_meta(e, name)),
+        }
+    }
+
+    /// Buckets, by name, with their creation times (ns).
+    pub async fn list_buckets(&self) -> Result<Vec<(String, u64)>, S3Error> {
+        let mut out = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let (entries, more) = self.fs.meta().readdir(self.root, &cursor, 1000, true).await.map_err(|e| error::from_meta(e, "buckets"))?;
+            for e in &entries {
+                if e.kind == InodeKind::Directory && paths::is_bucket_name(&e.name) {
+                    out.push((e.name.clone(), e.attr.as_ref().map_or(0, |a| a.ctime_ns.min(a.mtime_ns))));
+                }
+            }
+            match entries.last() {
+                Some(last) if more => cursor = last.name.clone(),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// The object `path` names in `bucket`, if any.
+    pub async fn find(&self, bucket: InodeId, path: &ObjectPath) -> Result<Option<Found>, S3Error> {
+        let mut cur = bucket;
+        let n = path.components.len();
+        for (i, name) in path.components.iter().enumerate() {
+            let inode = match self.fs.meta().lookup(cur, name).await {
+                Ok(i) => i,
+                Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::NotDirectory) => return Ok(None),
+                Err(e) => return Err(error::from_meta(e, name)),
+            };
+            if i + 1 < n {
+                if inode.dir().is_none() {
+                    return Ok(None);
+                }
+                cur = inode.id;
+                continue;
+            }
+            return match (inode.kind(), path.dir_object) {
+                (InodeKind::File, false) => Ok(Some(Found::File(inode))),
+                (InodeKind::Directory, true) => match self.fs.meta().get_xattr(inode.id, XATTR_META).await {
+                    Ok(r) => Ok(Some(Found::DirObject(inode, r))),
+                    Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
+                    Err(e) => Err(error::from_meta(e, name)),
+                },
+                _ => Ok(None),
+            };
+        }
+        Ok(None)
+    }
+
+    /// The directory `components` below `bucket`, made where missing.
+    /// A component that is a file gives 409 ParentIsObject.
+    pub async fn ensure_dirs(&self, bucket: InodeId, components: &[String], key: &str) -> Result<InodeId, S3Error> {
+        let mut cur = bucket;
+        for (depth, name) in components.iter().enumerate() {
+            cur = match self.fs.meta().lookup(cur, name).await {
+                Ok(i) if i.dir().is_some() => i.id,
+                Ok(_) => return Err(error::parent_is_object(key, &components[..=depth].join("/"))),
+                Err(e) if e.code() == ErrorCode::NotFound => match self.fs.meta().mkdir(cur, name, DIR_MODE).await {
+                    Ok(i) => i.id,
+                    // Made meanwhile by another request: use it if it is a directory.
+                    Err(e) if e.code() == ErrorCode::AlreadyExists => match self.fs.meta().lookup(cur, name).await {
+                        Ok(i) if i.dir().is_some() => i.id,
+                        Ok(_) => return Err(error::parent_is_object(key, &components[..=depth].join("/"))),
+                        Err(e) => return Err(error::from_meta(e, key)),
+                    },
+                    Err(e) => return Err(error::from_meta(e, key)),
+                },
+                Err(e) => return Err(error::from_meta(e, key)),
+            };
+        }
+        Ok(cur)
+    }
+
+    /// Removes the directories of `components` (deepest first) that are
+    /// empty and not directory objects, stopping at the first that is not.
+    pub async fn remove_empty_dirs(&self, bucket: InodeId, components: &[String]) {
+        for depth in (1..=components.len()).rev() {
+            let Ok(parent) = self.resolve_dirs(bucket, &components[..depth - 1]).await else { return };
+            let name = &components[depth - 1];
+            let Ok(dir) = self.fs.meta().lookup(parent, name).await else { return };
+            if dir.dir().is_none() || self.fs.meta().get_xattr(dir.id, XATTR_META).await.is_ok() {
+                return;
+            }
+            match self.fs.meta().rmdir(parent, name).await {
+                Ok(()) => {}
+                Err(e) if matches!(e.code(), ErrorCode::NotEmpty | ErrorCode::NotFound) => return,
+                Err(e) => {
+                    tracing::warn!(dir = %components[..depth].join("/"), error = %e, "could not remove an emptied directory");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn resolve_dirs(&self, bucket: InodeId, components: &[String]) -> Result<InodeId, ()> {
+        let mut cur = bucket;
+        for name in components {
+            cur = match self.fs.meta().lookup(cur, name).await {
+                Ok(i) if i.dir().is_some() => i.id,
+                _ => return Err(()),
+            };
+        }
+        Ok(cur)
+    }
+}
+
+impl Store {
+    /// The directory `components` below `bucket` if it exists (no creation).
+    pub async fn ensure_dirs_existing(&self, bucket: InodeId, components: &[String]) -> Option<InodeId> {
+        self.resolve_dirs(bucket, components).await.ok()
+    }
+}
