@@ -39,6 +39,10 @@ const READ_OPS: &[&str] = &[
     "ListParts",
     "ListMultipartUploads",
     "GetObjectTagging",
+    "GetObjectAcl",
+    "GetBucketAcl",
+    "GetBucketPolicy",
+    "GetBucketCors",
 ];
 
 pub struct Access {

@@ -100,6 +100,15 @@ pub async fn list(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<L
 
     let mut items: Vec<Item> = Vec::new();
     let mut last_prefix: Option<String> = None;
+    // A prefix ending in '/' names a directory that may itself be an object
+    // (`d/`): it is the first key of the listing.
+    if !base.is_empty() && base == req.prefix && base.as_bytes() > req.after.as_slice() {
+        if let Some(record) = dir_record(fs, start_dir).await? {
+            if let Ok(inode) = fs.meta().stat(start_dir).await {
+                items.push(Item::Object { key: base.clone(), inode, record: Some(record), dir: true });
+            }
+        }
+    }
     while items.len() <= max {
         let Some(ev) = walker.next().await.map_err(walk_err)? else { break };
         let (key, is_dir) = match &ev {
@@ -180,6 +189,14 @@ pub async fn list(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<L
 
 fn walk_err((code, msg): (ErrorCode, String)) -> S3Error {
     error::from_code(code, "listing", &msg)
+}
+
+async fn dir_record(fs: &FsClient, dir: InodeId) -> Result<Option<Vec<u8>>, S3Error> {
+    match fs.meta().get_xattr(dir, XATTR_META).await {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
+        Err(e) => Err(error::from_meta(e, "listing")),
+    }
 }
 
 async fn has_entries(fs: &FsClient, dir: InodeId) -> Result<bool, S3Error> {

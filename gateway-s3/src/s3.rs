@@ -12,8 +12,40 @@ fn ok<T>(v: T) -> S3Result<S3Response<T>> {
     Ok(S3Response::new(v))
 }
 
+/// The one owner every object has: the gateway keeps no ACLs; signed
+/// requests by any configured key have full control.
+fn owner_acl() -> (Option<Owner>, Option<Grants>) {
+    let owner = Owner { display_name: Some("fskv".into()), id: Some("fskv".into()) };
+    let grantee = Grantee { display_name: owner.display_name.clone(), id: owner.id.clone(), type_: Type::from_static(Type::CANONICAL_USER), email_address: None, uri: None };
+    let grant = Grant { grantee: Some(grantee), permission: Some(Permission::from_static(Permission::FULL_CONTROL)) };
+    (Some(owner), Some(vec![grant]))
+}
+
 #[async_trait::async_trait]
 impl S3 for Gateway {
+    async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
+        self.store.bucket(&req.input.bucket).await?;
+        let (owner, grants) = owner_acl();
+        ok(GetBucketAclOutput { owner, grants })
+    }
+
+    async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let input = HeadObjectInput { bucket: req.input.bucket.clone(), key: req.input.key.clone(), ..HeadObjectInput::default() };
+        self.head(&input).await?;
+        let (owner, grants) = owner_acl();
+        ok(GetObjectAclOutput { owner, grants, ..GetObjectAclOutput::default() })
+    }
+
+    async fn get_bucket_policy(&self, req: S3Request<GetBucketPolicyInput>) -> S3Result<S3Response<GetBucketPolicyOutput>> {
+        self.store.bucket(&req.input.bucket).await?;
+        Err(s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchBucketPolicy, "buckets have no policies here"))
+    }
+
+    async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
+        self.store.bucket(&req.input.bucket).await?;
+        Err(s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchCORSConfiguration, "buckets have no CORS configuration here"))
+    }
+
     async fn list_buckets(&self, _req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
         ok(Gateway::list_buckets(self).await?)
     }

@@ -220,12 +220,11 @@ impl Gateway {
             return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, "the copied range is larger than a part may be"));
         }
         let data = self.copy_data(&src.inode, up.dir, start, end).await?;
-        // The ETag of a copied part: the source's when the whole
-        // single-part source is copied (it is the MD5 of these bytes),
-        // else the MD5 of the bytes when they are small enough to be here,
-        // else a digest of (source ETag, range): the data never passed
-        // through the gateway to be hashed.
-        let whole = start == 0 && end == src.meta.size && !src.meta.etag.contains('-');
+        // The ETag of a part is the MD5 of its bytes. The copy itself stays
+        // inside the cluster; the source range is read once here to hash it
+        // (the source's own ETag is that MD5 when the whole single-part
+        // source is copied).
+        let whole = start == 0 && end == src.meta.size && !src.meta.etag.contains('-') && src.meta.etag.len() == 32;
         let etag = match (&data, whole) {
             (_, true) => src.meta.etag.clone(),
             (Data::Inline(b), false) => {
@@ -233,11 +232,7 @@ impl Gateway {
                 d.update(b);
                 hex::encode(d.finish().0)
             }
-            (Data::Temp(_), false) => {
-                let mut d = Digests::new(&[]);
-                d.update(format!("{}:{start}-{end}", src.meta.etag).as_bytes());
-                hex::encode(d.finish().0)
-            }
+            (Data::Temp(_), false) => self.md5_of(&src.inode, start, end).await?,
         };
         let meta = ObjectMeta { etag, size: end - start, ..ObjectMeta::default() };
         let meta = self.publish_part(up.dir, input.part_number, &data, meta).await?;
@@ -249,6 +244,21 @@ impl Gateway {
             }),
             ..UploadPartCopyOutput::default()
         })
+    }
+
+    /// MD5 (hex) of bytes `[start, end)` of `inode`, read with read-ahead.
+    async fn md5_of(&self, inode: &Inode, start: u64, end: u64) -> Result<String, S3Error> {
+        use futures::StreamExt;
+        let handle = self.store.fs.reader(inode.clone()).map_err(|e| error::from_file(e, "copy source"))?;
+        let chunk = u64::from(handle.layout().chunk_size_bytes).max(4096);
+        let plan = body::ReadPlan { inode: inode.id, start, end, piece_bytes: chunk, readahead: self.cfg.limits.readahead_pieces };
+        let mut stream = body::stream_range(self.store.fs.clone(), handle, plan);
+        let mut d = Digests::new(&[]);
+        while let Some(piece) = stream.next().await {
+            let piece = piece.map_err(|e| error::internal(format_args!("reading the copy source: {e}")))?;
+            d.update(&piece);
+        }
+        Ok(hex::encode(d.finish().0))
     }
 
     /// The parts of an upload, by number, with their records.
@@ -327,9 +337,10 @@ impl Gateway {
         })?;
         let (stored, _) = self.parts(up.dir, 0, self.cfg.limits.max_parts as usize).await?;
         let stored: BTreeMap<i32, (Inode, ObjectMeta)> = stored.into_iter().map(|(n, i, m)| (n, (i, m))).collect();
+        // Every listed part must exist with its ETag before sizes are judged.
         let mut chosen: Vec<(Inode, ObjectMeta)> = Vec::with_capacity(wanted.len());
         let mut last = 0;
-        for (i, p) in wanted.iter().enumerate() {
+        for p in wanted.iter() {
             let n = p.part_number.ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, "a part without a number"))?;
             if n <= last {
                 return Err(S3Error::with_message(S3ErrorCode::InvalidPartOrder, "parts must be listed in ascending order of number"));
@@ -342,13 +353,15 @@ impl Gateway {
                     return Err(S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n}: the ETag does not match the uploaded part")));
                 }
             }
-            if i + 1 < wanted.len() && meta.size < self.cfg.limits.min_part_bytes {
+            chosen.push((inode, meta));
+        }
+        for (i, (_, meta)) in chosen.iter().enumerate() {
+            if i + 1 < chosen.len() && meta.size < self.cfg.limits.min_part_bytes {
                 return Err(S3Error::with_message(
                     S3ErrorCode::EntityTooSmall,
-                    format!("part {n} has {} bytes; every part but the last needs at least {}", meta.size, self.cfg.limits.min_part_bytes),
+                    format!("part {} has {} bytes; every part but the last needs at least {}", i + 1, meta.size, self.cfg.limits.min_part_bytes),
                 ));
             }
-            chosen.push((inode, meta));
         }
         let size: u64 = chosen.iter().map(|(_, m)| m.size).sum();
         if size > self.cfg.limits.max_object_bytes {
@@ -458,8 +471,31 @@ impl Gateway {
             .into_iter()
             .filter(|(k, id, _)| k.as_str() > key_marker.as_str() || (k == &key_marker && !id_marker.is_empty() && id.as_str() > id_marker.as_str()))
             .collect();
-        let truncated = rest.len() > max;
-        let page: Vec<_> = rest.into_iter().take(max).collect();
+        // Roll keys up at the delimiter after the prefix, as listings do.
+        let delim = input.delimiter.as_deref().filter(|d| !d.is_empty());
+        let mut prefixes: Vec<String> = Vec::new();
+        let mut page = Vec::new();
+        let mut truncated = false;
+        for u in rest {
+            if let Some(d) = delim {
+                if let Some(i) = u.0[prefix.len()..].find(d) {
+                    let cp = u.0[..prefix.len() + i + d.len()].to_string();
+                    if prefixes.last() != Some(&cp) {
+                        if page.len() + prefixes.len() >= max {
+                            truncated = true;
+                            break;
+                        }
+                        prefixes.push(cp);
+                    }
+                    continue;
+                }
+            }
+            if page.len() + prefixes.len() >= max {
+                truncated = true;
+                break;
+            }
+            page.push(u);
+        }
         Ok(ListMultipartUploadsOutput {
             bucket: Some(input.bucket.clone()),
             prefix: input.prefix.clone(),
@@ -469,6 +505,8 @@ impl Gateway {
             is_truncated: Some(truncated),
             next_key_marker: if truncated { page.last().map(|p| p.0.clone()) } else { None },
             next_upload_id_marker: if truncated { page.last().map(|p| p.1.clone()) } else { None },
+            common_prefixes: Some(prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
+            delimiter: input.delimiter.clone(),
             uploads: Some(
                 page.into_iter()
                     .map(|(key, id, ns)| MultipartUpload { key: Some(key), upload_id: Some(id), initiated: Some(timestamp(ns)), ..MultipartUpload::default() })

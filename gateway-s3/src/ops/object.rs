@@ -27,6 +27,14 @@ fn unix_secs(t: &Timestamp) -> i64 {
     time::OffsetDateTime::from(t.clone()).unix_timestamp()
 }
 
+/// `Content-Encoding` without `aws-chunked`, which names the transfer of
+/// the request body and is not the object's (S3 drops it).
+fn object_encoding(e: Option<String>) -> Option<String> {
+    let e = e?;
+    let kept: Vec<&str> = e.split(',').map(str::trim).filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("aws-chunked")).collect();
+    (!kept.is_empty()).then(|| kept.join(", "))
+}
+
 pub fn headers_from(
     content_type: Option<String>,
     content_encoding: Option<String>,
@@ -40,6 +48,7 @@ pub fn headers_from(
         t.format(TimestampFormat::HttpDate, &mut buf).ok()?;
         String::from_utf8(buf).ok()
     });
+    let content_encoding = object_encoding(content_encoding);
     Headers { content_type, content_encoding, content_disposition, content_language, cache_control, expires }
 }
 
