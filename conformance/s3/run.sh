@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# S3 conformance harness. See README.md beside this file.
+#
+#   run.sh --endpoint http://127.0.0.1:PORT --access-key AK --secret-key SK \
+#          [--reader-endpoint URL] [--reference moto|none] [-- PYTEST_ARGS...]
+#   run.sh --self-test [--reference moto|none] [-- PYTEST_ARGS...]
+#
+# Prints one line "s3 conformance: N passed, M failed, K skipped" and exits
+# non-zero when anything failed.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+VENV="$(cd "$HERE/.." && pwd)/.venv"
+REQ="$HERE/requirements.txt"
+
+endpoint="" ak="" sk="" reader="" reference="moto" self_test=0 target="gateway"
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --endpoint) endpoint="$2"; shift 2 ;;
+    --access-key) ak="$2"; shift 2 ;;
+    --secret-key) sk="$2"; shift 2 ;;
+    --reader-endpoint) reader="$2"; shift 2 ;;
+    --reference) reference="$2"; shift 2 ;;
+    --self-test) self_test=1; shift ;;
+    --target-kind) target="$2"; shift 2 ;;
+    --) shift; pytest_args=("$@"); break ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+case "$reference" in moto|none) ;; *) echo "run.sh: --reference must be moto or none" >&2; exit 2 ;; esac
+
+# ---- venv, once per requirements hash (quiet, idempotent)
+want="$(sha256sum "$REQ" | cut -d' ' -f1)"
+marker="$VENV/.conformance-requirements"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$marker" 2>/dev/null)" != "$want" ]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ" >"$VENV.install.log" 2>&1 \
+    || { echo "run.sh: pip install failed, see $VENV.install.log" >&2; tail -20 "$VENV.install.log" >&2; exit 2; }
+  echo "$want" >"$marker"
+fi
+PY="$VENV/bin/python"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/s3conf.XXXXXX")"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+start_moto() { # $1 = name; prints the endpoint
+  local port; port="$(free_port)"
+  "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$work/$1.log" 2>&1 &
+  pids+=("$!")
+  for _ in $(seq 1 100); do
+    if "$PY" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/moto-api/', timeout=1)" 2>/dev/null; then
+      MOTO_URL="http://127.0.0.1:$port"; return 0
+    fi
+    sleep 0.2
+  done
+  echo "run.sh: moto server ($1) did not start; log:" >&2; cat "$work/$1.log" >&2; exit 2
+}
+
+if [ "$self_test" = 1 ]; then
+  start_moto target
+  endpoint="$MOTO_URL"; ak="${ak:-testing}"; sk="${sk:-testing}"; target="moto"
+fi
+if [ -z "$endpoint" ] || [ -z "$ak" ] || [ -z "$sk" ]; then
+  echo "run.sh: --endpoint, --access-key and --secret-key are required (or --self-test)" >&2; exit 2
+fi
+ref_url=""
+if [ "$reference" = moto ]; then start_moto reference; ref_url="$MOTO_URL"; fi
+
+export S3_ENDPOINT="$endpoint" S3_ACCESS_KEY="$ak" S3_SECRET_KEY="$sk" S3_TARGET="$target"
+export S3_READER_ENDPOINT="$reader" S3_REFERENCE_ENDPOINT="$ref_url"
+export PYTHONDONTWRITEBYTECODE=1
+
+set +e
+(cd "$HERE" && timeout 900 "$PY" -m pytest --junitxml="$work/junit.xml" "${pytest_args[@]}") >"$work/pytest.out" 2>&1
+rc=$?
+set -e
+tail -n 60 "$work/pytest.out"
+"$PY" - "$work/junit.xml" "$rc" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+path, rc = sys.argv[1], int(sys.argv[2])
+p = f = s = 0
+try:
+    root = ET.parse(path).getroot()
+    for tc in root.iter("testcase"):
+        kinds = {c.tag for c in tc}
+        if "failure" in kinds or "error" in kinds:
+            f += 1
+        elif "skipped" in kinds:
+            s += 1
+        else:
+            p += 1
+except Exception as e:
+    print(f"run.sh: no junit report ({e})", file=sys.stderr)
+    f = max(f, 1)
+if rc not in (0, 1, 5) and f == 0:
+    f = 1  # pytest crashed or timed out
+print(f"s3 conformance: {p} passed, {f} failed, {s} skipped")
+sys.exit(1 if f else 0)
+EOF
