@@ -81,10 +81,13 @@ export S3_READER_ENDPOINT="$reader" S3_REFERENCE_ENDPOINT="$ref_url"
 export PYTHONDONTWRITEBYTECODE=1
 
 set +e
-(cd "$HERE" && timeout 900 "$PY" -m pytest --junitxml="$work/junit.xml" "${pytest_args[@]}") >"$work/pytest.out" 2>&1
+(cd "$HERE" && timeout 900 "$PY" -m pytest -q -rfEs --junitxml="$work/junit.xml" "${pytest_args[@]}") >"$work/pytest.out" 2>&1
 rc=$?
 set -e
-tail -n 60 "$work/pytest.out"
+cp "$work/pytest.out" "$HERE/../last-run.log"
+# The short summary (one line per failure and skip reason); the full log is
+# conformance/last-run.log.
+grep -E '^(FAILED|ERROR|SKIPPED) ' "$work/pytest.out" || true
 "$PY" - "$work/junit.xml" "$rc" <<'EOF'
 import sys, xml.etree.ElementTree as ET
 path, rc = sys.argv[1], int(sys.argv[2])
