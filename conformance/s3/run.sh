@@ -53,9 +53,13 @@ trap cleanup EXIT
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-start_moto() { # $1 = name; prints the endpoint
+start_moto() { # $1 = name, [$2 = unauthenticated requests before signature checks start]; sets MOTO_URL
   local port; port="$(free_port)"
-  "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$work/$1.log" 2>&1 &
+  if [ -n "${2:-}" ]; then
+    INITIAL_NO_AUTH_ACTION_COUNT="$2" "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$work/$1.log" 2>&1 &
+  else
+    "$VENV/bin/moto_server" -H 127.0.0.1 -p "$port" >"$work/$1.log" 2>&1 &
+  fi
   pids+=("$!")
   for _ in $(seq 1 100); do
     if "$PY" -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/moto-api/', timeout=1)" 2>/dev/null; then
@@ -76,37 +80,35 @@ fi
 ref_url=""
 if [ "$reference" = moto ]; then start_moto reference; ref_url="$MOTO_URL"; fi
 
-export S3_ENDPOINT="$endpoint" S3_ACCESS_KEY="$ak" S3_SECRET_KEY="$sk" S3_TARGET="$target"
 export S3_READER_ENDPOINT="$reader" S3_REFERENCE_ENDPOINT="$ref_url"
 export PYTHONDONTWRITEBYTECODE=1
 
-set +e
-(cd "$HERE" && timeout 900 "$PY" -m pytest -q -rfEs --junitxml="$work/junit.xml" "${pytest_args[@]}") >"$work/pytest.out" 2>&1
-rc=$?
-set -e
+run_pytest() { # $1 = junit file, $2 = log file, rest = pytest arguments
+  local junit="$1" log="$2"; shift 2
+  set +e
+  (cd "$HERE" && timeout 900 "$PY" -m pytest -q -rfEs --junitxml="$junit" "$@") >"$log" 2>&1
+  echo $? >"$junit.rc"
+  set -e
+}
+
+S3_ENDPOINT="$endpoint" S3_ACCESS_KEY="$ak" S3_SECRET_KEY="$sk" S3_TARGET="$target" \
+  run_pytest "$work/junit.xml" "$work/pytest.out" "${pytest_args[@]}"
 cp "$work/pytest.out" "$HERE/../last-run.log"
-# The short summary (one line per failure and skip reason); the full log is
-# conformance/last-run.log.
-grep -E '^(FAILED|ERROR|SKIPPED) ' "$work/pytest.out" || true
-"$PY" - "$work/junit.xml" "$rc" <<'EOF'
-import sys, xml.etree.ElementTree as ET
-path, rc = sys.argv[1], int(sys.argv[2])
-p = f = s = 0
-try:
-    root = ET.parse(path).getroot()
-    for tc in root.iter("testcase"):
-        kinds = {c.tag for c in tc}
-        if "failure" in kinds or "error" in kinds:
-            f += 1
-        elif "skipped" in kinds:
-            s += 1
-        else:
-            p += 1
-except Exception as e:
-    print(f"run.sh: no junit report ({e})", file=sys.stderr)
-    f = max(f, 1)
-if rc not in (0, 1, 5) and f == 0:
-    f = 1  # pytest crashed or timed out
-print(f"s3 conformance: {p} passed, {f} failed, {s} skipped")
-sys.exit(1 if f else 0)
-EOF
+grep -hE '^(FAILED|ERROR|SKIPPED) ' "$work/pytest.out" || true
+reports=("$work/junit.xml")
+
+if [ "$self_test" = 1 ] && [ ${#pytest_args[@]} -eq 0 ]; then
+  # Second pass: moto with signature checking on (its IAM auth), proving the
+  # harness's own SigV4 signing (raw requests, aws-chunked seed signatures)
+  # and its 403 expectations. Tests marked auth_proof run there.
+  start_moto auth 3
+  read -r auth_ak auth_sk < <("$PY" "$HERE/tools/moto_auth_user.py" "$MOTO_URL")
+  S3_ENDPOINT="$MOTO_URL" S3_ACCESS_KEY="$auth_ak" S3_SECRET_KEY="$auth_sk" S3_TARGET="moto-auth" \
+    S3_REFERENCE_ENDPOINT="" run_pytest "$work/junit-auth.xml" "$work/pytest-auth.out" -m auth_proof
+  { echo; echo "==== second pass: moto with signature checking (-m auth_proof)"; cat "$work/pytest-auth.out"; } \
+    >>"$HERE/../last-run.log"
+  grep -hE '^(FAILED|ERROR) ' "$work/pytest-auth.out" | sed 's/^/[auth pass] /' || true
+  reports+=("$work/junit-auth.xml")
+fi
+
+"$PY" "$HERE/tools/summary.py" "${reports[@]}"

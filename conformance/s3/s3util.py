@@ -31,7 +31,8 @@ def secret_key():
 
 
 def target_kind():
-    """'moto' when the target is the reference server, else 'gateway'."""
+    """'moto' when the target is the reference server, 'moto-auth' for the
+    self-test's pass against moto with signature checking on, else 'gateway'."""
     return os.environ.get("S3_TARGET", "gateway")
 
 

@@ -103,6 +103,7 @@ def test_presigned_expired(s3, bucket):
     assert error_xml_code(body) == "AccessDenied"
 
 
+@pytest.mark.auth_proof
 @pytest.mark.moto_gap
 def test_wrong_secret_key(bucket):
     # moto does not verify signatures.
@@ -115,6 +116,7 @@ def test_wrong_secret_key(bucket):
     assert error_xml_code(body) == "SignatureDoesNotMatch"
 
 
+@pytest.mark.auth_proof
 @pytest.mark.moto_gap
 def test_unknown_access_key(bucket):
     bad = s3util.Raw(ak="AKIDNOSUCHKEY0000000")
@@ -137,6 +139,7 @@ def test_anonymous_request_denied(bucket, s3):
         s3.head_object(Bucket=bucket, Key="anon")
 
 
+@pytest.mark.auth_proof
 def test_error_body_is_s3_xml(raw, bucket):
     status, hdrs, body = raw.request("GET", f"/{bucket}/no such key")
     assert status == 404

@@ -16,6 +16,7 @@ from s3util import checksum_b64, error_code, http_status
 ALGOS = ["CRC32", "CRC32C", "SHA1", "SHA256", "CRC64NVME"]
 
 
+@pytest.mark.auth_proof
 @pytest.mark.parametrize("algo", ALGOS)
 def test_put_checksum_echoed_and_stored(s3, bucket, algo):
     data = os.urandom(100_000)
@@ -89,6 +90,7 @@ def test_multipart_part_checksums(s3, bucket, algo):
 
 # ---------------------------------------------------------------- aws-chunked
 
+@pytest.mark.auth_proof
 @pytest.mark.parametrize("size", [0, 1, 65536, 200_000])
 def test_aws_chunked_signed(raw, bucket, s3, size):
     data = os.urandom(size)
@@ -124,6 +126,7 @@ def test_aws_chunked_signed_bad_chunk_signature(raw, bucket, s3):
         s3.head_object(Bucket=bucket, Key="bad-chunk")
 
 
+@pytest.mark.auth_proof
 @pytest.mark.parametrize("algo", ALGOS)
 def test_aws_chunked_unsigned_trailer(raw, bucket, s3, algo):
     data = os.urandom(150_000)

@@ -30,6 +30,7 @@ def etag_of(data):
     return '"%s"' % hashlib.md5(data).hexdigest()
 
 
+@pytest.mark.auth_proof
 @pytest.mark.parametrize("key", ODD_KEYS, ids=range(len(ODD_KEYS)))
 def test_put_get_head_delete_odd_keys(s3, bucket, key):
     data = os.urandom(1000) + key.encode()
@@ -88,6 +89,7 @@ def test_delete_missing_key_is_204(s3, bucket):
     assert r["ResponseMetadata"]["HTTPStatusCode"] == 204
 
 
+@pytest.mark.auth_proof
 @pytest.mark.parametrize("rng,expect", [
     ("bytes=0-9", (0, 10)),
     ("bytes=10-19", (10, 20)),
