@@ -4,6 +4,8 @@
 #   run.sh --endpoint http://127.0.0.1:PORT --access-key AK --secret-key SK \
 #          [--reader-endpoint URL] [--reference moto|none] [-- PYTEST_ARGS...]
 #   run.sh --self-test [--reference moto|none] [-- PYTEST_ARGS...]
+#   (--target-kind moto marks a hand-started moto as the target: gateway-only
+#   tests are then skipped as in --self-test)
 #
 # Prints one line "s3 conformance: N passed, M failed, K skipped" and exits
 # non-zero when anything failed.
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --self-test) self_test=1; shift ;;
     --target-kind) target="$2"; shift 2 ;;
     --) shift; pytest_args=("$@"); break ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
