@@ -79,6 +79,10 @@ fi
 if [ -z "$endpoint" ] || [ -z "$ak" ] || [ -z "$sk" ]; then
   echo "run.sh: --endpoint, --access-key and --secret-key are required (or --self-test)" >&2; exit 2
 fi
+for url in "$endpoint" ${reader:+"$reader"}; do
+  "$PY" -c 'import sys, urllib.parse as u; h = u.urlsplit(sys.argv[1]).hostname or ""; sys.exit(0 if h == "localhost" or h.startswith("127.") or h == "::1" else 1)' "$url" \
+    || { echo "run.sh: $url is not a loopback address; the harness sends traffic only to loopback" >&2; exit 2; }
+done
 ref_url=""
 if [ "$reference" = moto ]; then start_moto reference; ref_url="$MOTO_URL"; fi
 

@@ -262,3 +262,29 @@ def test_differential(sides, seed):
         s3util.empty_and_delete(ref.c, name)
     assert not mismatches, "\n".join(
         f"step {i}: {op!r}\n  target:    {a!r}\n  reference: {b!r}" for i, op, a, b in mismatches)
+
+
+def test_harness_differential_detects_divergence(sides):
+    """The comparison is not vacuous: when the reference silently drops every
+    third put, the same loop reports mismatches."""
+    target, ref = sides
+    name = s3util.unique_bucket("diffneg")
+    target.c.create_bucket(Bucket=name)
+    ref.c.create_bucket(Bucket=name)
+    gen = Gen(1)
+    found, puts = 0, 0
+    try:
+        for _ in range(60):
+            op = gen.op()
+            a = run_op(target, name, op)
+            if op[0] == "put":
+                puts += 1
+                if puts % 3 == 0:
+                    continue  # the reference "loses" this write
+            b = run_op(ref, name, op)
+            found += a != b
+    finally:
+        s3util.empty_and_delete(target.c, name)
+        s3util.empty_and_delete(ref.c, name)
+    assert puts >= 3
+    assert found > 0
