@@ -225,7 +225,7 @@ class Raw:
 
     # aws-chunked bodies ---------------------------------------------------
 
-    def put_chunked_signed(self, path, data, chunk=64 * 1024, extra_headers=None):
+    def put_chunked_signed(self, path, data, chunk=64 * 1024, extra_headers=None, query=()):
         """PUT with x-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-PAYLOAD."""
         headers = {
             "content-encoding": "aws-chunked",
@@ -237,7 +237,7 @@ class Raw:
         total = sum(len(f"{len(p):x};chunk-signature=") + sig_len + 2 + len(p) + 2 for p in pieces)
         headers["content-length"] = str(total)
         prev, amz_date, scope, key = self.sign(
-            "PUT", path, (), headers, "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")
+            "PUT", path, query, headers, "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")
         empty = hashlib.sha256(b"").hexdigest()
         body = b""
         for p in pieces:
@@ -246,10 +246,10 @@ class Raw:
             prev = hmac.new(key, sts.encode(), hashlib.sha256).hexdigest()
             body += f"{len(p):x};chunk-signature={prev}\r\n".encode() + p + b"\r\n"
         assert len(body) == total
-        return self.send("PUT", path, (), headers, body)
+        return self.send("PUT", path, query, headers, body)
 
     def put_chunked_unsigned_trailer(self, path, data, algo="CRC32", chunk=64 * 1024,
-                                     bad_checksum=False):
+                                     bad_checksum=False, query=()):
         """PUT with x-amz-content-sha256: STREAMING-UNSIGNED-PAYLOAD-TRAILER and an
         x-amz-checksum-* trailer, as recent SDKs send over HTTPS."""
         name = f"x-amz-checksum-{algo.lower()}"
@@ -266,8 +266,8 @@ class Raw:
             body += f"{len(p):x}\r\n".encode() + p + b"\r\n"
         body += b"0\r\n" + f"{name}:{value}\r\n".encode() + b"\r\n"
         headers["content-length"] = str(len(body))
-        self.sign("PUT", path, (), headers, "STREAMING-UNSIGNED-PAYLOAD-TRAILER")
-        return self.send("PUT", path, (), headers, body), value
+        self.sign("PUT", path, query, headers, "STREAMING-UNSIGNED-PAYLOAD-TRAILER")
+        return self.send("PUT", path, query, headers, body), value
 
 
 # ---------------------------------------------------------------- listing model

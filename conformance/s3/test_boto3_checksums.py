@@ -139,6 +139,36 @@ def test_aws_chunked_unsigned_trailer(raw, bucket, s3, algo):
     assert g.get(f"Checksum{algo}") == value
 
 
+@pytest.mark.auth_proof
+def test_aws_chunked_upload_parts(raw, bucket, s3):
+    """UploadPart with aws-chunked bodies, as SDKs send them: a signed
+    streaming part and an unsigned part with a CRC32 trailer."""
+    key = "chunked mpu"
+    uid = s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
+    p1 = os.urandom(5 * 1024 * 1024)
+    p2 = os.urandom(70_000)
+    q1 = [("partNumber", "1"), ("uploadId", uid)]
+    q2 = [("partNumber", "2"), ("uploadId", uid)]
+    status, h1, body = raw.put_chunked_signed(
+        f"/{bucket}/{key}", p1, chunk=1024 * 1024, query=q1,
+        extra_headers={"x-amz-checksum-crc32": checksum_b64("CRC32", p1)})
+    assert status == 200, body
+    assert h1.get("etag") == '"%s"' % s3util.md5_hex(p1)
+    (status, h2, body), value = raw.put_chunked_unsigned_trailer(f"/{bucket}/{key}", p2, algo="CRC32",
+                                                                 query=q2)
+    assert status == 200, body
+    assert h2.get("etag") == '"%s"' % s3util.md5_hex(p2)
+    assert h2.get("x-amz-checksum-crc32") == value
+    parts = s3.list_parts(Bucket=bucket, Key=key, UploadId=uid)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in parts] == [(1, len(p1)), (2, len(p2))]
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=uid, MultipartUpload={"Parts": [
+        {"PartNumber": 1, "ETag": h1["etag"], "ChecksumCRC32": checksum_b64("CRC32", p1)},
+        {"PartNumber": 2, "ETag": h2["etag"], "ChecksumCRC32": value}]})
+    g = s3.get_object(Bucket=bucket, Key=key)
+    assert g["Body"].read() == p1 + p2
+    assert g["ETag"] == s3util.multipart_etag([p1, p2])
+
+
 @pytest.mark.moto_gap
 def test_aws_chunked_unsigned_trailer_bad_checksum(raw, bucket, s3):
     # moto does not verify trailing checksums.
