@@ -333,3 +333,35 @@ def test_key_too_long(raw, bucket):
     status, _, body = raw.request("PUT", f"/{bucket}/{key}", body=b"x")
     assert status == 400, body
     assert b"KeyTooLongError" in body
+
+
+def test_list_object_versions_pagination(s3, bucket):
+    keys = [f"v/{i:02d}" for i in range(7)]
+    for k in keys:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"v")
+    seen, km, vm = [], None, None
+    for _ in range(20):
+        kw = {"Bucket": bucket, "MaxKeys": 3}
+        if km is not None:
+            kw.update(KeyMarker=km, VersionIdMarker=vm)
+        r = s3.list_object_versions(**kw)
+        vs = r.get("Versions", [])
+        assert len(vs) <= 3
+        seen += [v["Key"] for v in vs]
+        if not r["IsTruncated"]:
+            break
+        km, vm = r["NextKeyMarker"], r.get("NextVersionIdMarker", "null")
+    assert seen == keys
+
+
+def test_response_header_overrides(s3, bucket):
+    s3.put_object(Bucket=bucket, Key="o", Body=b"override", ContentType="text/plain")
+    g = s3.get_object(Bucket=bucket, Key="o", ResponseContentType="application/x-over",
+                      ResponseContentDisposition='attachment; filename="o.bin"',
+                      ResponseCacheControl="max-age=5")
+    assert g["ContentType"] == "application/x-over"
+    assert g["ContentDisposition"] == 'attachment; filename="o.bin"'
+    assert g["CacheControl"] == "max-age=5"
+    assert g["Body"].read() == b"override"
+    # The stored object is unchanged.
+    assert s3.head_object(Bucket=bucket, Key="o")["ContentType"] == "text/plain"
