@@ -137,6 +137,7 @@ def test_aws_chunked_unsigned_trailer(raw, bucket, s3, algo):
     g = s3.get_object(Bucket=bucket, Key=f"trailer-{algo}", ChecksumMode="ENABLED")
     assert g["Body"].read() == data
     assert g.get(f"Checksum{algo}") == value
+    assert g.get("ContentEncoding") in (None, "")
 
 
 @pytest.mark.auth_proof
