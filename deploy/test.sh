@@ -32,4 +32,14 @@ if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
     failed=1
 fi
 echo "workspace: $passed passed, $failed failed"
+
+echo "test: S3 conformance (boto3, awscli, s3cmd, rclone, s5cmd; differential against moto) on a fresh fskv up"
+set +e
+./deploy/s3-conformance.sh
+s3_status=$?
+set -e
+echo "workspace: $passed passed, $failed failed"
+if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
+    status=$s3_status
+fi
 exit "$status"
