@@ -46,6 +46,10 @@ pub struct UpArgs {
     /// Start, wait until ready, print the endpoints and stop at once.
     #[arg(long, hide = true)]
     check: bool,
+    /// Replicas per chain (1..=3): 3 makes replication real; 1 measures the data path without it.
+    /// Fixed when the data directory is first created.
+    #[arg(long, default_value_t = 3)]
+    replicas: u32,
     /// Also mount the filesystem (FUSE) on this directory once the cluster is ready; unmounted at stop.
     #[arg(long, value_name = "PATH")]
     mount: Option<PathBuf>,
@@ -62,7 +66,6 @@ macro_rules! say {
 
 const STORAGE_NODES: u32 = 3;
 const TARGETS_PER_NODE: u32 = 4;
-const REPLICAS: u32 = 3;
 
 /// What `DIR/endpoints.json` holds.
 #[derive(Serialize)]
@@ -124,7 +127,8 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     let opts = SupervisorOptions { restart: !args.no_restart, ..SupervisorOptions::new(&data_dir) };
 
     say!("fskv up: data directory {}", data_dir.display());
-    let mut specs = vec![mgmtd_spec(&exe, &data_dir, &ports, args.heartbeat_timeout_ms)];
+    anyhow::ensure!((1..=STORAGE_NODES).contains(&args.replicas), "--replicas {}: must be 1..={STORAGE_NODES}", args.replicas);
+    let mut specs = vec![mgmtd_spec(&exe, &data_dir, &ports, args.heartbeat_timeout_ms, args.replicas)];
     for (i, addr) in ports.storage.iter().enumerate() {
         specs.push(storage_spec(&exe, &data_dir, &ports, i as u32 + 1, addr));
     }
@@ -274,7 +278,7 @@ fn child(name: &str, exe: &Path, args: Vec<String>) -> ChildSpec {
     ChildSpec { name: name.into(), program: exe.to_path_buf(), args, env: vec![] }
 }
 
-fn mgmtd_spec(exe: &Path, data: &Path, ports: &Ports, heartbeat_timeout_ms: u64) -> ChildSpec {
+fn mgmtd_spec(exe: &Path, data: &Path, ports: &Ports, heartbeat_timeout_ms: u64, replicas: u32) -> ChildSpec {
     let args = vec![
         "mgmtd".into(),
         "--listen".into(),
@@ -286,7 +290,7 @@ fn mgmtd_spec(exe: &Path, data: &Path, ports: &Ports, heartbeat_timeout_ms: u64)
         "--targets-per-node".into(),
         TARGETS_PER_NODE.to_string(),
         "--replicas".into(),
-        REPLICAS.to_string(),
+        replicas.to_string(),
         "--heartbeat-timeout-ms".into(),
         heartbeat_timeout_ms.to_string(),
         "--tick-interval-ms".into(),
