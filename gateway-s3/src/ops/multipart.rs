@@ -2,12 +2,27 @@
 //!
 //! An upload is a directory `ROOT/.fskv-uploads/<bucket>/<upload id>`; its
 //! `user.s3.upload` xattr is the [`UploadRecord`] (key, headers, metadata,
-//! tags, start time). Part `n` is the file `%05d` in it, published
-//! atomically (a re-sent part replaces the old one) with its own
-//! `user.s3.meta` record (ETag, size, checksums). Completion copies the
-//! parts into one temp file inside the cluster (storage-side copy, no data
-//! through the gateway), publishes it with the `-N` ETag, then removes the
-//! upload directory. Abort removes it at once; uploads older than
+//! tags, start time). It holds a file `data` and one entry `%05d` per part,
+//! whose `user.s3.part` xattr is the [`PartRecord`] (ETag, size, checksums,
+//! and where the bytes are).
+//!
+//! **In place.** Clients cut an object into parts of one size P (all but
+//! the last). The first part to arrive fixes P for the upload
+//! (`user.s3.partsize`, set once). A part of at most P bytes whose entry the
+//! request creates first (an exclusive create: one writer per part) is
+//! written straight into `data` at `(n - 1) * P`; its entry records that
+//! offset. Completion then has nothing to copy when every listed part sits
+//! at its final offset: `data` is cut to the total length, gets its mtime
+//! and metadata, and is renamed onto the key in one meta transaction.
+//!
+//! **Elsewhere.** A part that does not fit (larger than P, unknown length,
+//! a re-sent part, UploadPartCopy) is a file of its own, published
+//! atomically as `%05d` (replacing the entry). When any listed part is not
+//! in place, or the completion is conditional, completion copies every
+//! part into a new temp file inside the cluster (storage-side copy; no data
+//! through the gateway) and publishes that.
+//!
+//! Abort removes the directory at once; uploads older than
 //! `multipart_expiry_ms` are removed by the writer's expiry scan.
 
 use super::object::{self, find_object, headers_from, parse, timestamp, user_meta};
@@ -27,6 +42,30 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub const XATTR_UPLOAD: &str = "user.s3.upload";
+pub const XATTR_PART: &str = "user.s3.part";
+pub const XATTR_PART_SIZE: &str = "user.s3.partsize";
+/// The file in an upload directory that in-place parts are written into.
+const DATA_FILE: &str = "data";
+
+/// What is known of one uploaded part.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PartRecord {
+    pub etag: String,
+    pub size: u64,
+    pub mtime_ns: u64,
+    #[serde(default)]
+    pub checksums: Checksums,
+    /// Offset of the bytes in the upload's `data` file; `None`: the entry
+    /// itself is the part's file.
+    #[serde(default)]
+    pub offset: Option<u64>,
+}
+
+impl PartRecord {
+    fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct UploadRecord {
@@ -132,8 +171,12 @@ impl Gateway {
         let id = new_upload_id();
         let up = self.store.fs.meta().mkdir(dir, &id, DIR_MODE).await.map_err(|e| error::from_meta(e, &id))?;
         let bytes = serde_json::to_vec(&record).map_err(error::internal)?;
-        if let Err(e) = self.store.fs.meta().set_xattr(up.id, XATTR_UPLOAD, &bytes, XattrFlag::Create).await {
-            let _ = self.store.fs.meta().rmdir(dir, &id).await;
+        let made = async {
+            self.store.fs.meta().create(up.id, DATA_FILE, FILE_MODE, true).await?;
+            self.store.fs.meta().set_xattr(up.id, XATTR_UPLOAD, &bytes, XattrFlag::Create).await
+        };
+        if let Err(e) = made.await {
+            let _ = self.store.fs.meta().remove_tree(dir, &id).await;
             return Err(error::from_meta(e, &id));
         }
         Ok(CreateMultipartUploadOutput {
@@ -161,34 +204,122 @@ impl Gateway {
         }
         let mut digests = Digests::new(&algorithms);
         let limits = &self.cfg.limits;
-        let data = write::receive(&self.store, up.dir, input.body, &mut digests, limits.max_part_bytes, limits).await?;
+        let length = input.content_length.and_then(|l| u64::try_from(l).ok());
+        let n = input.part_number;
+        let mut body = input.body;
+        let placed = match self.in_place_slot(&up, n, length).await? {
+            Some((offset, size)) => {
+                self.write_in_place(&up, n, offset, size, body.take(), &mut digests).await?;
+                Some(offset)
+            }
+            None => None,
+        };
+        let data = match placed {
+            Some(_) => None,
+            None => Some(write::receive(&self.store, up.dir, body, &mut digests, limits.max_part_bytes, limits).await?),
+        };
         let size = digests.size;
         let (md5, checksums) = digests.finish();
         let trailer_map = trailers.and_then(|t| t.take());
         body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums)?;
-        let meta = ObjectMeta { etag: hex::encode(md5), size, checksums, ..ObjectMeta::default() };
-        let meta = self.publish_part(up.dir, input.part_number, &data, meta).await?;
+        let record = PartRecord { etag: hex::encode(md5), size, mtime_ns: write::now_ns(), checksums, offset: placed };
+        match &data {
+            Some(d) => self.publish_part(up.dir, n, d, &record).await?,
+            None => self.record_in_place(up.dir, n, &record).await?,
+        }
+        let c = &record.checksums;
         Ok(UploadPartOutput {
-            e_tag: Some(ETag::Strong(meta.etag.clone())),
-            checksum_crc32: meta.checksums.crc32.clone(),
-            checksum_crc32c: meta.checksums.crc32c.clone(),
-            checksum_crc64nvme: meta.checksums.crc64nvme.clone(),
-            checksum_sha1: meta.checksums.sha1.clone(),
-            checksum_sha256: meta.checksums.sha256.clone(),
+            e_tag: Some(ETag::Strong(record.etag.clone())),
+            checksum_crc32: c.crc32.clone(),
+            checksum_crc32c: c.crc32c.clone(),
+            checksum_crc64nvme: c.crc64nvme.clone(),
+            checksum_sha1: c.sha1.clone(),
+            checksum_sha256: c.sha256.clone(),
             ..UploadPartOutput::default()
         })
     }
 
-    async fn publish_part(&self, dir: InodeId, n: i32, data: &Data, mut meta: ObjectMeta) -> Result<ObjectMeta, S3Error> {
-        meta.mtime_ns = write::now_ns();
-        let attrs = PublishAttrs { length: None, mtime_ns: Some(meta.mtime_ns), xattrs: vec![(XATTR_META.into(), meta.encode())] };
+    /// The upload's part size P: fixed by the first part of at least
+    /// `min_part_bytes` that tells its length (smaller parts can only be the
+    /// last one); 0 while unknown.
+    async fn part_size(&self, up: &Upload, length: u64) -> Result<u64, S3Error> {
+        let meta = self.store.fs.meta();
+        if length >= self.cfg.limits.min_part_bytes {
+            match meta.set_xattr(up.dir, XATTR_PART_SIZE, &length.to_le_bytes(), XattrFlag::Create).await {
+                Ok(()) => return Ok(length),
+                Err(e) if e.code() == ErrorCode::AlreadyExists => {}
+                Err(e) => return Err(error::from_meta(e, "part size")),
+            }
+        }
+        match meta.get_xattr(up.dir, XATTR_PART_SIZE).await {
+            Ok(v) => Ok(v.as_slice().try_into().map(u64::from_le_bytes).unwrap_or(0)),
+            Err(e) if e.code() == ErrorCode::NotFound => Ok(0),
+            Err(e) => Err(error::from_meta(e, "part size")),
+        }
+    }
+
+    /// Where part `n` of `length` bytes goes in `data`, if it may go there:
+    /// its length is known and at most P, and this request created the
+    /// part's entry (so no other writer uses that region).
+    async fn in_place_slot(&self, up: &Upload, n: i32, length: Option<u64>) -> Result<Option<(u64, u64)>, S3Error> {
+        let Some(len) = length.filter(|&l| l > 0 && l <= self.cfg.limits.max_part_bytes) else {
+            return Ok(None);
+        };
+        let p = self.part_size(up, len).await?;
+        if p == 0 || len > p {
+            return Ok(None);
+        }
+        let Some(offset) = (n as u64 - 1).checked_mul(p).filter(|o| o.saturating_add(len) <= self.cfg.limits.max_object_bytes) else {
+            return Ok(None);
+        };
+        match self.store.fs.meta().create(up.dir, &part_name(n), FILE_MODE, true).await {
+            Ok(_) => Ok(Some((offset, len))),
+            Err(e) if e.code() == ErrorCode::AlreadyExists => Ok(None),
+            Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_upload("(this upload)")),
+            Err(e) => Err(error::from_meta(e, "part")),
+        }
+    }
+
+    async fn write_in_place(&self, up: &Upload, n: i32, offset: u64, size: u64, body: Option<StreamingBlob>, digests: &mut Digests) -> Result<(), S3Error> {
+        let flags = fskv_client::OpenFlags::read_write();
+        let handle = Arc::new(self.store.fs.open_at(up.dir, DATA_FILE, flags).await.map_err(|e| error::from_file(e, "upload data"))?);
+        let limits = &self.cfg.limits;
+        let wrote = write::receive_at(&handle, offset, body, digests, size, limits).await;
+        let closed = match Arc::try_unwrap(handle) {
+            Ok(h) => h.close().await.map(|_| ()).map_err(|e| error::from_file(e, "upload data")),
+            Err(_) => Err(error::internal("a write of the part is still running")),
+        };
+        wrote?;
+        closed?;
+        if digests.size != size {
+            // The entry stays without a record: the part counts as not uploaded.
+            return Err(S3Error::with_message(S3ErrorCode::IncompleteBody, format!("part {n}: {} bytes received, Content-Length said {size}", digests.size)));
+        }
+        Ok(())
+    }
+
+    /// Makes an in-place part count: its record on the entry it created.
+    async fn record_in_place(&self, dir: InodeId, n: i32, record: &PartRecord) -> Result<(), S3Error> {
+        let entry = self.store.fs.meta().lookup(dir, &part_name(n)).await.map_err(|_| error::no_such_upload("(this upload)"))?;
+        match self.store.fs.meta().set_xattr(entry.id, XATTR_PART, &record.encode(), XattrFlag::Any).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == ErrorCode::NotFound => Err(S3Error::with_message(
+                S3ErrorCode::InternalError,
+                format!("part {n} was replaced by a concurrent upload of the same part; send it again"),
+            )),
+            Err(e) => Err(error::from_meta(e, "part")),
+        }
+    }
+
+    async fn publish_part(&self, dir: InodeId, n: i32, data: &Data, record: &PartRecord) -> Result<(), S3Error> {
+        let attrs = PublishAttrs { length: None, mtime_ns: Some(record.mtime_ns), xattrs: vec![(XATTR_PART.into(), record.encode())] };
         let name = part_name(n);
         let r = match data {
             Data::Inline(b) => self.store.fs.meta().create_write_publish(dir, &name, FILE_MODE, b, None, attrs).await.map_err(|e| (e.code(), e.to_string())),
             Data::Temp(h) => self.store.fs.publish(h, dir, &name, None, attrs).await.map_err(|e| (e.code(), e.to_string())),
         };
         match r {
-            Ok(_) => Ok(meta),
+            Ok(_) => Ok(()),
             // The upload was completed or aborted meanwhile.
             Err((ErrorCode::NotFound, _)) => Err(error::no_such_upload("(this upload)")),
             Err((code, msg)) => Err(error::from_code(code, &name, &msg)),
@@ -234,12 +365,12 @@ impl Gateway {
             }
             (Data::Temp(_), false) => self.md5_of(&src.inode, start, end).await?,
         };
-        let meta = ObjectMeta { etag, size: end - start, ..ObjectMeta::default() };
-        let meta = self.publish_part(up.dir, input.part_number, &data, meta).await?;
+        let record = PartRecord { etag, size: end - start, mtime_ns: write::now_ns(), ..PartRecord::default() };
+        self.publish_part(up.dir, input.part_number, &data, &record).await?;
         Ok(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
-                e_tag: Some(ETag::Strong(meta.etag.clone())),
-                last_modified: Some(timestamp(meta.mtime_ns)),
+                e_tag: Some(ETag::Strong(record.etag.clone())),
+                last_modified: Some(timestamp(record.mtime_ns)),
                 ..CopyPartResult::default()
             }),
             ..UploadPartCopyOutput::default()
@@ -261,26 +392,32 @@ impl Gateway {
         Ok(hex::encode(d.finish().0))
     }
 
-    /// The parts of an upload, by number, with their records.
-    async fn parts(&self, dir: InodeId, after: i32, limit: usize) -> Result<(Vec<(i32, Inode, ObjectMeta)>, bool), S3Error> {
-        let cursor = if after > 0 { part_name(after) } else { String::new() };
-        let want = u32::try_from(limit + 1).unwrap_or(u32::MAX).min(fskv_types::meta::MAX_READDIR_LIMIT);
-        let (entries, more) = self.store.fs.meta().readdir(dir, &cursor, want, true).await.map_err(|e| error::from_meta(e, "parts"))?;
-        let files: Vec<_> = entries.into_iter().filter_map(|e| Some((e.name.parse::<i32>().ok()?, e.attr?))).collect();
-        let ops = files.iter().map(|(_, i)| MetaOp::GetXattr { inode: i.id, name: XATTR_META.into() }).collect::<Vec<_>>();
-        let replies = if ops.is_empty() { Vec::new() } else { self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "parts"))? };
+    /// The parts of an upload after number `after`, by number, with their
+    /// entries and records (entries without a record are parts whose upload
+    /// did not finish: not uploaded). At most `limit`; whether more exist.
+    async fn parts(&self, dir: InodeId, after: i32, limit: usize) -> Result<(Vec<(i32, Inode, PartRecord)>, bool), S3Error> {
         let mut out = Vec::new();
-        for ((n, inode), r) in files.into_iter().zip(replies) {
-            let record = match r {
-                Ok(MetaReply::Xattr(d)) => Some(d),
-                _ => None,
-            };
-            let meta = objmeta::effective(&inode, record.as_deref());
-            out.push((n, inode, meta));
+        let mut cursor = if after > 0 { part_name(after) } else { String::new() };
+        loop {
+            let (entries, more) = self.store.fs.meta().readdir(dir, &cursor, 1000, true).await.map_err(|e| error::from_meta(e, "parts"))?;
+            if let Some(last) = entries.last() {
+                cursor = last.name.clone();
+            }
+            let files: Vec<_> = entries.into_iter().filter_map(|e| Some((e.name.parse::<i32>().ok()?, e.attr?))).collect();
+            let ops = files.iter().map(|(_, i)| MetaOp::GetXattr { inode: i.id, name: XATTR_PART.into() }).collect::<Vec<_>>();
+            let replies = if ops.is_empty() { Vec::new() } else { self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "parts"))? };
+            for ((n, inode), r) in files.into_iter().zip(replies) {
+                let Ok(MetaReply::Xattr(d)) = r else { continue };
+                let Ok(record) = serde_json::from_slice::<PartRecord>(&d) else { continue };
+                if out.len() == limit {
+                    return Ok((out, true));
+                }
+                out.push((n, inode, record));
+            }
+            if !more {
+                return Ok((out, false));
+            }
         }
-        let truncated = out.len() > limit || (more && out.len() == limit);
-        out.truncate(limit);
-        Ok((out, truncated))
     }
 
     pub async fn list_parts(&self, input: &ListPartsInput) -> Result<ListPartsOutput, S3Error> {
@@ -300,7 +437,7 @@ impl Gateway {
             parts: Some(
                 parts
                     .into_iter()
-                    .map(|(n, _, m)| Part {
+                    .map(|(n, _, m): (i32, Inode, PartRecord)| Part {
                         part_number: Some(n),
                         size: Some(m.size as i64),
                         e_tag: Some(ETag::Strong(m.etag.clone())),
@@ -336,9 +473,9 @@ impl Gateway {
             S3Error::with_message(S3ErrorCode::MalformedXML, "CompleteMultipartUpload lists no parts")
         })?;
         let (stored, _) = self.parts(up.dir, 0, self.cfg.limits.max_parts as usize).await?;
-        let stored: BTreeMap<i32, (Inode, ObjectMeta)> = stored.into_iter().map(|(n, i, m)| (n, (i, m))).collect();
+        let stored: BTreeMap<i32, (Inode, PartRecord)> = stored.into_iter().map(|(n, i, m)| (n, (i, m))).collect();
         // Every listed part must exist with its ETag before sizes are judged.
-        let mut chosen: Vec<(Inode, ObjectMeta)> = Vec::with_capacity(wanted.len());
+        let mut chosen: Vec<(Inode, PartRecord)> = Vec::with_capacity(wanted.len());
         let mut last = 0;
         for p in wanted.iter() {
             let n = p.part_number.ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, "a part without a number"))?;
@@ -346,20 +483,20 @@ impl Gateway {
                 return Err(S3Error::with_message(S3ErrorCode::InvalidPartOrder, "parts must be listed in ascending order of number"));
             }
             last = n;
-            let (inode, meta) = stored.get(&n).cloned().ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
+            let (inode, rec) = stored.get(&n).cloned().ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
             if let Some(e) = &p.e_tag {
                 // The XML form may carry the quotes of the header form.
-                if e.value().trim_matches('"') != meta.etag {
+                if e.value().trim_matches('"') != rec.etag {
                     return Err(S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n}: the ETag does not match the uploaded part")));
                 }
             }
-            chosen.push((inode, meta));
+            chosen.push((inode, rec));
         }
-        for (i, (_, meta)) in chosen.iter().enumerate() {
-            if i + 1 < chosen.len() && meta.size < self.cfg.limits.min_part_bytes {
+        for (i, (_, rec)) in chosen.iter().enumerate() {
+            if i + 1 < chosen.len() && rec.size < self.cfg.limits.min_part_bytes {
                 return Err(S3Error::with_message(
                     S3ErrorCode::EntityTooSmall,
-                    format!("part {} has {} bytes; every part but the last needs at least {}", i + 1, meta.size, self.cfg.limits.min_part_bytes),
+                    format!("part {} has {} bytes; every part but the last needs at least {}", i + 1, rec.size, self.cfg.limits.min_part_bytes),
                 ));
             }
         }
@@ -367,9 +504,6 @@ impl Gateway {
         if size > self.cfg.limits.max_object_bytes {
             return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, format!("the object would have {size} bytes")));
         }
-        let expected = object::write_expectation(&self.store, bucket, &path, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref()).await?;
-        let parent = self.store.ensure_dirs(bucket, path.parent(), &input.key).await?;
-        let data = self.concatenate(parent, &chosen, size).await?;
         let etags: Vec<String> = chosen.iter().map(|(_, m)| m.etag.clone()).collect();
         let etag = objmeta::multipart_etag(&etags).ok_or_else(|| error::internal("a part ETag is not hex"))?;
         let meta = ObjectMeta {
@@ -382,7 +516,16 @@ impl Gateway {
             part_sizes: chosen.iter().map(|(_, m)| m.size).collect(),
         };
         let tags = (!up.record.tags.is_empty()).then_some(&up.record.tags);
-        let (_, meta) = write::publish(&self.store, bucket, &path, &input.key, &data, meta, tags, expected).await?;
+        let conditional = input.if_match.is_some() || input.if_none_match.is_some();
+        let meta = if !conditional && all_in_place(&chosen) && size > fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
+            self.complete_in_place(bucket, &path, &input.key, up.dir, meta, tags).await?
+        } else {
+            let expected = object::write_expectation(&self.store, bucket, &path, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref()).await?;
+            let parent = self.store.ensure_dirs(bucket, path.parent(), &input.key).await?;
+            tracing::info!(key = %input.key, bytes = size, parts = chosen.len(), conditional, "multipart upload completed by copying its parts inside the cluster");
+            let data = self.concatenate(parent, up.dir, &chosen, size).await?;
+            write::publish(&self.store, bucket, &path, &input.key, &data, meta, tags, expected).await?.1
+        };
         if let Some(dir) = self.uploads_dir(&input.bucket, false).await? {
             if let Err(e) = self.store.fs.meta().remove_tree(dir, &input.upload_id).await {
                 tracing::warn!(upload = %input.upload_id, error = %e, "completed, but the staged parts could not be removed now; the expiry scan will");
@@ -397,32 +540,91 @@ impl Gateway {
         })
     }
 
-    /// The parts' bytes, in order, as one new object's data.
-    async fn concatenate(&self, parent: InodeId, parts: &[(Inode, ObjectMeta)], size: u64) -> Result<Data, S3Error> {
+    /// Every part in place: `data` becomes the object without a copy. It is
+    /// cut to the object's length, given its mtime and metadata while still
+    /// in the upload directory, then renamed onto the key (one transaction,
+    /// atomically replacing an old object).
+    async fn complete_in_place(
+        &self,
+        bucket: InodeId,
+        path: &crate::paths::ObjectPath,
+        key: &str,
+        dir: InodeId,
+        mut meta: ObjectMeta,
+        tags: Option<&TagList>,
+    ) -> Result<ObjectMeta, S3Error> {
+        let fs = &self.store.fs;
+        let handle = fs.open_at(dir, DATA_FILE, fskv_client::OpenFlags::read_write()).await.map_err(|e| error::from_file(e, "upload data"))?;
+        handle.truncate(meta.size).await.map_err(|e| error::from_file(e, "upload data"))?;
+        let closed = handle.close().await.map_err(|e| error::from_file(e, "upload data"))?;
+        if closed != meta.size {
+            return Err(error::internal(format_args!("the assembled object has {closed} bytes, expected {}", meta.size)));
+        }
+        let data = fs.meta().lookup(dir, DATA_FILE).await.map_err(|e| error::from_meta(e, "upload data"))?;
+        meta.mtime_ns = write::now_ns();
+        let attr = fskv_types::meta::SetAttr { mtime_ns: Some(meta.mtime_ns), atime_ns: Some(meta.mtime_ns), ..Default::default() };
+        fs.meta().setattr(data.id, attr).await.map_err(|e| error::from_meta(e, key))?;
+        fs.meta().set_xattr(data.id, XATTR_META, &meta.encode(), XattrFlag::Any).await.map_err(|e| error::from_meta(e, key))?;
+        if let Some(t) = tags {
+            fs.meta().set_xattr(data.id, objmeta::XATTR_TAGS, &objmeta::encode_tags(t), XattrFlag::Any).await.map_err(|e| error::from_meta(e, key))?;
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let parent = self.store.ensure_dirs(bucket, path.parent(), key).await?;
+            match fs.meta().rename(dir, DATA_FILE, parent, path.name()).await {
+                Ok(()) => {
+                    tracing::info!(%key, bytes = meta.size, parts = meta.part_sizes.len(), "multipart upload completed in place (no copy)");
+                    return Ok(meta);
+                }
+                Err(e) if e.code() == ErrorCode::NotFound && attempt < 3 => {}
+                Err(e) if e.code() == ErrorCode::IsDirectory => return Err(error::exists_as_prefix(key)),
+                Err(e) => return Err(error::from_meta(e, key)),
+            }
+        }
+    }
+
+    /// The parts' bytes, in order, as one new object's data (copied inside
+    /// the cluster: from the upload's `data` file for in-place parts, from
+    /// the part's own file otherwise).
+    async fn concatenate(&self, parent: InodeId, dir: InodeId, parts: &[(Inode, PartRecord)], size: u64) -> Result<Data, S3Error> {
+        let data_file = if parts.iter().any(|(_, r)| r.offset.is_some()) {
+            let d = self.store.fs.meta().lookup(dir, DATA_FILE).await.map_err(|e| error::from_meta(e, "upload data"))?;
+            Some(self.store.fs.reader(d).map_err(|e| error::from_file(e, "upload data"))?)
+        } else {
+            None
+        };
         if size <= fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
             let mut all = Vec::with_capacity(size as usize);
-            for (inode, m) in parts {
-                match self.copy_data(inode, parent, 0, m.size).await? {
-                    Data::Inline(b) => all.extend_from_slice(&b),
-                    Data::Temp(_) => return Err(error::internal("a small part was not inline")),
-                }
+            for (inode, rec) in parts {
+                let bytes = match (rec.offset, &data_file) {
+                    (Some(off), Some(d)) => d.read_at(off, rec.size).await.map_err(|e| error::from_file(e, "upload data"))?,
+                    _ => self.store.fs.reader(inode.clone()).map_err(|e| error::from_file(e, "part"))?.read_at(0, rec.size).await.map_err(|e| error::from_file(e, "part"))?,
+                };
+                all.extend_from_slice(&bytes);
             }
             return Ok(Data::Inline(all.into()));
         }
         let temp = Arc::new(self.store.fs.create_temp(parent, FILE_MODE).await.map_err(|e| error::from_file(e, "complete"))?);
+        let mut jobs = Vec::new();
         let mut offset = 0;
-        let mut copies = Vec::new();
-        for (inode, m) in parts {
-            copies.push((inode.clone(), offset, m.size));
-            offset += m.size;
+        for (inode, rec) in parts {
+            jobs.push((inode.clone(), rec.offset, offset, rec.size));
+            offset += rec.size;
         }
         use futures::StreamExt;
-        let results: Vec<Result<(), S3Error>> = futures::stream::iter(copies.into_iter().map(|(inode, off, len)| {
+        let data_file = &data_file;
+        let results: Vec<Result<(), S3Error>> = futures::stream::iter(jobs.into_iter().map(|(inode, src_off, dst_off, len)| {
             let temp = Arc::clone(&temp);
             async move {
-                // Inline parts (readdir strips their bytes) are read through meta by the copy.
-                let reader = self.store.fs.reader(inode).map_err(|e| error::from_file(e, "complete"))?;
-                super::copy::copy_range(&reader, &temp, 0, off, len, &self.cfg.limits).await
+                match (src_off, data_file) {
+                    (Some(off), Some(d)) => super::copy::copy_range(d, &temp, off, dst_off, len, &self.cfg.limits).await,
+                    _ => {
+                        // Inline parts (readdir strips their bytes) are read through meta by the copy.
+                        let reader = self.store.fs.reader(inode).map_err(|e| error::from_file(e, "complete"))?;
+                        super::copy::copy_range(&reader, &temp, 0, dst_off, len, &self.cfg.limits).await
+                    }
+                }
             }
         }))
         .buffer_unordered(self.cfg.limits.copy_parallelism.max(1))
@@ -535,6 +737,18 @@ impl Gateway {
         }
         removed
     }
+}
+
+/// Whether every part sits in `data` at its final offset.
+fn all_in_place(parts: &[(Inode, PartRecord)]) -> bool {
+    let mut at = 0u64;
+    for (_, r) in parts {
+        if r.offset != Some(at) {
+            return false;
+        }
+        at += r.size;
+    }
+    true
 }
 
 /// `bytes=a-b` of a copy source of `size` bytes, as `[a, b+1)`.

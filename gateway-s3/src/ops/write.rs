@@ -56,29 +56,67 @@ pub async fn receive(
     }
     let Some(first) = rest_first else { return Ok(Data::Inline(head.freeze())) };
     let temp = Arc::new(store.fs.create_temp(temp_dir, FILE_MODE).await.map_err(|e| error::from_file(e, "new object"))?);
-    let chunk = u64::from(temp.layout().chunk_size_bytes).max(4096) as usize;
-    let max_inflight = ((limits.max_inflight_write_bytes as usize) / chunk).max(1);
+    pump(&temp, 0, &head, Some(first), &mut body, digests, max_bytes, limits).await?;
+    Ok(Data::Temp(temp))
+}
+
+/// Reads `body` into `handle` from byte `base` on (a region of an existing
+/// file: an in-place multipart part), with the pipelining of [`receive`].
+pub async fn receive_at(
+    handle: &Arc<FileHandle>,
+    base: u64,
+    body: Option<StreamingBlob>,
+    digests: &mut Digests,
+    max_bytes: u64,
+    limits: &Limits,
+) -> Result<(), S3Error> {
+    let Some(mut body) = body else { return Ok(()) };
+    pump(handle, base, &[], None, &mut body, digests, max_bytes, limits).await
+}
+
+/// Writes `head`, `first` and the rest of `body` at `base..` of `handle` in
+/// blocks aligned to the file's chunks, at most
+/// `limits.max_inflight_write_bytes` unacknowledged.
+#[allow(clippy::too_many_arguments)]
+async fn pump(
+    handle: &Arc<FileHandle>,
+    base: u64,
+    head: &[u8],
+    first: Option<Bytes>,
+    body: &mut StreamingBlob,
+    digests: &mut Digests,
+    max_bytes: u64,
+    limits: &Limits,
+) -> Result<(), S3Error> {
+    let chunk = u64::from(handle.layout().chunk_size_bytes).max(4096);
+    let max_inflight = (limits.max_inflight_write_bytes / chunk).max(1) as usize;
     // Chunk writes run as tasks so they progress while the body is read.
     let mut writes: JoinSet<fskv_client::file::Result<()>> = JoinSet::new();
-    let mut block = BytesMut::with_capacity(chunk);
-    block.extend_from_slice(&head);
-    let mut offset = 0u64;
-    let mut next_piece = Some(first);
+    let mut offset = base;
+    let block_len = |at: u64| (chunk - at % chunk) as usize;
+    let mut block = BytesMut::with_capacity(block_len(offset));
+    let (mut next_piece, mut pending_first) = if head.is_empty() { (first, None) } else { (Some(Bytes::copy_from_slice(head)), first) };
     loop {
         if let Some(mut piece) = next_piece.take() {
             while !piece.is_empty() {
-                let take = (chunk - block.len()).min(piece.len());
+                let want = block_len(offset);
+                let take = (want - block.len()).min(piece.len());
                 block.extend_from_slice(&piece.split_to(take));
-                if block.len() == chunk {
-                    let data = std::mem::replace(&mut block, BytesMut::with_capacity(chunk)).freeze();
-                    let t = Arc::clone(&temp);
-                    writes.spawn(async move { t.write_at(offset, data).await });
-                    offset += chunk as u64;
+                if block.len() == want {
+                    let data = std::mem::replace(&mut block, BytesMut::with_capacity(chunk as usize)).freeze();
+                    let h = Arc::clone(handle);
+                    let at = offset;
+                    writes.spawn(async move { h.write_at(at, data).await });
+                    offset += want as u64;
                     while writes.len() >= max_inflight {
                         join_one(&mut writes).await?;
                     }
                 }
             }
+        }
+        if let Some(f) = pending_first.take() {
+            next_piece = Some(f);
+            continue;
         }
         match body.next().await {
             Some(piece) => {
@@ -90,14 +128,14 @@ pub async fn receive(
         }
     }
     if !block.is_empty() {
-        let t = Arc::clone(&temp);
+        let h = Arc::clone(handle);
         let data = block.split().freeze();
-        writes.spawn(async move { t.write_at(offset, data).await });
+        writes.spawn(async move { h.write_at(offset, data).await });
     }
     while !writes.is_empty() {
         join_one(&mut writes).await?;
     }
-    Ok(Data::Temp(temp))
+    Ok(())
 }
 
 async fn join_one(writes: &mut JoinSet<fskv_client::file::Result<()>>) -> Result<(), S3Error> {
