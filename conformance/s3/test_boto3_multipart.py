@@ -266,3 +266,27 @@ def test_transfer_manager_multipart(s3, bucket, tmp_path):
     out = tmp_path / "down.bin"
     s3.download_file(bucket, "managed/obj", str(out), Config=cfg)
     assert out.read_bytes() == data
+
+
+@pytest.mark.parametrize("order,resend,listed", [
+    ([1, 2, 3], None, [1, 2, 3]),   # in order: the gateway places parts in place
+    ([2, 1, 3], None, [1, 2, 3]),   # out of order, same part size
+    ([3, 1, 2], None, [1, 2, 3]),   # the short last part first
+    ([1, 2, 3], 2, [1, 2, 3]),      # a part sent twice
+    ([1, 2, 3], None, [1, 3]),      # a part left out of the completion
+])
+def test_completion_keeps_bytes_whatever_the_part_order(s3, bucket, order, resend, listed):
+    parts = {1: part_bytes(11), 2: part_bytes(12), 3: b"the short last part" * 40}
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="o")["UploadId"]
+    etags = {}
+    for n in order:
+        etags[n] = s3.upload_part(Bucket=bucket, Key="o", UploadId=uid, PartNumber=n, Body=parts[n])["ETag"]
+    if resend:
+        parts[resend] = part_bytes(13)
+        etags[resend] = s3.upload_part(Bucket=bucket, Key="o", UploadId=uid, PartNumber=resend, Body=parts[resend])["ETag"]
+    done = s3.complete_multipart_upload(Bucket=bucket, Key="o", UploadId=uid, MultipartUpload={
+        "Parts": [{"PartNumber": n, "ETag": etags[n]} for n in listed]})
+    want = b"".join(parts[n] for n in listed)
+    assert done["ETag"] == multipart_etag([parts[n] for n in listed])
+    assert s3.head_object(Bucket=bucket, Key="o")["ETag"] == done["ETag"]
+    assert s3.get_object(Bucket=bucket, Key="o")["Body"].read() == want
