@@ -9,6 +9,9 @@ use fskv_client::FsClient;
 use fskv_types::meta::{Inode, InodeKind};
 use fskv_types::{ErrorCode, InodeId};
 use s3s::S3Error;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Name of the directory under the root that stages multipart uploads
 /// (not a valid bucket name, so never listed as one).
@@ -25,11 +28,44 @@ pub enum Found {
     DirObject(Inode, Vec<u8>),
 }
 
+/// Directory ids by (parent, name) below the buckets, so a request for
+/// `a/b/key` does not look up `a` and `b` again. An entry lives
+/// [`DIR_CACHE_TTL_MS`]; a stale one (the directory was removed, maybe
+/// made again) shows as NotFound under it, and the callers then drop the
+/// cache and go again without it. Bounded: cleared when full.
+pub struct DirCache {
+    map: parking_lot::Mutex<HashMap<(InodeId, String), (InodeId, Instant)>>,
+}
+
+pub const DIR_CACHE_TTL_MS: u64 = 2_000;
+pub const DIR_CACHE_MAX_ENTRIES: usize = 65_536;
+
+impl DirCache {
+    fn get(&self, parent: InodeId, name: &str) -> Option<InodeId> {
+        let map = self.map.lock();
+        let (id, at) = map.get(&(parent, name.to_string()))?;
+        (at.elapsed() < Duration::from_millis(DIR_CACHE_TTL_MS)).then_some(*id)
+    }
+
+    fn put(&self, parent: InodeId, name: &str, id: InodeId) {
+        let mut map = self.map.lock();
+        if map.len() >= DIR_CACHE_MAX_ENTRIES {
+            map.clear();
+        }
+        map.insert((parent, name.to_string()), (id, Instant::now()));
+    }
+
+    pub fn clear(&self) {
+        self.map.lock().clear();
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pub fs: FsClient,
     /// The directory whose subdirectories are the buckets.
     pub root: InodeId,
+    pub dirs: Arc<DirCache>,
 }
 
 impl Store {
@@ -48,7 +84,7 @@ impl Store {
                 Err(e) => return Err(format!("{root_path}: {e}")),
             };
         }
-        Ok(Store { fs, root: cur })
+        Ok(Store { fs, root: cur, dirs: Arc::new(DirCache { map: parking_lot::Mutex::new(HashMap::new()) }) })
     }
 
     pub async fn bucket(&self, name: &str) -> Result<Inode, S3Error> {
@@ -83,39 +119,76 @@ impl Store {
 
     /// The object `path` names in `bucket`, if any.
     pub async fn find(&self, bucket: InodeId, path: &ObjectPath) -> Result<Option<Found>, S3Error> {
+        let (found, used_cache) = self.find_with(bucket, path, true).await?;
+        if found.is_none() && used_cache {
+            self.dirs.clear();
+            return Ok(self.find_with(bucket, path, false).await?.0);
+        }
+        Ok(found)
+    }
+
+    async fn find_with(&self, bucket: InodeId, path: &ObjectPath, use_cache: bool) -> Result<(Option<Found>, bool), S3Error> {
         let mut cur = bucket;
+        let mut used_cache = false;
         let n = path.components.len();
         for (i, name) in path.components.iter().enumerate() {
+            if i + 1 < n && use_cache {
+                if let Some(id) = self.dirs.get(cur, name) {
+                    cur = id;
+                    used_cache = true;
+                    continue;
+                }
+            }
             let inode = match self.fs.meta().lookup(cur, name).await {
                 Ok(i) => i,
-                Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::NotDirectory) => return Ok(None),
+                Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::NotDirectory) => return Ok((None, used_cache)),
                 Err(e) => return Err(error::from_meta(e, name)),
             };
             if i + 1 < n {
                 if inode.dir().is_none() {
-                    return Ok(None);
+                    return Ok((None, used_cache));
                 }
+                self.dirs.put(cur, name, inode.id);
                 cur = inode.id;
                 continue;
             }
-            return match (inode.kind(), path.dir_object) {
-                (InodeKind::File, false) => Ok(Some(Found::File(inode))),
+            let found = match (inode.kind(), path.dir_object) {
+                (InodeKind::File, false) => Some(Found::File(inode)),
                 (InodeKind::Directory, true) => match self.fs.meta().get_xattr(inode.id, XATTR_META).await {
-                    Ok(r) => Ok(Some(Found::DirObject(inode, r))),
-                    Err(e) if e.code() == ErrorCode::NotFound => Ok(None),
-                    Err(e) => Err(error::from_meta(e, name)),
+                    Ok(r) => Some(Found::DirObject(inode, r)),
+                    Err(e) if e.code() == ErrorCode::NotFound => None,
+                    Err(e) => return Err(error::from_meta(e, name)),
                 },
-                _ => Ok(None),
+                _ => None,
             };
+            return Ok((found, used_cache));
         }
-        Ok(None)
+        Ok((None, used_cache))
     }
 
     /// The directory `components` below `bucket`, made where missing.
     /// A component that is a file gives 409 ParentIsObject.
     pub async fn ensure_dirs(&self, bucket: InodeId, components: &[String], key: &str) -> Result<InodeId, S3Error> {
+        match self.ensure_dirs_with(bucket, components, key, true).await {
+            // A cached directory went away: go again without the cache.
+            Err(e) if e.code() == &s3s::S3ErrorCode::NoSuchKey => {
+                self.dirs.clear();
+                self.ensure_dirs_with(bucket, components, key, false).await
+            }
+            r => r,
+        }
+    }
+
+    async fn ensure_dirs_with(&self, bucket: InodeId, components: &[String], key: &str, use_cache: bool) -> Result<InodeId, S3Error> {
         let mut cur = bucket;
         for (depth, name) in components.iter().enumerate() {
+            if use_cache {
+                if let Some(id) = self.dirs.get(cur, name) {
+                    cur = id;
+                    continue;
+                }
+            }
+            let parent = cur;
             cur = match self.fs.meta().lookup(cur, name).await {
                 Ok(i) if i.dir().is_some() => i.id,
                 Ok(_) => return Err(error::parent_is_object(key, &components[..=depth].join("/"))),
@@ -131,6 +204,7 @@ impl Store {
                 },
                 Err(e) => return Err(error::from_meta(e, key)),
             };
+            self.dirs.put(parent, name, cur);
         }
         Ok(cur)
     }
@@ -146,7 +220,7 @@ impl Store {
                 return;
             }
             match self.fs.meta().rmdir(parent, name).await {
-                Ok(()) => {}
+                Ok(()) => self.dirs.clear(),
                 Err(e) if matches!(e.code(), ErrorCode::NotEmpty | ErrorCode::NotFound) => return,
                 Err(e) => {
                     tracing::warn!(dir = %components[..depth].join("/"), error = %e, "could not remove an emptied directory");

@@ -202,7 +202,7 @@ async fn copy_from_an_inline_source_and_the_refused_copies() {
     with_timeout(async {
         let fs = &env.fs;
         let body = b"small inline body".to_vec();
-        fs.meta().create_write_publish(InodeId::ROOT, "inline", 0o644, &body, None).await.expect("create inline");
+        fs.meta().create_write_publish(InodeId::ROOT, "inline", 0o644, &body, None, Default::default()).await.expect("create inline");
         let inline = fs.open("/inline", OpenFlags::read_only()).await.expect("open inline");
         let dst = fs.open("/dst", OpenFlags::create_new()).await.expect("create dst");
         let mut model = pattern(4, 6_000);

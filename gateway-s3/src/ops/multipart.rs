@@ -577,7 +577,7 @@ impl Gateway {
                     tracing::info!(%key, bytes = meta.size, parts = meta.part_sizes.len(), "multipart upload completed in place (no copy)");
                     return Ok(meta);
                 }
-                Err(e) if e.code() == ErrorCode::NotFound && attempt < 3 => {}
+                Err(e) if e.code() == ErrorCode::NotFound && attempt < 3 => self.store.dirs.clear(),
                 Err(e) if e.code() == ErrorCode::IsDirectory => return Err(error::exists_as_prefix(key)),
                 Err(e) => return Err(error::from_meta(e, key)),
             }

@@ -197,6 +197,7 @@ pub async fn publish(
             Ok(inode) => return Ok((inode, meta)),
             Err((ErrorCode::NotFound, msg)) if attempt < 3 => {
                 tracing::debug!(%key, error = %msg, "parent directory vanished during publish; retrying");
+                store.dirs.clear();
             }
             Err((ErrorCode::IsDirectory, _)) => return Err(error::exists_as_prefix(key)),
             Err((code, msg)) => return Err(error::from_code(code, key, &msg)),
