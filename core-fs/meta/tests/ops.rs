@@ -215,14 +215,14 @@ async fn publish_sets_length_mtime_and_xattrs_in_the_same_transaction() {
         .unwrap();
     assert_eq!(published.size_bytes(), 123_456);
     assert_eq!(published.mtime_ns, 1_700_000_000_000_000_000);
-    assert_eq!(fs.op(MetaOp::GetXattr { inode: tmp.id, name: "user.s3.meta".into() }).await.unwrap(), MetaReply::Data(b"etag".to_vec()));
+    assert_eq!(fs.op(MetaOp::GetXattr { inode: tmp.id, name: "user.s3.meta".into() }).await.unwrap(), MetaReply::Xattr(b"etag".to_vec()));
     // Inline publish: xattrs and mtime too; the length is the data's.
     let inline = fs
         .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "small".into(), mode: 0o644, data: b"abc".to_vec(), expected: None, attrs: attrs.clone() })
         .await
         .unwrap();
     assert_eq!((inline.size_bytes(), inline.mtime_ns), (3, 1_700_000_000_000_000_000));
-    assert_eq!(fs.op(MetaOp::GetXattr { inode: inline.id, name: "user.s3.tags".into() }).await.unwrap(), MetaReply::Data(b"k=v".to_vec()));
+    assert_eq!(fs.op(MetaOp::GetXattr { inode: inline.id, name: "user.s3.tags".into() }).await.unwrap(), MetaReply::Xattr(b"k=v".to_vec()));
     // Bad attributes fail the whole publish: nothing becomes visible.
     let bad = PublishAttrs { xattrs: vec![("".into(), Vec::new())], ..Default::default() };
     let tmp2 = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
