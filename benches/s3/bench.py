@@ -15,9 +15,13 @@ s5cmd and rclone: run conformance/s3/run.sh once, or pass --venv):
                       [--servers fskv-r1,fskv-r3,rclone,s3s-fs] [--json out.json]
 
 Every server runs on loopback with its data under --work (default a fresh
-temp dir on the same disk), and is stopped at the end. Each figure is the
-best of --rounds rounds (fresh keys per round). Prints a table with ratios
-to the best peer and writes JSON with --json.
+temp dir on the same disk), all at once, and is stopped at the end. Rounds
+interleave the servers (round r runs every server before round r+1), so
+drift of the machine during the run touches all of them alike. Downloads go
+to --out (default /dev/shm: s5cmd writing thousands of small files is often
+the bottleneck, and a tmpfs keeps the client's own disk out of the figure).
+Each figure is the best of --rounds rounds (fresh keys per round). Prints a
+table with ratios to the best peer and writes JSON with --json.
 """
 
 import argparse
@@ -125,7 +129,7 @@ def start_s3s_fs(work):
 
 def s5cmd(venv, url, creds, workers, *args):
     env = {**os.environ, "AWS_ACCESS_KEY_ID": creds[0], "AWS_SECRET_ACCESS_KEY": creds[1], "AWS_REGION": "us-east-1"}
-    cmd = [os.path.join(venv, "bin", "s5cmd"), "--endpoint-url", url, "--numworkers", str(workers), "--retry-count", "0", *args]
+    cmd = [os.path.join(venv, "bin", "s5cmd"), "--endpoint-url", url, "--numworkers", str(workers), "--retry-count", "2", *args]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=1800)
     dt = time.perf_counter() - t0
@@ -149,24 +153,19 @@ def make_inputs(work, small, large):
     return sdir, ldir
 
 
-def bench_server(srv, creds, venv, work, sdir, ldir, small, large, workers, rounds):
-    best = {}
+def bench_round(srv, creds, venv, out_root, sdir, ldir, small, large, workers, r):
     run = lambda *a: s5cmd(venv, srv.url, creds, workers, *a)
-    run("mb", "s3://bench")
-    for r in range(rounds):
-        out = os.path.join(work, f"out-{srv.name}-{r}")
-        os.makedirs(out)
-        figures = {
+    out = os.path.join(out_root, f"out-{srv.name}-{r}")
+    os.makedirs(out)
+    try:
+        return {
             "put-small": small / run("cp", f"{sdir}/*", f"s3://bench/r{r}/small/"),
             "get-small": small / run("cp", f"s3://bench/r{r}/small/*", f"{out}/small/"),
             "put-large": large * 64 / run("cp", f"{ldir}/*", f"s3://bench/r{r}/large/"),
             "get-large": large * 64 / run("cp", f"s3://bench/r{r}/large/*", f"{out}/large/"),
         }
-        for k, v in figures.items():
-            best[k] = max(best.get(k, 0.0), v)
-        shutil.rmtree(out)
-        print(f"  {srv.name} round {r + 1}: " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
-    return best
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def main():
@@ -180,6 +179,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--servers", default="fskv-r1,fskv-r3,rclone,s3s-fs")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default="/dev/shm" if os.path.isdir("/dev/shm") else None, help="where downloads go")
     a = ap.parse_args()
     if not (1 <= a.small <= 100_000 and 1 <= a.large <= 64 and 1 <= a.rounds <= 10):
         raise SystemExit("limits: --small 1..100000, --large 1..64, --rounds 1..10")
@@ -191,21 +191,31 @@ def main():
     print(f"s3 bench: inputs {a.small} x 4 KiB, {a.large} x 64 MiB; s5cmd --numworkers {a.workers}; best of {a.rounds}; work {work}", flush=True)
     sdir, ldir = make_inputs(work, a.small, a.large)
     results = {}
+    servers = []
+    out_root = tempfile.mkdtemp(prefix="fskv-s3bench-out-", dir=a.out or work)
     try:
         for name in a.servers.split(","):
             if name.startswith("fskv-r"):
-                srv, creds = start_fskv(work, a.fskv, int(name[len("fskv-r"):]))
+                servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):])))
             elif name == "rclone":
-                srv, creds = start_rclone(work, a.venv)
+                servers.append(start_rclone(work, a.venv))
             elif name == "s3s-fs":
-                srv, creds = start_s3s_fs(work)
+                servers.append(start_s3s_fs(work))
             else:
                 raise SystemExit(f"unknown server {name}")
-            try:
-                results[name] = bench_server(srv, creds, a.venv, work, sdir, ldir, a.small, a.large, a.workers, a.rounds)
-            finally:
-                srv.stop()
+        for srv, creds in servers:
+            s5cmd(a.venv, srv.url, creds, a.workers, "mb", "s3://bench")
+        for r in range(a.rounds):
+            for srv, creds in servers:
+                figures = bench_round(srv, creds, a.venv, out_root, sdir, ldir, a.small, a.large, a.workers, r)
+                best = results.setdefault(srv.name, {})
+                for k, v in figures.items():
+                    best[k] = max(best.get(k, 0.0), v)
+                print(f"  round {r + 1} {srv.name}: " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
     finally:
+        for srv, _ in servers:
+            srv.stop()
+        shutil.rmtree(out_root, ignore_errors=True)
         if a.work is None:
             shutil.rmtree(work, ignore_errors=True)
     peers = [n for n in results if not n.startswith("fskv")]

@@ -102,6 +102,20 @@ mod tests {
         assert!(parse_key(&format!("{}/x", "c".repeat(255))).is_ok());
     }
 
+    proptest::proptest! {
+        /// A key that parses maps to exactly one clean path; nothing panics.
+        #[test]
+        fn parsed_keys_are_clean_and_round_trip(s in "[a./\\x00é%+ -]{0,40}") {
+            if let Ok(p) = parse_key(&s) {
+                for c in &p.components {
+                    proptest::prop_assert!(!c.is_empty() && c != "." && c != ".." && !c.contains('/') && !c.contains('\0'));
+                }
+                let rebuilt = format!("{}{}", p.components.join("/"), if p.dir_object { "/" } else { "" });
+                proptest::prop_assert_eq!(rebuilt, s);
+            }
+        }
+    }
+
     #[test]
     fn bucket_names_follow_s3_rules() {
         assert!(is_bucket_name("my-bucket.1"));
