@@ -41,6 +41,37 @@ pub struct Checksums {
     pub kind: Option<String>,
 }
 
+/// Sets the five `checksum_*` fields of an s3s output struct from
+/// [`Checksums`] (each output type has its own fields of the same names).
+#[macro_export]
+macro_rules! set_checksums {
+    ($out:expr, $sums:expr) => {{
+        let sums: &$crate::objmeta::Checksums = $sums;
+        $out.checksum_crc32 = sums.crc32.clone();
+        $out.checksum_crc32c = sums.crc32c.clone();
+        $out.checksum_crc64nvme = sums.crc64nvme.clone();
+        $out.checksum_sha1 = sums.sha1.clone();
+        $out.checksum_sha256 = sums.sha256.clone();
+    }};
+}
+
+/// Sets the object headers shared by HeadObject and GetObject outputs.
+#[macro_export]
+macro_rules! set_object_headers {
+    ($out:expr, $meta:expr) => {{
+        let m: &$crate::objmeta::ObjectMeta = $meta;
+        $out.e_tag = Some(s3s::dto::ETag::Strong(m.etag.clone()));
+        $out.last_modified = Some($crate::ops::object::timestamp(m.mtime_ns));
+        $out.content_type = m.headers.content_type.clone().or_else(|| Some("binary/octet-stream".into()));
+        $out.content_encoding = m.headers.content_encoding.clone();
+        $out.content_disposition = m.headers.content_disposition.clone();
+        $out.content_language = m.headers.content_language.clone();
+        $out.cache_control = m.headers.cache_control.clone();
+        $out.expires = $crate::ops::object::expires_of(&m.headers);
+        $out.metadata = $crate::ops::object::user_out(m);
+    }};
+}
+
 impl Checksums {
     pub fn is_empty(&self) -> bool {
         self.crc32.is_none() && self.crc32c.is_none() && self.crc64nvme.is_none() && self.sha1.is_none() && self.sha256.is_none()

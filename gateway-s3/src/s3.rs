@@ -92,16 +92,9 @@ impl S3 for Gateway {
             if_none_match: input.if_none_match.as_ref(),
         };
         let meta = self.put(args, input.body, &headers, trailing_headers.as_ref()).await?;
-        let c = &meta.checksums;
-        ok(PutObjectOutput {
-            e_tag: Some(ETag::Strong(meta.etag.clone())),
-            checksum_crc32: c.crc32.clone(),
-            checksum_crc32c: c.crc32c.clone(),
-            checksum_crc64nvme: c.crc64nvme.clone(),
-            checksum_sha1: c.sha1.clone(),
-            checksum_sha256: c.sha256.clone(),
-            ..PutObjectOutput::default()
-        })
+        let mut out = PutObjectOutput { e_tag: Some(ETag::Strong(meta.etag.clone())), ..PutObjectOutput::default() };
+        crate::set_checksums!(out, &meta.checksums);
+        ok(out)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {

@@ -4,35 +4,17 @@
 //! the sorted key set. Objects are empty (inline), so only a meta service
 //! runs.
 
-use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig};
-use fskv_client::{FsClient, FsClientConfig, MetaClient, MetaClientConfig};
+mod common;
+
 use fskv_gateway_s3::list::{self, ListRequest};
 use fskv_gateway_s3::ops::object::PutArgs;
 use fskv_gateway_s3::ops::Gateway;
-use fskv_gateway_s3::store::Store;
-use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
-use fskv_meta::{MetaConfig, MetaService, NoStorage, StorageBackend};
-use fskv_types::routing::RoutingInfo;
 use http::HeaderMap;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 async fn gateway() -> (Gateway, fskv_rpc::Server) {
-    let cfg = MetaConfig { gc_interval_ms: 0, ..MetaConfig::default() };
-    let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), Arc::new(NoStorage) as Arc<dyn StorageBackend>, cfg).await.expect("meta");
-    let server = svc.serve("127.0.0.1:0").await.expect("serve");
-    let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("client");
-    let (publisher, _) = RoutingPublisher::new(RoutingInfo::default());
-    let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
-    let storage = StorageClient::new(rpc, publisher.handle(), StorageClientConfig::default());
-    let fs = FsClient::new(meta, storage, FsClientConfig::default());
-    let store = Store::open(fs, "/s3", true).await.expect("store");
-    let keys = vec![AccessKey { access_key: "a".into(), secret_key: "b".into() }];
-    let cfg = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), Role::Writer, keys);
-    let gw = Gateway { store, cfg: Arc::new(cfg) };
-    gw.create_bucket("bkt").await.expect("bucket");
-    (gw, server)
+    common::gateway(|_| {}).await
 }
 
 async fn put(gw: &Gateway, key: &str) -> bool {

@@ -1,16 +1,10 @@
 //! Multipart uploads whose object is small enough to be inline (only a meta
 //! service runs): part bytes come back in order, ETags as AWS computes them.
 
-use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig};
-use fskv_client::{FsClient, FsClientConfig, MetaClient, MetaClientConfig};
-use fskv_gateway_s3::ops::Gateway;
-use fskv_gateway_s3::store::Store;
-use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
-use fskv_meta::{MetaConfig, MetaService, NoStorage, StorageBackend};
-use fskv_types::routing::RoutingInfo;
+mod common;
+
 use futures::StreamExt;
 use s3s::dto::*;
-use std::sync::Arc;
 
 fn blob(data: &[u8]) -> StreamingBlob {
     let b = bytes::Bytes::copy_from_slice(data);
@@ -19,18 +13,7 @@ fn blob(data: &[u8]) -> StreamingBlob {
 
 #[tokio::test]
 async fn small_multipart_objects_keep_their_bytes() {
-    let cfg = MetaConfig { gc_interval_ms: 0, ..MetaConfig::default() };
-    let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), Arc::new(NoStorage) as Arc<dyn StorageBackend>, cfg).await.expect("meta");
-    let server = svc.serve("127.0.0.1:0").await.expect("serve");
-    let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("client");
-    let (publisher, _) = RoutingPublisher::new(RoutingInfo::default());
-    let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
-    let fs = FsClient::new(meta, StorageClient::new(rpc, publisher.handle(), StorageClientConfig::default()), FsClientConfig::default());
-    let store = Store::open(fs, "/s3", true).await.expect("store");
-    let mut gcfg = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), Role::Writer, vec![AccessKey { access_key: "a".into(), secret_key: "b".into() }]);
-    gcfg.limits.min_part_bytes = 1;
-    let gw = Gateway { store, cfg: Arc::new(gcfg) };
-    gw.create_bucket("bkt").await.expect("bucket");
+    let (gw, server) = common::gateway(|c| c.limits.min_part_bytes = 1).await;
     let create = CreateMultipartUploadInput { bucket: "bkt".into(), key: "k".into(), ..Default::default() };
     let id = gw.create_upload(&create).await.expect("create").upload_id.expect("id");
     let parts: Vec<Vec<u8>> = vec![vec![1u8; 1001], vec![2u8; 7]];

@@ -227,16 +227,9 @@ impl Gateway {
             Some(d) => self.publish_part(up.dir, n, d, &record).await?,
             None => self.record_in_place(up.dir, n, &record).await?,
         }
-        let c = &record.checksums;
-        Ok(UploadPartOutput {
-            e_tag: Some(ETag::Strong(record.etag.clone())),
-            checksum_crc32: c.crc32.clone(),
-            checksum_crc32c: c.crc32c.clone(),
-            checksum_crc64nvme: c.crc64nvme.clone(),
-            checksum_sha1: c.sha1.clone(),
-            checksum_sha256: c.sha256.clone(),
-            ..UploadPartOutput::default()
-        })
+        let mut out = UploadPartOutput { e_tag: Some(ETag::Strong(record.etag.clone())), ..UploadPartOutput::default() };
+        crate::set_checksums!(out, &record.checksums);
+        Ok(out)
     }
 
     /// The upload's part size P: fixed by the first part of at least
@@ -437,16 +430,16 @@ impl Gateway {
             parts: Some(
                 parts
                     .into_iter()
-                    .map(|(n, _, m): (i32, Inode, PartRecord)| Part {
-                        part_number: Some(n),
-                        size: Some(m.size as i64),
-                        e_tag: Some(ETag::Strong(m.etag.clone())),
-                        last_modified: Some(timestamp(m.mtime_ns)),
-                        checksum_crc32: m.checksums.crc32.clone(),
-                        checksum_crc32c: m.checksums.crc32c.clone(),
-                        checksum_crc64nvme: m.checksums.crc64nvme.clone(),
-                        checksum_sha1: m.checksums.sha1.clone(),
-                        checksum_sha256: m.checksums.sha256.clone(),
+                    .map(|(n, _, m): (i32, Inode, PartRecord)| {
+                        let mut part = Part {
+                            part_number: Some(n),
+                            size: Some(m.size as i64),
+                            e_tag: Some(ETag::Strong(m.etag.clone())),
+                            last_modified: Some(timestamp(m.mtime_ns)),
+                            ..Part::default()
+                        };
+                        crate::set_checksums!(part, &m.checksums);
+                        part
                     })
                     .collect(),
             ),

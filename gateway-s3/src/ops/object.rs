@@ -52,7 +52,7 @@ pub fn headers_from(
     Headers { content_type, content_encoding, content_disposition, content_language, cache_control, expires }
 }
 
-fn expires_of(h: &Headers) -> Option<Timestamp> {
+pub fn expires_of(h: &Headers) -> Option<Timestamp> {
     h.expires.as_deref().and_then(|s| Timestamp::parse(TimestampFormat::HttpDate, s).ok())
 }
 
@@ -254,26 +254,17 @@ impl Gateway {
             Some((s, e)) => (Some(format!("bytes {s}-{}/{}", e - 1, m.size)), e - s),
             None => (None, m.size),
         };
-        Ok(HeadObjectOutput {
+        let mut out = HeadObjectOutput {
             content_length: Some(len as i64),
             content_range: range,
-            e_tag: Some(ETag::Strong(m.etag.clone())),
-            last_modified: Some(timestamp(m.mtime_ns)),
-            content_type: m.headers.content_type.clone().or_else(|| Some("binary/octet-stream".into())),
-            content_encoding: m.headers.content_encoding.clone(),
-            content_disposition: m.headers.content_disposition.clone(),
-            content_language: m.headers.content_language.clone(),
-            cache_control: m.headers.cache_control.clone(),
-            expires: expires_of(&m.headers),
-            metadata: user_out(m),
-            checksum_crc32: want_sums.then(|| m.checksums.crc32.clone()).flatten(),
-            checksum_crc32c: want_sums.then(|| m.checksums.crc32c.clone()).flatten(),
-            checksum_crc64nvme: want_sums.then(|| m.checksums.crc64nvme.clone()).flatten(),
-            checksum_sha1: want_sums.then(|| m.checksums.sha1.clone()).flatten(),
-            checksum_sha256: want_sums.then(|| m.checksums.sha256.clone()).flatten(),
             parts_count: (!m.part_sizes.is_empty() && input.part_number.is_some()).then_some(m.part_sizes.len() as i32),
             ..HeadObjectOutput::default()
-        })
+        };
+        crate::set_object_headers!(out, m);
+        if want_sums {
+            crate::set_checksums!(out, &m.checksums);
+        }
+        Ok(out)
     }
 
     pub async fn get(&self, input: &GetObjectInput) -> Result<GetObjectOutput, S3Error> {
@@ -300,31 +291,25 @@ impl Gateway {
         };
         let body = self.object_body(&obj, start, end).await?;
         let want_sums = input.checksum_mode.as_ref().is_some_and(|c| c.as_str() == ChecksumMode::ENABLED) && !ranged;
-        Ok(GetObjectOutput {
+        let mut out = GetObjectOutput {
             body: Some(body),
             content_length: Some((end - start) as i64),
             content_range: ranged.then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), m.size)),
-            e_tag: Some(ETag::Strong(m.etag.clone())),
-            last_modified: Some(timestamp(m.mtime_ns)),
-            content_type: input
-                .response_content_type
-                .clone()
-                .or_else(|| m.headers.content_type.clone())
-                .or_else(|| Some("binary/octet-stream".into())),
-            content_encoding: input.response_content_encoding.clone().or_else(|| m.headers.content_encoding.clone()),
-            content_disposition: input.response_content_disposition.clone().or_else(|| m.headers.content_disposition.clone()),
-            content_language: input.response_content_language.clone().or_else(|| m.headers.content_language.clone()),
-            cache_control: input.response_cache_control.clone().or_else(|| m.headers.cache_control.clone()),
-            expires: input.response_expires.clone().or_else(|| expires_of(&m.headers)),
-            metadata: user_out(m),
-            checksum_crc32: want_sums.then(|| m.checksums.crc32.clone()).flatten(),
-            checksum_crc32c: want_sums.then(|| m.checksums.crc32c.clone()).flatten(),
-            checksum_crc64nvme: want_sums.then(|| m.checksums.crc64nvme.clone()).flatten(),
-            checksum_sha1: want_sums.then(|| m.checksums.sha1.clone()).flatten(),
-            checksum_sha256: want_sums.then(|| m.checksums.sha256.clone()).flatten(),
             parts_count: (!m.part_sizes.is_empty() && input.part_number.is_some()).then_some(m.part_sizes.len() as i32),
             ..GetObjectOutput::default()
-        })
+        };
+        crate::set_object_headers!(out, m);
+        if want_sums {
+            crate::set_checksums!(out, &m.checksums);
+        }
+        // Response header overrides (presigned downloads use them).
+        out.content_type = input.response_content_type.clone().or(out.content_type);
+        out.content_encoding = input.response_content_encoding.clone().or(out.content_encoding);
+        out.content_disposition = input.response_content_disposition.clone().or(out.content_disposition);
+        out.content_language = input.response_content_language.clone().or(out.content_language);
+        out.cache_control = input.response_cache_control.clone().or(out.cache_control);
+        out.expires = input.response_expires.clone().or(out.expires);
+        Ok(out)
     }
 
     async fn object_body(&self, obj: &Object, start: u64, end: u64) -> Result<StreamingBlob, S3Error> {
@@ -433,15 +418,14 @@ impl Gateway {
         };
         let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
         Ok(CopyObjectOutput {
-            copy_object_result: Some(CopyObjectResult {
-                e_tag: Some(ETag::Strong(meta.etag.clone())),
-                last_modified: Some(timestamp(meta.mtime_ns)),
-                checksum_crc32: meta.checksums.crc32.clone(),
-                checksum_crc32c: meta.checksums.crc32c.clone(),
-                checksum_crc64nvme: meta.checksums.crc64nvme.clone(),
-                checksum_sha1: meta.checksums.sha1.clone(),
-                checksum_sha256: meta.checksums.sha256.clone(),
-                ..CopyObjectResult::default()
+            copy_object_result: Some({
+                let mut r = CopyObjectResult {
+                    e_tag: Some(ETag::Strong(meta.etag.clone())),
+                    last_modified: Some(timestamp(meta.mtime_ns)),
+                    ..CopyObjectResult::default()
+                };
+                crate::set_checksums!(r, &meta.checksums);
+                r
             }),
             ..CopyObjectOutput::default()
         })
@@ -490,6 +474,6 @@ fn part_range(m: &ObjectMeta, part: Option<i32>) -> Result<Option<(u64, u64)>, S
     Ok(Some((start, start + m.part_sizes[idx - 1])))
 }
 
-fn user_out(m: &ObjectMeta) -> Option<Metadata> {
+pub fn user_out(m: &ObjectMeta) -> Option<Metadata> {
     (!m.user.is_empty()).then(|| m.user.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
 }

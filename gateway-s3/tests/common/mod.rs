@@ -1,0 +1,31 @@
+//! A gateway over an in-process meta service (memory KV, no storage):
+//! enough for everything that stays inline (objects up to 4 KiB).
+
+use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig};
+use fskv_client::{FsClient, FsClientConfig, MetaClient, MetaClientConfig};
+use fskv_gateway_s3::ops::Gateway;
+use fskv_gateway_s3::store::Store;
+use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
+use fskv_meta::{MetaConfig, MetaService, NoStorage, StorageBackend};
+use fskv_types::routing::RoutingInfo;
+use std::sync::Arc;
+
+/// A writer gateway with bucket `bkt`, changed by `tune` first; the meta
+/// server must be shut down by the caller.
+pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rpc::Server) {
+    let cfg = MetaConfig { gc_interval_ms: 0, ..MetaConfig::default() };
+    let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), Arc::new(NoStorage) as Arc<dyn StorageBackend>, cfg).await.expect("meta");
+    let server = svc.serve("127.0.0.1:0").await.expect("serve");
+    let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("client");
+    let (publisher, _) = RoutingPublisher::new(RoutingInfo::default());
+    let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
+    let storage = StorageClient::new(rpc, publisher.handle(), StorageClientConfig::default());
+    let fs = FsClient::new(meta, storage, FsClientConfig::default());
+    let store = Store::open(fs, "/s3", true).await.expect("store");
+    let keys = vec![AccessKey { access_key: "a".into(), secret_key: "b".into() }];
+    let mut cfg = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), Role::Writer, keys);
+    tune(&mut cfg);
+    let gw = Gateway { store, cfg: Arc::new(cfg) };
+    gw.create_bucket("bkt").await.expect("bucket");
+    (gw, server)
+}
