@@ -9,12 +9,14 @@ cd "$(dirname "$0")/.."
 [ -x target/debug/fskv ] || cargo build -p fskv
 work=$(mktemp -d /tmp/fskv-s3conf.XXXXXX)
 pid=""
+tls_pid=""
 cleanup() {
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
         kill -TERM "$pid" 2>/dev/null || true
         for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
         kill -KILL "$pid" 2>/dev/null || true
     fi
+    if [ -n "$tls_pid" ] && kill -0 "$tls_pid" 2>/dev/null; then kill -TERM "$tls_pid" 2>/dev/null || true; wait "$tls_pid" 2>/dev/null || true; fi
     fusermount3 -u "$work/mnt" 2>/dev/null || umount -l "$work/mnt" 2>/dev/null || true
     rm -rf "$work"
 }
@@ -58,8 +60,31 @@ else
 fi
 read -r s3 ak sk reader < <(python3 -c "import json;e=json.load(open('$work/data/endpoints.json'));print(e['s3'],e['access_key'],e['secret_key'],e['s3_reader'])")
 echo "s3-conformance: fskv up on base port $base (S3 $s3, reader $reader${fuse_root:+, mount $fuse_root})"
+
+# A third gateway over HTTPS (a throw-away CA and a certificate for 127.0.0.1).
+tls_url="" tls_ca=""
+if command -v openssl >/dev/null; then
+    (
+        cd "$work"
+        openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=fskv test CA" -keyout ca.key -out ca.pem 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout tls.key -out tls.csr 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > ext.cnf
+        openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out tls.pem 2>/dev/null
+    )
+    tls_port=$((base + 6))
+    ./target/debug/fskv gateway s3 --role writer --listen "127.0.0.1:$tls_port" --mgmtd "127.0.0.1:$((base + 11))" \
+        --meta "127.0.0.1:$((base + 12))" --credentials "$work/data/credentials.json" \
+        --tls-cert "$work/tls.pem" --tls-key "$work/tls.key" >"$work/tls-gateway.log" 2>&1 &
+    tls_pid=$!
+    for _ in $(seq 1 100); do
+        if grep -q "serving on https" "$work/tls-gateway.log" 2>/dev/null; then tls_url="https://127.0.0.1:$tls_port" tls_ca="$work/ca.pem"; break; fi
+        kill -0 "$tls_pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    [ -n "$tls_url" ] || { echo "s3-conformance: the HTTPS gateway did not start:"; tail -5 "$work/tls-gateway.log"; }
+fi
 set +e
-S3_FUSE_ROOT="$fuse_root" conformance/s3/run.sh --endpoint "$s3" --access-key "$ak" --secret-key "$sk" --reader-endpoint "$reader"
+S3_FUSE_ROOT="$fuse_root" S3_TLS_ENDPOINT="$tls_url" S3_TLS_CA="$tls_ca" conformance/s3/run.sh --endpoint "$s3" --access-key "$ak" --secret-key "$sk" --reader-endpoint "$reader"
 status=$?
 set -e
 exit $status

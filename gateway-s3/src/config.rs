@@ -77,6 +77,13 @@ pub struct AccessKey {
     pub secret_key: String,
 }
 
+/// PEM files of the certificate chain and private key for HTTPS.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert_path: std::path::PathBuf,
+    pub key_path: std::path::PathBuf,
+}
+
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
     pub listen: SocketAddr,
@@ -89,6 +96,8 @@ pub struct GatewayConfig {
     pub writer_endpoint: Option<String>,
     pub keys: Vec<AccessKey>,
     pub limits: Limits,
+    /// Serve HTTPS instead of HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 impl GatewayConfig {
@@ -101,6 +110,7 @@ impl GatewayConfig {
             writer_endpoint: None,
             keys,
             limits: Limits::default(),
+            tls: None,
         }
     }
 }

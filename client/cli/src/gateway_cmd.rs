@@ -40,6 +40,12 @@ pub struct S3Args {
     /// The writer endpoint a reader names when it refuses a write.
     #[arg(long)]
     writer_endpoint: Option<String>,
+    /// Serve HTTPS: PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(serde::Deserialize)]
@@ -77,8 +83,12 @@ pub async fn run(cmd: GatewayCommand) -> anyhow::Result<()> {
     cfg.root_path = args.root;
     cfg.region = args.region;
     cfg.writer_endpoint = args.writer_endpoint;
+    if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
+        cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
+    }
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let handle = fskv_gateway_s3::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
-    println!("S3 gateway ({}) serving on {}", args.role, handle.addr);
+    println!("S3 gateway ({}) serving on {scheme}://{}", args.role, handle.addr);
     let _ = std::io::stdout().flush();
     crate::storage_cmd::wait_for_signal().await;
     handle.stop().await;
