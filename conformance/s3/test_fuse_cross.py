@@ -43,10 +43,24 @@ def test_file_written_through_fuse_is_an_object_with_a_stable_etag(s3, bucket):
     data = b"written through the mount\n" * 1000
     with open(os.path.join(d, "f.txt"), "wb") as f:
         f.write(data)
+    # The kernel sends the release (which closes the write session and sets
+    # the final length and mtime) after close(2) returns: wait until that
+    # has landed, then the ETag must not change while the file does not.
+    head = lambda: s3.head_object(Bucket=bucket, Key="from-fuse/f.txt")
+    wait_for(lambda: head()["ContentLength"] == len(data), "the length after close")
+    seen = []
+
+    def settled():
+        seen.append(head()["ETag"])
+        time.sleep(0.3)
+        return len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]
+
+    wait_for(settled, "the file's metadata to settle after close")
+    e1 = seen[-1]
     got = s3.get_object(Bucket=bucket, Key="from-fuse/f.txt")
     assert got["Body"].read() == data
-    e1 = s3.head_object(Bucket=bucket, Key="from-fuse/f.txt")["ETag"]
-    e2 = s3.head_object(Bucket=bucket, Key="from-fuse/f.txt")["ETag"]
+    time.sleep(1.0)
+    e2 = head()["ETag"]
     assert e1 == e2, "the ETag of an unchanged file is stable"
     listed = s3.list_objects_v2(Bucket=bucket, Prefix="from-fuse/")["Contents"]
     assert [(o["Key"], o["Size"], o["ETag"]) for o in listed] == [("from-fuse/f.txt", len(data), e1)]
