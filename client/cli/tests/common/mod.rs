@@ -6,12 +6,20 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Ports `fskv up --base-port P` binds: S3 writer P, S3 reader P+5,
+/// mgmtd P+11, meta P+12, storage P+13..P+15.
+const UP_PORT_OFFSETS: [u16; 7] = [0, 5, 11, 12, 13, 14, 15];
+
+/// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
+/// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
+/// the outgoing connections of other tests and processes, which take their
+/// local ports from that range, do not grab a cluster's port between this
+/// check and the bind (`fskv up` then exits at once, or a restarted storage
+/// process cannot listen again).
 pub fn free_base_port() -> u16 {
-    // A base whose P+11..P+15 are free right now (best effort).
-    for _ in 0..50 {
-        let p = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let base = p.saturating_sub(20).max(20_000);
-        if base <= 60_000 && (11..=15).all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok()) {
+    for _ in 0..200 {
+        let base = 20_000 + rand::random::<u16>() % 12_000;
+        if UP_PORT_OFFSETS.iter().all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok()) {
             return base;
         }
     }
@@ -24,14 +32,17 @@ pub fn start_up(data: &Path, base: u16) -> Child {
 }
 
 /// [`start_up`] with extra arguments for `fskv up`.
+/// Its stderr goes to `DATA.stderr.log`; if it exits before it is ready
+/// the panic says why at once (no wait for the timeout).
 pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
+    let stderr_path = data.with_extension("stderr.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
         .args(["up", "--heartbeat-timeout-ms", "3000", "--base-port", &base.to_string(), "--data"])
         .arg(data)
         .args(extra)
         .env("FSKV_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("create the stderr log of fskv up"))
         .spawn()
         .expect("spawn fskv up");
     let stdout = child.stdout.take().unwrap();
@@ -48,6 +59,12 @@ pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(line) if line.contains("serving; Ctrl-C") => return child,
             Ok(line) => seen.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // stdout closed: the process has exited (or is exiting).
+                let status = child.wait().expect("wait for fskv up");
+                let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                panic!("fskv up exited ({status}) before it was ready: {seen:#?}\nstderr: {err}");
+            }
             Err(_) if Instant::now() < deadline => {}
             Err(_) => {
                 let _ = child.kill();
