@@ -351,6 +351,36 @@ fn fuse_data_integrity_matrix() {
     set_len(CHUNK + 3);
     m.truncate(CHUNK + 3);
     files.push(("trunc-path".into(), m));
+    // Extend then shrink right after the file was closed (its release, which
+    // makes meta recompute the length, may still be on the way), through a
+    // new fd: the size is the last one set, and stays so after close.
+    // Also on the fd that created the file (written or empty), as
+    // pjdfstest's ftruncate::shrink_not_empty / extend_file_shrink_sparse.
+    for i in 0..30u64 {
+        let name = format!("regrow-{i}");
+        let p = mnt.join(&name);
+        let (f, mut m) = match i % 3 {
+            0 => {
+                let m = create_file(&p, 3 * CHUNK + 5, 200 + i);
+                (OpenOptions::new().write(true).open(&p).expect("open regrow"), m)
+            }
+            1 => {
+                let f = File::create(&p).expect("create regrow");
+                let mut m = Model::default();
+                write_range(&f, &mut m, 0, 3 * CHUNK + 5, 200 + i, PIECE);
+                (f, m)
+            }
+            _ => (File::create(&p).expect("create regrow"), Model::default()),
+        };
+        f.set_len(5 * MIB + i).expect("ftruncate up");
+        m.truncate(5 * MIB + i);
+        f.set_len(100 + i).expect("ftruncate down");
+        m.truncate(100 + i);
+        assert_eq!(f.metadata().expect("fstat").len(), m.len, "{name}: fstat after extend then shrink");
+        drop(f);
+        assert_eq!(fs::metadata(&p).expect("stat").len(), m.len, "{name}: stat after close");
+        files.push((name, m));
+    }
     println!("holes, overwrites, truncates in {:?}", t.elapsed());
 
     // Four writers at once, each its own file, pieces written out of order.
