@@ -41,6 +41,16 @@ use tracing::Instrument;
 /// Default mode bits of files created by [`FsClient::open`].
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
 
+/// Storage attempts per chunk operation of a client built by
+/// [`FsClient::connect`]. When a storage process dies, its chains fail
+/// until mgmtd marks it offline (its heartbeat timeout, 10 s by default)
+/// and the new routing arrives; the client must keep retrying over that
+/// window, else a write through the mount fails with EIO. Quick failures
+/// (connection refused) back off 5, 10, 20, 40, then 80 ms per attempt, so
+/// this is about 20 s of retrying; every attempt is still bounded by the
+/// call timeout and the routing wait.
+pub const FAILOVER_STORAGE_ATTEMPTS: u32 = 250;
+
 /// Limits of [`FsClient`]; times and counts carry their units.
 #[derive(Clone, Debug)]
 pub struct FsClientConfig {
@@ -192,7 +202,8 @@ impl FsClient {
         let source = MgmtdRoutingSource::start(mgmtd, Duration::from_secs(10))
             .await
             .map_err(|e| FileError::Connect(format!("no routing from mgmtd {mgmtd_addrs:?}: {e}; is the cluster up?")))?;
-        let storage = StorageClient::new(rpc, source.handle(), StorageClientConfig::default());
+        let storage_config = StorageClientConfig { max_attempts: FAILOVER_STORAGE_ATTEMPTS, ..StorageClientConfig::default() };
+        let storage = StorageClient::new(rpc, source.handle(), storage_config);
         let meta = MetaClient::new(MetaClientConfig::new(meta_addrs))
             .map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
         let mut client = FsClient::new(meta, storage, config);

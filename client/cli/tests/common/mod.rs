@@ -6,12 +6,20 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Ports `fskv up --base-port P` binds: S3 writer P, S3 reader P+5,
+/// mgmtd P+11, meta P+12, storage P+13..P+15.
+const UP_PORT_OFFSETS: [u16; 7] = [0, 5, 11, 12, 13, 14, 15];
+
+/// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
+/// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
+/// the outgoing connections of other tests and processes, which take their
+/// local ports from that range, do not grab a cluster's port between this
+/// check and the bind (`fskv up` then exits at once, or a restarted storage
+/// process cannot listen again).
 pub fn free_base_port() -> u16 {
-    // A base whose P+11..P+15 are free right now (best effort).
-    for _ in 0..50 {
-        let p = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let base = p.saturating_sub(20).max(20_000);
-        if base <= 60_000 && (11..=15).all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok()) {
+    for _ in 0..200 {
+        let base = 20_000 + rand::random::<u16>() % 12_000;
+        if UP_PORT_OFFSETS.iter().all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok()) {
             return base;
         }
     }
@@ -24,14 +32,17 @@ pub fn start_up(data: &Path, base: u16) -> Child {
 }
 
 /// [`start_up`] with extra arguments for `fskv up`.
+/// Its stderr goes to `DATA.stderr.log`; if it exits before it is ready
+/// the panic says why at once (no wait for the timeout).
 pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
+    let stderr_path = data.with_extension("stderr.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
         .args(["up", "--heartbeat-timeout-ms", "3000", "--base-port", &base.to_string(), "--data"])
         .arg(data)
         .args(extra)
         .env("FSKV_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).expect("create the stderr log of fskv up"))
         .spawn()
         .expect("spawn fskv up");
     let stdout = child.stdout.take().unwrap();
@@ -48,6 +59,12 @@ pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(line) if line.contains("serving; Ctrl-C") => return child,
             Ok(line) => seen.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // stdout closed: the process has exited (or is exiting).
+                let status = child.wait().expect("wait for fskv up");
+                let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+                panic!("fskv up exited ({status}) before it was ready: {seen:#?}\nstderr: {err}");
+            }
             Err(_) if Instant::now() < deadline => {}
             Err(_) => {
                 let _ = child.kill();
@@ -68,5 +85,106 @@ pub fn stop_up(mut child: Child) {
         }
         assert!(Instant::now() < deadline, "fskv up did not stop after SIGTERM");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs the `fskv` binary and asserts it exits 0.
+pub fn fskv_ok(args: &[&str]) -> std::process::Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
+    assert!(out.status.success(), "fskv {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Whether `path` is a mount point in /proc/mounts.
+pub fn is_mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let p = path.to_string_lossy();
+    mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*p))
+}
+
+/// The pid `fskv up`'s supervisor wrote for child `name` (`DIR/pids/NAME.pid`).
+pub fn child_pid(data: &Path, name: &str) -> Option<i32> {
+    std::fs::read_to_string(data.join("pids").join(format!("{name}.pid"))).ok()?.trim().parse().ok()
+}
+
+/// `Ok` when `fskv admin status --json` shows every node alive and every
+/// target of every chain serving and up to date; else what is missing.
+pub fn cluster_healthy(mgmtd: &str) -> Result<(), String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_fskv"))
+        .args(["admin", "status", "--mgmtd", mgmtd, "--json"])
+        .env("FSKV_LOG", "error")
+        .output()
+        .map_err(|e| format!("cannot run fskv admin status: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("admin status failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("status is not JSON: {e}"))?;
+    let nodes = v["mgmtd"]["nodes"].as_array().ok_or("no nodes in the status")?;
+    let dead: Vec<_> = nodes.iter().filter(|n| n["alive"] != true).map(|n| n["node_id"].to_string()).collect();
+    let chains = v["mgmtd"]["chains"].as_array().ok_or("no chains in the status")?;
+    let mut behind = Vec::new();
+    for c in chains {
+        for t in c["targets"].as_array().ok_or("chain without targets")? {
+            if t["public"] != "serving" || t["local"] != "up-to-date" {
+                behind.push(format!("chain {} target {}: {}/{}", c["chain_id"], t["target_id"], t["public"], t["local"]));
+            }
+        }
+    }
+    if chains.is_empty() || !dead.is_empty() || !behind.is_empty() {
+        return Err(format!("{} chains; nodes not alive: {dead:?}; targets not serving/up-to-date: {behind:?}", chains.len()));
+    }
+    Ok(())
+}
+
+/// Polls [`cluster_healthy`] until it holds (returns how long that took) or
+/// `timeout` passes (panics with the last state).
+pub fn wait_cluster_healthy(mgmtd: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        match cluster_healthy(mgmtd) {
+            Ok(()) => return start.elapsed(),
+            Err(state) => assert!(start.elapsed() < timeout, "cluster not healthy after {timeout:?}: {state}"),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A running `fskv up` (optionally with `--mount`): on drop (a failed test)
+/// it is stopped with SIGTERM (bounded wait, then SIGKILL) and a mount left
+/// behind is detached, so no stale cluster or mount outlives the test.
+pub struct UpGuard {
+    pub child: Option<Child>,
+    pub mount: Option<std::path::PathBuf>,
+}
+
+impl UpGuard {
+    /// Stops the cluster cleanly (asserting a clean exit and the unmount).
+    pub fn stop(mut self) {
+        if let Some(child) = self.child.take() {
+            stop_up(child);
+        }
+        if let Some(m) = &self.mount {
+            assert!(!is_mounted(m), "still mounted after fskv up stopped");
+        }
+    }
+}
+
+impl Drop for UpGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(m) = &self.mount {
+            if is_mounted(m) {
+                let _ = Command::new("umount").arg("-l").arg(m).status();
+            }
+        }
     }
 }
