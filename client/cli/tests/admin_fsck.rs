@@ -4,22 +4,11 @@
 
 mod common;
 
-use common::{free_base_port, start_up, stop_up};
+use common::{free_base_port, fskv_ok as ok, start_up, stop_up};
 use std::process::{Command, Output};
 
 fn fskv(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = fskv(args);
-    assert!(
-        out.status.success(),
-        "fskv {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 #[test]

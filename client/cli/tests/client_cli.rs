@@ -3,19 +3,8 @@
 
 mod common;
 
-use common::{free_base_port, start_up, stop_up};
-use std::process::{Command, Output};
-
-fn fskv(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
-    assert!(
-        out.status.success(),
-        "fskv {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::{free_base_port, fskv_ok as fskv, start_up, stop_up};
+use std::process::Command;
 
 #[test]
 fn admin_status_and_put_get_round_trip_against_up() {

@@ -94,6 +94,14 @@ pub async fn find_object(store: &Store, bucket: InodeId, path: &ObjectPath, key:
     }
 }
 
+/// The conditional headers of a read.
+struct ReadConditions<'a> {
+    if_match: Option<&'a ETagCondition>,
+    if_none_match: Option<&'a ETagCondition>,
+    if_modified_since: Option<&'a Timestamp>,
+    if_unmodified_since: Option<&'a Timestamp>,
+}
+
 /// Read-side preconditions (RFC 9110 order, as S3 applies them).
 pub fn check_read_conditions(
     meta: &ObjectMeta,
@@ -237,17 +245,23 @@ impl Gateway {
         Ok(meta)
     }
 
+    /// The object a GET or HEAD reads, its conditions checked.
+    async fn read_target(&self, bucket: &str, key: &str, conds: &ReadConditions<'_>) -> Result<Object, S3Error> {
+        let path = parse(key)?;
+        let bucket = self.store.bucket(bucket).await?.id;
+        let obj = find_object(&self.store, bucket, &path, key).await?.ok_or_else(|| error::no_such_key(key))?;
+        check_read_conditions(&obj.meta, conds.if_match, conds.if_none_match, conds.if_modified_since, conds.if_unmodified_since)?;
+        Ok(obj)
+    }
+
     pub async fn head(&self, input: &HeadObjectInput) -> Result<HeadObjectOutput, S3Error> {
-        let path = parse(&input.key)?;
-        let bucket = self.store.bucket(&input.bucket).await?.id;
-        let obj = find_object(&self.store, bucket, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
-        check_read_conditions(
-            &obj.meta,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-            input.if_unmodified_since.as_ref(),
-        )?;
+        let conds = ReadConditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        let obj = self.read_target(&input.bucket, &input.key, &conds).await?;
         let m = &obj.meta;
         let want_sums = input.checksum_mode.as_ref().is_some_and(|c| c.as_str() == ChecksumMode::ENABLED);
         let (range, len) = match part_range(m, input.part_number)? {
@@ -268,16 +282,13 @@ impl Gateway {
     }
 
     pub async fn get(&self, input: &GetObjectInput) -> Result<GetObjectOutput, S3Error> {
-        let path = parse(&input.key)?;
-        let bucket = self.store.bucket(&input.bucket).await?.id;
-        let obj = find_object(&self.store, bucket, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
-        check_read_conditions(
-            &obj.meta,
-            input.if_match.as_ref(),
-            input.if_none_match.as_ref(),
-            input.if_modified_since.as_ref(),
-            input.if_unmodified_since.as_ref(),
-        )?;
+        let conds = ReadConditions {
+            if_match: input.if_match.as_ref(),
+            if_none_match: input.if_none_match.as_ref(),
+            if_modified_since: input.if_modified_since.as_ref(),
+            if_unmodified_since: input.if_unmodified_since.as_ref(),
+        };
+        let obj = self.read_target(&input.bucket, &input.key, &conds).await?;
         let m = &obj.meta;
         let (start, end, ranged) = match (&input.range, part_range(m, input.part_number)?) {
             (Some(r), _) => {

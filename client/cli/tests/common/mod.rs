@@ -91,7 +91,12 @@ pub fn stop_up(mut child: Child) {
 /// Runs the `fskv` binary and asserts it exits 0.
 pub fn fskv_ok(args: &[&str]) -> std::process::Output {
     let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
-    assert!(out.status.success(), "fskv {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "fskv {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 
