@@ -286,6 +286,7 @@ stop_fskv() {
     if mountpoint -q "$FSKV_MNT"; then die "$FSKV_MNT still mounted after fskv up stopped"; fi
     FSKV_PID=""
     rm -rf "$WORK"/fskv-r*-data
+    sync   # the deletion's metadata writes should not land in the next target's jobs
 }
 
 # ---- run -------------------------------------------------------------------
