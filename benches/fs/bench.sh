@@ -1,0 +1,390 @@
+#!/usr/bin/env bash
+# Filesystem benchmark (issue #7): the same fio jobs on
+#   * our FUSE mount (`fskv up --mount`, replication 1 and/or 3),
+#   * bindfs (a pass-through FUSE filesystem) over a directory on the same disk,
+#   * that disk directly,
+# all in one run, with ratios. Jobs (one thread, psync, buffered):
+#   seqwrite   1 MiB blocks, --size MiB, --end_fsync=1 (the fsync is inside fio's time)
+#   seqread    1 MiB blocks over that file, after `sync; echo 3 > drop_caches` (root only)
+#   randread   4 KiB random reads over that file, --direct=0, time-based, warm caches
+#              (right after seqread, no drop; fio --invalidate=0). fio's random map reads
+#              each block once per pass, so a mount that drops its page cache at open (ours)
+#              misses the kernel cache on every read and goes to its server's cache
+#   randread_cold  the same after dropping all caches (every side reads from the disk)
+#   creates    a bash loop creating --creates empty files in one new directory
+#              (open(O_CREAT)+close each), timed; bounded by --max-seconds
+#
+# Rounds: every round runs every target once, in an order rotated by one per round
+# (local, bindfs, fskv-r1, fskv-r3; then bindfs, fskv-r1, ...), each fskv target on a
+# fresh `fskv up`; the table shows per-target medians over the rounds, ratios are
+# of medians, and every round's figures are printed and in the JSON.
+#
+# Usage: benches/fs/bench.sh [--replicas "1 3"] [--rounds 3] [--size-mib 1024] [--seconds 10]
+#          [--creates 5000] [--max-seconds 120] [--dir PARENT] [--base-port P]
+#          [--fskv PATH] [--json FILE]
+#   --dir       where temp dirs go (default ${TMPDIR:-/tmp}); must be a real disk, not tmpfs
+#   --fskv      binary to use; default $CARGO_TARGET_DIR/release/fskv (or <repo>/target/...),
+#               built with `cargo build --release -p fskv` when missing or older than the sources
+# Needs root (or sudo) to install fio/bindfs, to mount, and to drop caches.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+REPLICAS="1 3"
+ROUNDS=3
+SIZE_MIB=1024
+RR_SECONDS=10
+CREATES=5000
+MAX_SECONDS=120
+PARENT=${TMPDIR:-/tmp}
+BASE_PORT=""
+FSKV=""
+JSON=""
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --replicas) REPLICAS=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --size-mib) SIZE_MIB=$2; shift 2 ;;
+        --seconds) RR_SECONDS=$2; shift 2 ;;
+        --creates) CREATES=$2; shift 2 ;;
+        --max-seconds) MAX_SECONDS=$2; shift 2 ;;
+        --dir) PARENT=$2; shift 2 ;;
+        --base-port) BASE_PORT=$2; shift 2 ;;
+        --fskv) FSKV=$2; shift 2 ;;
+        --json) JSON=$2; shift 2 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        *) echo "bench-fs: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+for r in $REPLICAS; do
+    case "$r" in 1|2|3) ;; *) echo "bench-fs: --replicas takes values 1..3" >&2; exit 2 ;; esac
+done
+
+say() { echo "bench-fs: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+# ---- tools -----------------------------------------------------------------
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+missing=()
+command -v fio >/dev/null || missing+=(fio)
+command -v bindfs >/dev/null || missing+=(bindfs)
+command -v fusermount >/dev/null || command -v fusermount3 >/dev/null || missing+=(fuse3)
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]} with apt-get"
+    [ -z "$SUDO" ] || command -v sudo >/dev/null || die "need root or sudo to install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+command -v python3 >/dev/null || die "python3 is needed to read fio's JSON"
+FUSERMOUNT=$(command -v fusermount3 || command -v fusermount)
+
+# ---- the fskv binary ---------------------------------------------------------
+if [ -z "$FSKV" ]; then
+    FSKV=${CARGO_TARGET_DIR:-$REPO/target}/release/fskv
+    stale=""
+    if [ ! -x "$FSKV" ]; then
+        stale="missing"
+    elif [ -n "$(find "$REPO" -path "$REPO/target" -prune -o \( -name '*.rs' -o -name Cargo.toml -o -name Cargo.lock \) -newer "$FSKV" -print -quit)" ]; then
+        stale="older than the sources"
+    fi
+    if [ -n "$stale" ]; then
+        say "$FSKV is $stale: cargo build --release -p fskv"
+        (cd "$REPO" && cargo build --release -p fskv)
+    fi
+else
+    say "using --fskv $FSKV as given (no staleness check)"
+fi
+[ -x "$FSKV" ] || die "no fskv binary at $FSKV"
+
+# ---- space, temp dirs, cleanup --------------------------------------------------
+mkdir -p "$PARENT"
+fstype=$(df --output=fstype "$PARENT" | tail -1 | tr -d ' ')
+[ "$fstype" != tmpfs ] || die "--dir $PARENT is on tmpfs; give a directory on the disk"
+avail=$(df -B1 --output=avail "$PARENT" | tail -1 | tr -d ' ')
+need=$((5 * 1024 * 1024 * 1024))
+[ $((4 * SIZE_MIB * 1024 * 1024)) -le "$need" ] || need=$((4 * SIZE_MIB * 1024 * 1024))
+[ "$avail" -ge "$need" ] || die "only $((avail / 1048576)) MiB free under $PARENT; need $((need / 1048576)) MiB (>= 5 GiB and 4x --size-mib)"
+
+WORK=$(mktemp -d "$PARENT/fsbench.XXXXXX")
+FSKV_PID=""
+FSKV_MNT=""
+BINDFS_MNT=""
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ -n "$FSKV_PID" ] && kill -0 "$FSKV_PID" 2>/dev/null; then
+        say "stopping fskv up (pid $FSKV_PID) with SIGTERM"
+        kill -TERM "$FSKV_PID" 2>/dev/null || true
+        for _ in $(seq 1 600); do kill -0 "$FSKV_PID" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$FSKV_PID" 2>/dev/null; then
+            say "fskv up did not stop in 60 s: SIGKILL"
+            kill -KILL "$FSKV_PID" 2>/dev/null || true
+        fi
+        wait "$FSKV_PID" 2>/dev/null || true
+    fi
+    if [ -n "$FSKV_MNT" ] && mountpoint -q "$FSKV_MNT" 2>/dev/null; then
+        say "our mount still there: umount -l $FSKV_MNT"
+        $SUDO umount -l "$FSKV_MNT" || true
+    fi
+    if [ -n "$BINDFS_MNT" ] && mountpoint -q "$BINDFS_MNT" 2>/dev/null; then
+        "$FUSERMOUNT" -u "$BINDFS_MNT" 2>/dev/null || $SUDO umount -l "$BINDFS_MNT" || true
+    fi
+    if [ -n "${KEEP_LOGS:-}" ]; then
+        say "logs kept in $WORK (KEEP_LOGS set)"
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+RESULTS=$WORK/results.tsv   # round  target  job  value  unit  load1
+ROUND=0
+: > "$RESULTS"
+DROP="no (not root: page cache NOT dropped before seqread)"
+[ -w /proc/sys/vm/drop_caches ] && DROP="yes (sync; echo 3 > /proc/sys/vm/drop_caches before seqread)"
+
+load1() { cut -d' ' -f1 /proc/loadavg; }
+
+record() { # target job value unit
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$1" "$2" "$3" "$4" "$(load1)" >> "$RESULTS"
+    printf '  round %s %-10s %-9s %12s %s   (load %s)\n' "$ROUND" "$1" "$2" "$3" "$4" "$(load1)" >&2
+}
+
+fio_value() { # json-file rw(read|write) what(bw_mib|iops)
+    python3 - "$@" <<'EOF'
+import json, sys
+path, rw, what = sys.argv[1:]
+text = open(path).read()
+j = json.loads(text[text.index("{"):])   # fio may print notes before the JSON
+job = j["jobs"][0]
+if job.get("error"):
+    sys.exit(f"fio job error {job['error']}")
+s = job[rw]
+print(f"{s['bw_bytes'] / 1048576:.1f}" if what == "bw_mib" else f"{s['iops']:.0f}")
+EOF
+}
+
+drop_caches() {
+    sync
+    if [ -w /proc/sys/vm/drop_caches ]; then echo 3 > /proc/sys/vm/drop_caches; fi
+}
+
+run_jobs() { # target-name directory
+    local name=$1 dir=$2 out=$WORK/fio-$1-round$ROUND f size v
+    mkdir -p "$out"
+    f=bench.dat
+    say "$name: seqwrite ${SIZE_MIB} MiB (1 MiB blocks, end_fsync) in $dir"
+    drop_caches
+    fio --name=seqwrite --directory="$dir" --filename=$f --ioengine=psync --rw=write --bs=1M \
+        --size="${SIZE_MIB}M" --end_fsync=1 --runtime="$MAX_SECONDS" \
+        --output-format=json --output="$out/seqwrite.json" >/dev/null
+    v=$(fio_value "$out/seqwrite.json" write bw_mib)
+    record "$name" seqwrite "$v" MiB/s
+    size=$(stat -c %s "$dir/$f")
+    say "$name: seqread $((size / 1048576)) MiB (1 MiB blocks, caches dropped: ${DROP%% *})"
+    drop_caches
+    fio --name=seqread --directory="$dir" --filename=$f --ioengine=psync --rw=read --bs=1M \
+        --size="$size" --runtime="$MAX_SECONDS" \
+        --output-format=json --output="$out/seqread.json" >/dev/null
+    v=$(fio_value "$out/seqread.json" read bw_mib)
+    record "$name" seqread "$v" MiB/s
+    say "$name: randread 4 KiB for ${RR_SECONDS} s (buffered, warm)"
+    fio --name=randread --directory="$dir" --filename=$f --ioengine=psync --rw=randread --bs=4k \
+        --direct=0 --invalidate=0 --size="$size" --time_based --runtime="$RR_SECONDS" \
+        --output-format=json --output="$out/randread.json" >/dev/null
+    v=$(fio_value "$out/randread.json" read iops)
+    record "$name" randread "$v" IOPS
+    say "$name: randread 4 KiB for ${RR_SECONDS} s (buffered, after dropping caches)"
+    drop_caches
+    fio --name=randread_cold --directory="$dir" --filename=$f --ioengine=psync --rw=randread --bs=4k \
+        --direct=0 --size="$size" --time_based --runtime="$RR_SECONDS" \
+        --output-format=json --output="$out/randread_cold.json" >/dev/null
+    v=$(fio_value "$out/randread_cold.json" read iops)
+    record "$name" randread_cold "$v" IOPS
+    say "$name: create up to $CREATES empty files (bounded by ${MAX_SECONDS} s)"
+    local cdir=$dir/creates i=0 t0 t1 deadline
+    mkdir "$cdir"
+    t0=$(date +%s%N)
+    deadline=$((t0 + MAX_SECONDS * 1000000000))
+    while [ "$i" -lt "$CREATES" ]; do
+        : > "$cdir/f$i"
+        i=$((i + 1))
+        if [ $((i % 500)) -eq 0 ] && [ "$(date +%s%N)" -gt "$deadline" ]; then
+            say "$name: creates stopped at the time bound after $i files"
+            break
+        fi
+    done
+    t1=$(date +%s%N)
+    record "$name" creates "$(python3 -c "print(f'{$i / (($t1 - $t0) / 1e9):.0f}')")" files/s
+    rm -f "$dir/$f"
+}
+
+port_range_free() { # base
+    local b=$1
+    [ -z "$(ss -Hltn "( sport >= :$b and sport <= :$((b + 15)) )" 2>/dev/null)" ] || return 1
+    python3 - "$b" <<'EOF'
+import socket, sys
+b = int(sys.argv[1])
+socks = []
+try:
+    for p in range(b, b + 16):
+        s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
+except OSError:
+    sys.exit(1)
+finally:
+    for s in socks: s.close()
+EOF
+}
+
+pick_base() {
+    if [ -n "$BASE_PORT" ]; then
+        port_range_free "$BASE_PORT" || die "ports $BASE_PORT..$((BASE_PORT + 15)) are not all free"
+        echo "$BASE_PORT"; return
+    fi
+    local b
+    for b in $(seq 19000 20 29980); do
+        if port_range_free "$b"; then echo "$b"; return; fi
+    done
+    die "no free range of 16 ports in 19000..29995"
+}
+
+start_fskv() { # replicas
+    local r=$1 base data log
+    base=$(pick_base)
+    data=$WORK/fskv-r$r-data
+    FSKV_MNT=$WORK/fskv-r$r-mnt
+    log=$WORK/fskv-r$r.log
+    mkdir -p "$FSKV_MNT"
+    say "fskv up --replicas $r --base-port $base --data $data --mount $FSKV_MNT"
+    FSKV_LOG=${FSKV_LOG:-warn} "$FSKV" up --data "$data" --base-port "$base" --replicas "$r" \
+        --mount "$FSKV_MNT" > "$log" 2>&1 &
+    FSKV_PID=$!
+    local i
+    for i in $(seq 1 3000); do   # 300 s
+        kill -0 "$FSKV_PID" 2>/dev/null || { tail -20 "$log" >&2; die "fskv up exited (log above)"; }
+        if grep -q "fskv up: serving" "$log" && mountpoint -q "$FSKV_MNT"; then
+            return
+        fi
+        sleep 0.1
+    done
+    tail -20 "$log" >&2
+    die "fskv up not serving after 300 s"
+}
+
+stop_fskv() {
+    say "stopping fskv up (SIGTERM)"
+    kill -TERM "$FSKV_PID"
+    local i
+    for i in $(seq 1 600); do kill -0 "$FSKV_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$FSKV_PID" 2>/dev/null; then die "fskv up did not stop within 60 s"; fi
+    wait "$FSKV_PID" || say "fskv up exited with status $?"
+    if mountpoint -q "$FSKV_MNT"; then die "$FSKV_MNT still mounted after fskv up stopped"; fi
+    FSKV_PID=""
+    rm -rf "$WORK"/fskv-r*-data
+    sync   # the deletion's metadata writes should not land in the next target's jobs
+}
+
+# ---- run -------------------------------------------------------------------
+START=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+say "start $START; $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg); $(fio --version); $(bindfs --version 2>&1 | head -1)"
+say "work dir $WORK on $(df --output=source "$WORK" | tail -1) ($fstype, $((avail / 1073741824)) GiB free); drop caches: $DROP"
+
+run_target() { # name
+    case "$1" in
+        local)
+            rm -rf "$WORK/local"; mkdir -p "$WORK/local"
+            run_jobs local "$WORK/local"
+            rm -rf "$WORK/local" ;;
+        bindfs)
+            rm -rf "$WORK/bindfs-src"; mkdir -p "$WORK/bindfs-src" "$WORK/bindfs-mnt"
+            bindfs "$WORK/bindfs-src" "$WORK/bindfs-mnt"
+            BINDFS_MNT=$WORK/bindfs-mnt
+            run_jobs bindfs "$WORK/bindfs-mnt"
+            "$FUSERMOUNT" -u "$BINDFS_MNT"
+            BINDFS_MNT=""
+            rm -rf "$WORK/bindfs-src" ;;
+        fskv-r*)
+            start_fskv "${1#fskv-r}"
+            run_jobs "$1" "$FSKV_MNT"
+            stop_fskv ;;
+    esac
+}
+
+TARGETS=(local bindfs)
+for r in $REPLICAS; do TARGETS+=("fskv-r$r"); done
+for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
+    say "round $ROUND of $ROUNDS (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    for ((k = 0; k < ${#TARGETS[@]}; k++)); do
+        run_target "${TARGETS[$(((k + ROUND - 1) % ${#TARGETS[@]}))]}"
+    done
+done
+
+# ---- report ------------------------------------------------------------------
+python3 - "$RESULTS" "$JSON" "$START" "$SIZE_MIB" "$RR_SECONDS" "$CREATES" "$DROP" "$(nproc)" <<'EOF'
+import json, sys
+path, json_out, start, size_mib, rr_s, creates, drop, ncpu = sys.argv[1:]
+import statistics
+rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
+rounds = {}   # target -> job -> [values in round order]
+loads = {}
+order = []
+for rnd, target, job, value, unit, load in rows:
+    if target not in order:
+        order.append(target)
+    rounds.setdefault(target, {}).setdefault(job, []).append(float(value))
+    loads.setdefault(target, []).append(float(load))
+res = {t: {j: statistics.median(v) for j, v in jobs_.items()} for t, jobs_ in rounds.items()}
+jobs = [("seqwrite", "MiB/s"), ("seqread", "MiB/s"), ("randread", "IOPS"), ("randread_cold", "IOPS"), ("creates", "files/s")]
+targets = [t for t in ["local", "bindfs"] if t in res] + sorted(t for t in res if t.startswith("fskv"))
+n_rounds = max(len(v) for t in rounds.values() for v in t.values())
+print()
+print(f"fs bench {start}: seqwrite/seqread {size_mib} MiB in 1 MiB blocks (write ends with fsync), "
+      f"randread 4 KiB for {rr_s} s (warm, then cold), {creates} creates; {ncpu} CPUs; drop caches: {drop}")
+print(f"medians over {n_rounds} round(s):")
+print(f"{'target':<10} {'seqwrite MiB/s':>15} {'seqread MiB/s':>14} {'randread IOPS':>14} {'rr cold IOPS':>13} {'creates/s':>10}   load avg (1 min) min-max")
+for t in targets:
+    r = res[t]
+    print(f"{t:<10} {r.get('seqwrite', 0):>15.1f} {r.get('seqread', 0):>14.1f} {r.get('randread', 0):>14.0f} {r.get('randread_cold', 0):>13.0f} {r.get('creates', 0):>10.0f}   "
+          + f"{min(loads[t]):.1f}-{max(loads[t]):.1f}")
+print()
+print("every round (in round order):")
+for t in targets:
+    for j, unit in jobs:
+        print(f"  {t:<10} {j:<14} " + " ".join(f"{x:.0f}" if x >= 100 else f"{x:.1f}" for x in rounds[t].get(j, [])) + f" {unit}")
+def ratio(a, b):
+    return round(a / b, 3) if b else None
+ratios = {}
+print()
+print("ratios of the medians (writes and creates against the local disk; reads against bindfs and the local disk):")
+print(f"{'target':<10} {'seqwrite/local':>15} {'seqread/bindfs':>15} {'seqread/local':>14} {'randread/bindfs':>16} {'randread/local':>15} {'rrcold/bindfs':>14} {'rrcold/local':>13} {'creates/local':>14} {'creates/bindfs':>15}")
+for t in targets:
+    if t == "local":
+        continue
+    r, l, b = res[t], res.get("local", {}), res.get("bindfs", {})
+    q = {
+        "seqwrite/local": ratio(r["seqwrite"], l.get("seqwrite", 0)),
+        "seqread/bindfs": ratio(r["seqread"], b.get("seqread", 0)),
+        "seqread/local": ratio(r["seqread"], l.get("seqread", 0)),
+        "randread/bindfs": ratio(r["randread"], b.get("randread", 0)),
+        "randread/local": ratio(r["randread"], l.get("randread", 0)),
+        "randread_cold/bindfs": ratio(r["randread_cold"], b.get("randread_cold", 0)),
+        "randread_cold/local": ratio(r["randread_cold"], l.get("randread_cold", 0)),
+        "creates/local": ratio(r["creates"], l.get("creates", 0)),
+        "creates/bindfs": ratio(r["creates"], b.get("creates", 0)),
+    }
+    ratios[t] = q
+    print(f"{t:<10} " + " ".join(f"{(v if v is not None else float('nan')):>{w}.2f}" for v, w in
+                                 zip(q.values(), [15, 15, 14, 16, 15, 14, 13, 14, 15])))
+if json_out:
+    doc = {"start": start, "cpus": int(ncpu), "drop_caches": drop,
+           "params": {"size_mib": int(size_mib), "randread_seconds": int(rr_s), "creates": int(creates)},
+           "units": dict(jobs), "rounds": n_rounds, "medians": res, "per_round": rounds, "load1": loads, "ratios": ratios}
+    with open(json_out, "w") as f:
+        json.dump(doc, f, indent=2)
+    print(f"\nJSON written to {json_out}")
+EOF
