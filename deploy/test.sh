@@ -38,8 +38,20 @@ set +e
 ./deploy/s3-conformance.sh
 s3_status=$?
 set -e
+
+echo "test: pjdfstest (POSIX file system suite) on a FUSE mount of a fresh fskv up, against conformance/pjdfstest/expected-failures.txt"
+pjd_log=$(mktemp)
+trap 'rm -f "$log" "$pjd_log"' EXIT
+set +e
+./deploy/pjdfstest.sh 2>&1 | tee "$pjd_log"
+pjd_status=${PIPESTATUS[0]}
+set -e
 echo "workspace: $passed passed, $failed failed"
+grep -E '^pjdfstest: [0-9]+ passed' "$pjd_log" | tail -1 || echo "pjdfstest: no summary (exit $pjd_status)"
 if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
     status=$s3_status
+fi
+if [ "$status" -eq 0 ] && [ "$pjd_status" -ne 0 ]; then
+    status=$pjd_status
 fi
 exit "$status"
