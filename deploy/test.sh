@@ -46,8 +46,8 @@ set +e
 ./deploy/pjdfstest.sh 2>&1 | tee "$pjd_log"
 pjd_status=${PIPESTATUS[0]}
 set -e
-echo "workspace: $passed passed, $failed failed"
 grep -E '^pjdfstest: ([0-9]+ passed|skipped)' "$pjd_log" | tail -1 || echo "pjdfstest: no summary (exit $pjd_status)"
+echo "workspace: $passed passed, $failed failed"
 if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
     status=$s3_status
 fi
