@@ -4,10 +4,12 @@
 //! (set on the directory's layout policy), so copies cut at the boundaries
 //! of both files.
 
+mod common;
+
 use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
 use fskv_client::file::{FileHandle, FsClient, FsClientConfig, OpenFlags};
-use fskv_client::storage::{RoutingHandle, RoutingPublisher, RoutingSource, StorageClient, StorageClientConfig};
+use fskv_client::storage::StorageClientConfig;
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_kv::KvEngine;
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
@@ -16,8 +18,6 @@ use fskv_types::meta::{InodeData, LayoutPolicy};
 use fskv_types::routing::PublicTargetState;
 use fskv_types::storage::CopySource;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, TargetId};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,26 +35,10 @@ struct Env {
     _dir: tempfile::TempDir,
 }
 
-/// A client routing cache that learns the cluster's routing only when asked.
-struct LaggingSource {
-    cluster: RoutingHandle,
-    client: RoutingPublisher,
-}
-
-impl RoutingSource for LaggingSource {
-    fn request_refresh(&self, _known: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            self.client.publish((*self.cluster.current()).clone());
-        })
-    }
-}
-
 impl Env {
     async fn start(config: FsClientConfig, lagging_routing: bool) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
-        let chains: Vec<Vec<(TargetId, usize)>> = (1..=STRIPE)
-            .map(|c| (0..3).map(|r| (TargetId(u64::from(c) * 10 + r as u64 + 1), (c as usize + r) % 3)).collect())
-            .collect();
+        let chains = common::chain_placement(STRIPE, 3);
         let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
         let cluster = LocalCluster::start(dir.path(), 3, &chains, options).await.expect("storage cluster");
         let client_config = StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() };
@@ -72,11 +56,7 @@ impl Env {
         let wide = meta.mkdir(InodeId::ROOT, "wide", 0o755).await.expect("mkdir /wide");
         set_dir_chunk_size(&kv, wide.id, WIDE_CHUNK as u32).await;
         let storage = if lagging_routing {
-            let (client, _) = RoutingPublisher::new((*cluster.routing()).clone());
-            let source = Arc::new(LaggingSource { cluster: cluster.publisher().handle(), client });
-            let handle = source.client.handle_with_source(source.clone());
-            let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
-            StorageClient::new(rpc, handle, client_config)
+            common::lagging_storage_client(&cluster, client_config)
         } else {
             cluster.client(client_config)
         };
@@ -105,7 +85,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i as u64).wrapping_mul(131) ^ seed.wrapping_mul(17)) as u8 | 1).collect()
 }
 
-async fn with_timeout<F: Future>(f: F) -> F::Output {
+async fn with_timeout<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(TEST_TIMEOUT_SECS), f).await.expect("test timed out")
 }
 

@@ -2,10 +2,12 @@
 //! `ChainStorage` backend) and a loopback cluster of three storage services
 //! with four chains of three replicas.
 
+mod common;
+
 use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
 use fskv_client::file::{FsClient, FsClientConfig, OpenFlags};
-use fskv_client::storage::{RoutingHandle, RoutingPublisher, RoutingSource, StorageClient, StorageClientConfig};
+use fskv_client::storage::StorageClientConfig;
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
@@ -14,8 +16,6 @@ use fskv_types::{ChainId, ErrorCode, InodeId, TargetId};
 use rand::{Rng, SeedableRng};
 use fskv_types::routing::PublicTargetState;
 use std::collections::BTreeSet;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,21 +28,6 @@ struct Env {
     cluster: LocalCluster,
     server: fskv_rpc::Server,
     _dir: tempfile::TempDir,
-}
-
-/// A client-side routing cache that only learns the cluster's routing when
-/// asked (after a stale-version error), like a client whose mgmtd poll lags.
-struct LaggingSource {
-    cluster: RoutingHandle,
-    client: RoutingPublisher,
-}
-
-impl RoutingSource for LaggingSource {
-    fn request_refresh(&self, _known: u64) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(async move {
-            self.client.publish((*self.cluster.current()).clone());
-        })
-    }
 }
 
 impl Env {
@@ -58,9 +43,7 @@ impl Env {
     async fn start_layout(config: FsClientConfig, lagging_routing: bool, stripe: u32, replicas: usize) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         // Chain c: targets c*10+1.. on the three nodes, heads rotated.
-        let chains: Vec<Vec<(TargetId, usize)>> = (1..=stripe)
-            .map(|c| (0..replicas).map(|r| (TargetId(u64::from(c) * 10 + r as u64 + 1), (c as usize + r) % 3)).collect())
-            .collect();
+        let chains = common::chain_placement(stripe, replicas);
         let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
         let cluster = LocalCluster::start(dir.path(), 3, &chains, options).await.expect("storage cluster");
         let storage = cluster.client(StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() });
@@ -77,11 +60,7 @@ impl Env {
         let server = svc.serve("127.0.0.1:0").await.expect("serve meta");
         let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("meta client");
         let storage = if lagging_routing {
-            let (client, _) = RoutingPublisher::new((*cluster.routing()).clone());
-            let source = Arc::new(LaggingSource { cluster: cluster.publisher().handle(), client });
-            let handle = source.client.handle_with_source(source.clone());
-            let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
-            StorageClient::new(rpc, handle, StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() })
+            common::lagging_storage_client(&cluster, StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() })
         } else {
             storage
         };
