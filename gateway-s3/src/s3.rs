@@ -3,7 +3,7 @@
 
 use crate::error;
 use crate::objmeta;
-use crate::ops::object::{headers_from, user_meta, PutArgs};
+use crate::ops::object::{user_meta, PutArgs};
 use crate::ops::Gateway;
 use s3s::dto::*;
 use s3s::{S3Request, S3Response, S3Result, S3};
@@ -52,7 +52,7 @@ impl S3 for Gateway {
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         Gateway::create_bucket(self, &req.input.bucket).await?;
-        ok(CreateBucketOutput { location: Some(format!("/{}", req.input.bucket)), ..CreateBucketOutput::default() })
+        ok(CreateBucketOutput { location: Some(format!("/{}", req.input.bucket)) })
     }
 
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
@@ -78,14 +78,7 @@ impl S3 for Gateway {
         let args = PutArgs {
             bucket: &input.bucket,
             key: &input.key,
-            headers: headers_from(
-                input.content_type.clone(),
-                input.content_encoding.clone(),
-                input.content_disposition.clone(),
-                input.content_language.clone(),
-                input.cache_control.clone(),
-                input.expires.as_ref(),
-            ),
+            headers: crate::input_headers!(input),
             user: user_meta(input.metadata.clone())?,
             tags,
             if_match: input.if_match.as_ref(),

@@ -25,7 +25,7 @@
 //! Abort removes the directory at once; uploads older than
 //! `multipart_expiry_ms` are removed by the writer's expiry scan.
 
-use super::object::{self, find_object, headers_from, parse, timestamp, user_meta};
+use super::object::{self, find_object, parse, timestamp, user_meta};
 use super::write::{self, Data};
 use super::Gateway;
 use crate::body::{self, Digests};
@@ -155,14 +155,7 @@ impl Gateway {
         let record = UploadRecord {
             key: input.key.clone(),
             initiated_ns: write::now_ns(),
-            headers: headers_from(
-                input.content_type.clone(),
-                input.content_encoding.clone(),
-                input.content_disposition.clone(),
-                input.content_language.clone(),
-                input.cache_control.clone(),
-                input.expires.as_ref(),
-            ),
+            headers: crate::input_headers!(input),
             user: user_meta(input.metadata.clone())?,
             tags,
             checksum_algorithm: input.checksum_algorithm.as_ref().map(|a| a.as_str().to_ascii_lowercase()),
@@ -425,7 +418,7 @@ impl Gateway {
             upload_id: Some(input.upload_id.clone()),
             max_parts: Some(max as i32),
             is_truncated: Some(truncated),
-            part_number_marker: input.part_number_marker.clone(),
+            part_number_marker: input.part_number_marker,
             next_part_number_marker: if truncated { next } else { None },
             parts: Some(
                 parts

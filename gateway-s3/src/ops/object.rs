@@ -27,6 +27,22 @@ fn unix_secs(t: &Timestamp) -> i64 {
     time::OffsetDateTime::from(t.clone()).unix_timestamp()
 }
 
+/// The standard headers of a request input (PutObject, CopyObject,
+/// CreateMultipartUpload: each has these fields under the same names).
+#[macro_export]
+macro_rules! input_headers {
+    ($input:expr) => {
+        $crate::ops::object::headers_from(
+            $input.content_type.clone(),
+            $input.content_encoding.clone(),
+            $input.content_disposition.clone(),
+            $input.content_language.clone(),
+            $input.cache_control.clone(),
+            $input.expires.as_ref(),
+        )
+    };
+}
+
 /// `Content-Encoding` without `aws-chunked`, which names the transfer of
 /// the request body and is not the object's (S3 drops it).
 fn object_encoding(e: Option<String>) -> Option<String> {
@@ -396,14 +412,7 @@ impl Gateway {
             ));
         }
         let (headers, user) = if replace_meta {
-            let h = headers_from(
-                input.content_type.clone(),
-                input.content_encoding.clone(),
-                input.content_disposition.clone(),
-                input.content_language.clone(),
-                input.cache_control.clone(),
-                input.expires.as_ref(),
-            );
+            let h = crate::input_headers!(input);
             (h, user_meta(input.metadata.clone())?)
         } else {
             (src.meta.headers.clone(), src.meta.user.clone())

@@ -167,6 +167,7 @@ fn body_error(e: s3s::StdError) -> S3Error {
 /// Publishes `data` as `path` in `bucket` with `meta` (its etag and size
 /// filled by the caller) and `tags`, if `expected` holds. Makes missing
 /// parent directories; retries when a concurrent delete removed one.
+#[allow(clippy::too_many_arguments)]
 pub async fn publish(
     store: &Store,
     bucket: InodeId,
