@@ -13,6 +13,7 @@
 # PJDFSTEST_PATTERNS (optional) filters tests (pjdfstest's own patterns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. deploy/lib.sh
 version=0.2.2
 if [ ! -c /dev/fuse ]; then
     # Like the FUSE tests of the workspace: no FUSE here, nothing to test.
@@ -36,33 +37,14 @@ work=$(mktemp -d /tmp/fskv-pjdfstest.XXXXXX)
 chmod 0755 "$work" # the user-switching tests walk the path as nobody / daemon
 pid=""
 cleanup() {
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    if mountpoint -q "$work/mnt" 2>/dev/null; then
-        fusermount3 -u "$work/mnt" 2>/dev/null || umount -l "$work/mnt" 2>/dev/null || true
-    fi
+    fskv_stop_pid "$pid"
+    fskv_unmount "$work/mnt"
     rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# A base port whose range P..P+15 is free.
-base=$(python3 - <<'PY'
-import socket
-for base in range(23100, 40000, 20):
-    socks = []
-    try:
-        for off in range(16):
-            s = socket.socket(); s.bind(("127.0.0.1", base + off)); socks.append(s)
-        for s in socks: s.close()
-        print(base); break
-    except OSError:
-        for s in socks: s.close()
-PY
-)
+base=$(fskv_free_base_port 23100)
 
 "$fskv" up --data "$work/data" --base-port "$base" --mount "$work/mnt" >"$work/up.log" 2>&1 &
 pid=$!

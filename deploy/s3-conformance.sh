@@ -6,36 +6,20 @@
 # Prints `s3 conformance: N passed, M failed, K skipped`; exits non-zero on failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. deploy/lib.sh
 [ -x target/debug/fskv ] || cargo build -p fskv
 work=$(mktemp -d /tmp/fskv-s3conf.XXXXXX)
 pid=""
 tls_pid=""
 cleanup() {
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    if [ -n "$tls_pid" ] && kill -0 "$tls_pid" 2>/dev/null; then kill -TERM "$tls_pid" 2>/dev/null || true; wait "$tls_pid" 2>/dev/null || true; fi
-    fusermount3 -u "$work/mnt" 2>/dev/null || umount -l "$work/mnt" 2>/dev/null || true
+    fskv_stop_pid "$pid"
+    fskv_stop_pid "$tls_pid"
+    fskv_unmount "$work/mnt"
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-# A base port whose range P..P+15 is free.
-base=$(python3 - <<'PY'
-import socket
-for base in range(17100, 30000, 20):
-    try:
-        socks = []
-        for off in range(16):
-            s = socket.socket(); s.bind(("127.0.0.1", base + off)); socks.append(s)
-        for s in socks: s.close()
-        print(base); break
-    except OSError:
-        for s in socks: s.close()
-PY
-)
+base=$(fskv_free_base_port 17100)
 
 start_up() { # $@ = extra fskv up arguments
     rm -rf "$work/data"

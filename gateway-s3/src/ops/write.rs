@@ -205,11 +205,3 @@ pub async fn publish(
         }
     }
 }
-
-/// Size of `data` after [`receive`].
-pub fn data_len(data: &Data) -> u64 {
-    match data {
-        Data::Inline(b) => b.len() as u64,
-        Data::Temp(h) => h.len(),
-    }
-}

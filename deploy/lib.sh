@@ -1,0 +1,35 @@
+# Shared by the test scripts that run a fresh `fskv up` (source it).
+
+# Prints the first base port P >= $1 (in steps of 20, below 40000) whose
+# range P..P+15 — every port `fskv up` binds — is free on loopback.
+fskv_free_base_port() {
+    python3 - "$1" <<'PY'
+import socket, sys
+for base in range(int(sys.argv[1]), 40000, 20):
+    socks = []
+    try:
+        for off in range(16):
+            s = socket.socket(); s.bind(("127.0.0.1", base + off)); socks.append(s)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+PY
+}
+
+# Stops process $1: SIGTERM, up to 20 s for it to exit, then SIGKILL.
+fskv_stop_pid() {
+    local pid=$1
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Unmounts a FUSE mount left behind at $1 (a stopped `fskv up` unmounts itself).
+fskv_unmount() {
+    if mountpoint -q "$1" 2>/dev/null; then
+        fusermount3 -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
+    fi
+}
