@@ -45,7 +45,7 @@ async fn write_file(c: &Clients, name: &str, seed: u64, len: usize) -> InodeId {
         let chain = chain_for_chunk(&layout, index as u64).expect("layout has chains");
         c.storage.write(chain, ChunkId::new(inode.id, index as u64), 0, Bytes::copy_from_slice(piece)).await.expect("write chunk");
     }
-    let closed = c.meta.close(inode.id, session, None).await.expect("close");
+    let closed = c.meta.close(inode.id, session, Default::default()).await.expect("close");
     assert_eq!(closed.size_bytes(), len as u64, "{name}: exact length computed by meta from the storage service");
     inode.id
 }

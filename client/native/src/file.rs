@@ -23,7 +23,7 @@
 //!
 //! See `docs/client.md`.
 
-use crate::meta::{MetaClient, MetaClientConfig, MetaClientError};
+use crate::meta::{CloseEnd, MetaClient, MetaClientConfig, MetaClientError};
 use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use crate::storage::{StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
@@ -360,6 +360,8 @@ struct LengthState {
     truncate_version: u64,
     /// Inline bytes are in the inode (no chunks).
     inline: bool,
+    /// Data was written through this handle (close moves mtime only then).
+    wrote: bool,
 }
 
 struct Shared {
@@ -470,6 +472,7 @@ impl FileHandle {
             reported_end: 0,
             truncate_version: file.truncate_version,
             inline: file.inline.is_some(),
+            wrote: false,
         };
         let shared = Arc::new(Shared {
             client,
@@ -646,6 +649,7 @@ impl FileHandle {
             let mut st = self.shared.state.lock();
             st.written_end = st.written_end.max(end);
             st.length = st.length.max(end);
+            st.wrote = true;
         }
         self.start_reporter();
         Ok(())
@@ -719,6 +723,7 @@ impl FileHandle {
             let mut st = self.shared.state.lock();
             st.written_end = st.written_end.max(dst_end);
             st.length = st.length.max(dst_end);
+            st.wrote = true;
         }
         self.start_reporter();
         Ok(())
@@ -804,7 +809,9 @@ impl FileHandle {
         self.check_open(true)?;
         let _quiet = self.shared.writes.write().await;
         let old_len = self.len();
-        let inode = self.shared.client.meta.truncate(self.shared.inode, len).await.map_err(|e| self.meta_err("truncate", e))?;
+        let session = self.shared.session;
+        let inode =
+            self.shared.client.meta.truncate(self.shared.inode, len, session).await.map_err(|e| self.meta_err("truncate", e))?;
         {
             let mut st = self.shared.state.lock();
             st.length = inode.size_bytes();
@@ -856,12 +863,15 @@ impl FileHandle {
         // Report first: it grows the file's dyn_stripe, so meta's exact-length
         // scan on Close reaches the chains of chunks written far out.
         report_length(&self.shared).await?;
-        let hint = Some(self.shared.state.lock().written_end);
+        let end = {
+            let st = self.shared.state.lock();
+            CloseEnd { length_hint: Some(st.written_end), truncate_version: st.truncate_version, wrote: st.wrote }
+        };
         let inode = self
             .shared
             .client
             .meta
-            .close(self.shared.inode, self.shared.session, hint)
+            .close(self.shared.inode, self.shared.session, end)
             .await
             .map_err(|e| self.meta_err("close", e))?;
         let len = inode.size_bytes();
@@ -901,8 +911,14 @@ async fn report_length(shared: &Shared) -> Result<()> {
         .await
         .map_err(|cause| FileError::Meta { op: "report length", path: shared.path.clone(), cause })?;
     let mut st = shared.state.lock();
-    st.reported_end = st.reported_end.max(end);
-    st.length = st.length.max(inode.size_bytes());
+    // A truncate that overtook this report (the handle saw it, or meta's
+    // reply shows it) makes the reply's length stale: it must not prop the
+    // handle's length back up.
+    let same_epoch = st.truncate_version == version && inode.file().is_some_and(|f| f.truncate_version == version);
+    if same_epoch {
+        st.reported_end = st.reported_end.max(end);
+        st.length = st.length.max(inode.size_bytes());
+    }
     Ok(())
 }
 

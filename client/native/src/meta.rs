@@ -19,6 +19,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// `meta.Call`: one [`MetaRequest`].
+/// What a closing write handle reports (see [`MetaOp::Close`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CloseEnd {
+    /// The furthest byte written through the handle.
+    pub length_hint: Option<u64>,
+    /// The file's truncate version the handle last saw.
+    pub truncate_version: u64,
+    /// Whether the handle wrote data.
+    pub wrote: bool,
+}
+
 pub struct MetaCall;
 impl Method for MetaCall {
     const ID: u16 = 1000;
@@ -261,8 +272,16 @@ impl MetaClient {
         }
     }
 
-    pub async fn close(&self, inode: InodeId, session: u64, length_hint: Option<u64>) -> Result<Inode> {
-        self.inode(MetaOp::Close { inode, session, length_hint }, "close").await
+    /// Ends write session `session` (see [`MetaOp::Close`]).
+    pub async fn close(&self, inode: InodeId, session: u64, end: CloseEnd) -> Result<Inode> {
+        let op = MetaOp::Close {
+            inode,
+            session,
+            length_hint: end.length_hint,
+            truncate_version: end.truncate_version,
+            wrote: end.wrote,
+        };
+        self.inode(op, "close").await
     }
 
     pub async fn mkdir(&self, parent: InodeId, name: &str, mode: u32) -> Result<Inode> {
@@ -309,8 +328,10 @@ impl MetaClient {
         self.inode(MetaOp::SetAttr { inode, attr }, "setattr").await
     }
 
-    pub async fn truncate(&self, inode: InodeId, length: u64) -> Result<Inode> {
-        self.inode(MetaOp::Truncate { inode, length }, "truncate").await
+    /// Sets the length; `session` (0 = none) is an open write session of
+    /// this client on the inode, which stands for the write permission.
+    pub async fn truncate(&self, inode: InodeId, length: u64, session: u64) -> Result<Inode> {
+        self.inode(MetaOp::Truncate { inode, length, session }, "truncate").await
     }
 
     pub async fn report_length(&self, inode: InodeId, length: u64, truncate_version: u64) -> Result<Inode> {

@@ -212,6 +212,29 @@ pub async fn atomic_add_no_conflict(s: &Suite) {
     assert_eq!(u64_of(s.read("ctr").await), 7);
 }
 
+/// Atomic max from concurrent transactions never conflicts; the largest wins,
+/// and a transaction reads its own max folded into the snapshot's value.
+pub async fn atomic_max_no_conflict(s: &Suite) {
+    let k = s.key("hi");
+    s.put("hi", &10u64.to_le_bytes()).await;
+    let mut t1 = s.engine.begin().await.unwrap();
+    let mut t2 = s.engine.begin().await.unwrap();
+    t1.get(&s.key("unrelated")).await.unwrap();
+    t2.get(&s.key("unrelated")).await.unwrap();
+    t1.atomic_max(&k, 30).unwrap();
+    t2.atomic_max(&k, 20).unwrap();
+    t2.atomic_max(&k, 5).unwrap();
+    assert_eq!(u64_of(t2.snapshot_get(&k).await.unwrap()), 20, "own max over the snapshot");
+    t1.commit().await.unwrap();
+    t2.commit().await.expect("atomic max must not conflict");
+    assert_eq!(u64_of(s.read("hi").await), 30);
+    let mut t3 = s.engine.begin().await.unwrap();
+    t3.clear(&k).unwrap();
+    t3.atomic_max(&k, 7).unwrap();
+    t3.commit().await.unwrap();
+    assert_eq!(u64_of(s.read("hi").await), 7, "max after a clear in the same transaction");
+}
+
 /// A range clear conflicts with a concurrent reader of a key inside it.
 pub async fn clear_range_conflicts(s: &Suite) {
     s.put("q/5", b"v").await;
@@ -354,6 +377,7 @@ pub async fn run_all(engine: Arc<dyn KvEngine>, prefix: &str) {
     read_your_writes(&s("ryw")).await;
     snapshot_reads(&s("snapshot")).await;
     atomic_add_no_conflict(&s("atomic")).await;
+    atomic_max_no_conflict(&s("atomicmax")).await;
     clear_range_conflicts(&s("clear_range")).await;
     retry_loop(&s("retry")).await;
     size_limits(&s("limits")).await;

@@ -178,6 +178,13 @@ impl Transaction for FdbTransaction {
         Ok(())
     }
 
+    fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()> {
+        check_key(key)?;
+        self.grow(key.len() + 8)?;
+        self.trx.atomic_op(key, &value.to_le_bytes(), MutationType::Max);
+        Ok(())
+    }
+
     fn add_read_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()> {
         check_range(begin, end)?;
         self.grow(begin.len() + end.len())?;

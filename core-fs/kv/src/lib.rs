@@ -139,6 +139,13 @@ pub trait Transaction: Send {
     /// read conflict — FoundationDB's `ADD` mutation with an 8-byte operand.
     fn atomic_add(&mut self, key: &[u8], delta: i64) -> KvResult<()>;
 
+    /// Stores the larger of `value` and the 8-byte little-endian unsigned
+    /// integer at `key` (absent = 0; shorter zero-extended, longer truncated),
+    /// without a read conflict — FoundationDB's `MAX` mutation with an 8-byte
+    /// operand. Mixing `atomic_add` and `atomic_max` on one key within one
+    /// transaction is refused (`InvalidArgument`).
+    fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()>;
+
     /// Adds `[begin, end)` to the read-conflict set without reading it.
     fn add_read_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()>;
 

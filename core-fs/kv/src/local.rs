@@ -82,6 +82,7 @@ enum PendingMutation {
     Clear(Bytes),
     ClearRange(Bytes, Bytes),
     Add(Bytes, i64),
+    Max(Bytes, u64),
 }
 
 struct Core<S> {
@@ -159,6 +160,8 @@ enum OverlayOp {
     /// Add to the snapshot's value (never to a value cleared in this transaction:
     /// such adds are folded into `Set` at once).
     Add(i64),
+    /// The larger of this and the snapshot's value (same folding rules as `Add`).
+    Max(u64),
 }
 
 pub(crate) struct LocalTransaction<S: Store> {
@@ -180,6 +183,16 @@ pub(crate) fn add_le(base: Option<&[u8]>, delta: i64) -> Bytes {
     }
     let sum = i64::from_le_bytes(cur).wrapping_add(delta);
     Bytes::copy_from_slice(&sum.to_le_bytes())
+}
+
+/// FoundationDB's MAX on an 8-byte operand (unsigned little-endian compare).
+pub(crate) fn max_le(base: Option<&[u8]>, value: u64) -> Bytes {
+    let mut cur = [0u8; 8];
+    if let Some(b) = base {
+        let n = b.len().min(8);
+        cur[..n].copy_from_slice(&b[..n]);
+    }
+    Bytes::copy_from_slice(&u64::from_le_bytes(cur).max(value).to_le_bytes())
 }
 
 impl<S: Store> LocalTransaction<S> {
@@ -207,10 +220,10 @@ impl<S: Store> LocalTransaction<S> {
 
     fn point_read(&mut self, key: &[u8], conflict: bool) -> KvResult<Option<Bytes>> {
         check_key(key)?;
-        let add = match self.overlay.get(key) {
+        let pending = match self.overlay.get(key) {
             Some(OverlayOp::Set(v)) => return Ok(Some(v.clone())),
             Some(OverlayOp::Clear) => return Ok(None),
-            Some(OverlayOp::Add(d)) => Some(*d),
+            Some(op @ (OverlayOp::Add(_) | OverlayOp::Max(_))) => Some(op.clone()),
             None if self.is_cleared(key) => return Ok(None),
             None => None,
         };
@@ -220,8 +233,8 @@ impl<S: Store> LocalTransaction<S> {
             self.grow(key.len())?;
             self.reads.points.push(Bytes::copy_from_slice(key));
         }
-        Ok(match add {
-            Some(d) => Some(add_le(base.as_deref(), d)),
+        Ok(match pending {
+            Some(op) => resolve_own(&op, base.as_ref()),
             None => base,
         })
     }
@@ -324,6 +337,7 @@ impl<S: Store> LocalTransaction<S> {
                 OverlayOp::Set(v) => PendingMutation::Set(k, v),
                 OverlayOp::Clear => PendingMutation::Clear(k),
                 OverlayOp::Add(d) => PendingMutation::Add(k, d),
+                OverlayOp::Max(m) => PendingMutation::Max(k, m),
             });
         }
         CommitRequest {
@@ -337,11 +351,16 @@ impl<S: Store> LocalTransaction<S> {
     }
 }
 
+fn mixed_atomics(key: &[u8]) -> KvError {
+    KvError::InvalidArgument(format!("atomic add and atomic max on one key ({} bytes) in one transaction", key.len()))
+}
+
 fn resolve_own(op: &OverlayOp, base: Option<&Bytes>) -> Option<Bytes> {
     match op {
         OverlayOp::Set(v) => Some(v.clone()),
         OverlayOp::Clear => None,
         OverlayOp::Add(d) => Some(add_le(base.map(|b| &b[..]), *d)),
+        OverlayOp::Max(m) => Some(max_le(base.map(|b| &b[..]), *m)),
     }
 }
 
@@ -403,8 +422,24 @@ impl<S: Store> Transaction for LocalTransaction<S> {
             Some(OverlayOp::Set(v)) => OverlayOp::Set(add_le(Some(v), delta)),
             Some(OverlayOp::Clear) => OverlayOp::Set(add_le(None, delta)),
             Some(OverlayOp::Add(d)) => OverlayOp::Add(d.wrapping_add(delta)),
+            Some(OverlayOp::Max(_)) => return Err(mixed_atomics(key)),
             None if self.is_cleared(key) => OverlayOp::Set(add_le(None, delta)),
             None => OverlayOp::Add(delta),
+        };
+        self.overlay.insert(Bytes::copy_from_slice(key), next);
+        Ok(())
+    }
+
+    fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()> {
+        check_key(key)?;
+        self.grow(key.len() + 8)?;
+        let next = match self.overlay.get(key) {
+            Some(OverlayOp::Set(v)) => OverlayOp::Set(max_le(Some(v), value)),
+            Some(OverlayOp::Clear) => OverlayOp::Set(max_le(None, value)),
+            Some(OverlayOp::Max(m)) => OverlayOp::Max((*m).max(value)),
+            Some(OverlayOp::Add(_)) => return Err(mixed_atomics(key)),
+            None if self.is_cleared(key) => OverlayOp::Set(max_le(None, value)),
+            None => OverlayOp::Max(value),
         };
         self.overlay.insert(Bytes::copy_from_slice(key), next);
         Ok(())
@@ -563,6 +598,12 @@ impl<S: Store> BatchView<'_, S> {
                     // ops, and never cover its adds (those become sets).
                     let base = self.get(k)?;
                     let v = add_le(base.as_deref(), *d);
+                    effects.push((k.clone(), Some(v.clone())));
+                    out.push(Mutation::Set(k.clone(), v));
+                }
+                PendingMutation::Max(k, m) => {
+                    let base = self.get(k)?;
+                    let v = max_le(base.as_deref(), *m);
                     effects.push((k.clone(), Some(v.clone())));
                     out.push(Mutation::Set(k.clone(), v));
                 }

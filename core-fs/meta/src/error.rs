@@ -38,6 +38,10 @@ pub enum MetaError {
     Kv(#[from] KvError),
     #[error("internal: {0}")]
     Internal(String),
+    /// What an op prepared outside its transaction (e.g. Close's exact length
+    /// from storage) was overtaken by a commit (a truncate); prepare again.
+    #[error("prepared state is stale: {0}")]
+    StalePrepare(String),
 }
 
 impl MetaError {
@@ -59,6 +63,7 @@ impl MetaError {
             MetaError::Corrupt { .. } | MetaError::Internal(_) => ErrorCode::Internal,
             MetaError::Storage(_) => ErrorCode::TargetNotServing,
             MetaError::Kv(e) => e.code(),
+            MetaError::StalePrepare(_) => ErrorCode::KvNotCommitted,
         }
     }
 

@@ -76,8 +76,9 @@ pub struct Prepared {
     pub layout_start: u64,
     /// Id of a write session opened by this op.
     pub session: u64,
-    /// Close: the exact length computed from storage.
-    pub exact_length: Option<u64>,
+    /// Close: the exact length computed from storage, and the file's
+    /// truncate version it was computed at.
+    pub exact_length: Option<(u64, u64)>,
     /// StatFs: (capacity, used) bytes.
     pub capacity: (u64, u64),
 }
@@ -105,9 +106,37 @@ pub fn check_name(name: &str) -> MetaResult<()> {
 pub async fn load_inode_opt(txn: &mut dyn Transaction, id: InodeId) -> MetaResult<Option<Inode>> {
     let key = inode_key(id);
     match txn.get(&key).await? {
-        Some(raw) => Ok(Some(decode(&key, &raw)?)),
+        Some(raw) => {
+            let mut inode = decode(&key, &raw)?;
+            merge_dir_time(txn, &mut inode).await?;
+            Ok(Some(inode))
+        }
         None => Ok(None),
     }
+}
+
+/// Records a namespace change in `dir` (an entry added, removed or renamed):
+/// its mtime and ctime become at least `now_ns`. A blind atomic max on the
+/// directory's `DTIM` key, so concurrent creates in one directory do not
+/// conflict (the directory's inode record is only read).
+fn touch_dir(txn: &mut dyn Transaction, dir: InodeId, now_ns: u64) -> MetaResult<()> {
+    txn.atomic_max(&dir_time_key(dir), now_ns)?;
+    Ok(())
+}
+
+/// Folds a directory's `DTIM` time into its inode's mtime and ctime (a
+/// snapshot read: reading a directory's times never conflicts with creates).
+pub async fn merge_dir_time(txn: &mut dyn Transaction, inode: &mut Inode) -> MetaResult<()> {
+    if inode.dir().is_none() {
+        return Ok(());
+    }
+    let key = dir_time_key(inode.id);
+    if let Some(raw) = txn.snapshot_get(&key).await? {
+        let t = decode_i64(&key, &raw)? as u64;
+        inode.mtime_ns = inode.mtime_ns.max(t);
+        inode.ctime_ns = inode.ctime_ns.max(t);
+    }
+    Ok(())
 }
 
 pub async fn load_inode(txn: &mut dyn Transaction, id: InodeId) -> MetaResult<Inode> {
@@ -162,6 +191,7 @@ fn bump(inode: &mut Inode, now_ns: u64) {
 /// Deletes an inode record and everything keyed by its id.
 pub fn delete_inode(txn: &mut dyn Transaction, id: InodeId) -> MetaResult<()> {
     txn.clear(&inode_key(id))?;
+    txn.clear(&dir_time_key(id))?;
     for prefix in [xattr_prefix(id), session_prefix(id)] {
         txn.clear_range(&prefix, &prefix_end(&prefix))?;
     }
@@ -260,7 +290,10 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
             create(txn, ctx, *parent, name, *mode, *exclusive, *write).await
         }
         MetaOp::Open { inode, write } => open(txn, ctx, *inode, *write).await,
-        MetaOp::Close { inode, session, length_hint } => close(txn, ctx, *inode, *session, *length_hint).await,
+        MetaOp::Close { inode, session, length_hint, truncate_version, wrote } => {
+            let args = CloseArgs { session: *session, length_hint: *length_hint, truncate_version: *truncate_version, wrote: *wrote };
+            close(txn, ctx, *inode, args).await
+        }
         MetaOp::Mkdir { parent, name, mode } => mkdir(txn, ctx, *parent, name, *mode).await.map(MetaReply::Inode),
         MetaOp::Rmdir { parent, name } => rmdir(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
         MetaOp::Unlink { parent, name } => unlink(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
@@ -274,7 +307,9 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
             readdir(txn, ctx, *dir, start_after, *limit, *with_attrs).await
         }
         MetaOp::SetAttr { inode, attr } => setattr(txn, ctx, *inode, attr).await.map(MetaReply::Inode),
-        MetaOp::Truncate { inode, length } => truncate(txn, ctx, *inode, *length).await.map(MetaReply::Inode),
+        MetaOp::Truncate { inode, length, session } => {
+            truncate(txn, ctx, *inode, *length, *session).await.map(MetaReply::Inode)
+        }
         MetaOp::ReportLength { inode, length, truncate_version } => {
             report_length(txn, ctx, *inode, *length, *truncate_version).await.map(MetaReply::Inode)
         }
@@ -336,6 +371,7 @@ pub async fn create(
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
     save_inode(txn, &inode)?;
     set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::File })?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
     tracing::debug!(parent = %parent, inode = %inode.id, name, "create");
     if write {
@@ -358,25 +394,32 @@ pub async fn open(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, write
     Ok(MetaReply::Inode(inode))
 }
 
-pub async fn close(
-    txn: &mut dyn Transaction,
-    ctx: &OpCtx<'_>,
-    id: InodeId,
-    session: u64,
-    length_hint: Option<u64>,
-) -> MetaResult<MetaReply> {
+/// What a closing write handle tells meta.
+#[derive(Clone, Copy, Debug)]
+pub struct CloseArgs {
+    pub session: u64,
+    pub length_hint: Option<u64>,
+    pub truncate_version: u64,
+    pub wrote: bool,
+}
+
+pub async fn close(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, args: CloseArgs) -> MetaResult<MetaReply> {
     let mut inode = load_inode(txn, id).await?;
-    if session != 0 {
-        txn.clear(&session_key(id, session))?;
+    if args.session != 0 {
+        txn.clear(&session_key(id, args.session))?;
     }
     let now = ctx.prep.now_ns;
     if let InodeData::File(f) = &mut inode.data {
         if f.inline.is_none() {
             let new_len = match ctx.prep.exact_length {
-                Some(exact) => exact,
-                None => f.length.max(length_hint.unwrap_or(0)),
+                Some((exact, at_version)) if at_version == f.truncate_version => exact,
+                Some(_) => {
+                    return Err(MetaError::StalePrepare(format!("{id} was truncated while its length was measured")));
+                }
+                None if args.truncate_version >= f.truncate_version => f.length.max(args.length_hint.unwrap_or(0)),
+                None => f.length,
             };
-            if new_len != f.length || session != 0 {
+            if new_len != f.length || (args.session != 0 && args.wrote) {
                 f.length = new_len;
                 grow_dyn_stripe(f);
                 inode.mtime_ns = now;
@@ -386,6 +429,19 @@ pub async fn close(
         }
     }
     Ok(MetaReply::Inode(inode))
+}
+
+/// Whether `session` is an open write session of this client on `id` (the
+/// write permission was checked when it was opened).
+async fn holds_write_session(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, session: u64) -> MetaResult<bool> {
+    if session == 0 {
+        return Ok(false);
+    }
+    let key = session_key(id, session);
+    match txn.get(&key).await? {
+        Some(raw) => Ok(decode::<SessionValue>(&key, &raw)?.client_id == ctx.client_id),
+        None => Ok(false),
+    }
 }
 
 fn grow_dyn_stripe(f: &mut FileData) {
@@ -412,6 +468,7 @@ pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
     save_inode(txn, &inode)?;
     set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Directory })?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
     tracing::debug!(parent = %parent, inode = %inode.id, name, "mkdir");
     Ok(inode)
@@ -443,6 +500,7 @@ pub async fn rmdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
         return Err(MetaError::NotEmpty(inode.id));
     }
     txn.clear(&dentry_key(parent, name))?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     delete_inode(txn, inode.id)?;
     tracing::debug!(parent = %parent, inode = %inode.id, name, "rmdir");
     Ok(())
@@ -454,6 +512,7 @@ pub async fn unlink(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId,
         return Err(MetaError::IsDirectory(entry.inode));
     }
     txn.clear(&dentry_key(parent, name))?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     drop_link(txn, entry.inode, ctx.prep.now_ns).await?;
     tracing::debug!(parent = %parent, inode = %entry.inode, name, "unlink");
     Ok(())
@@ -516,12 +575,15 @@ pub async fn rename(
     }
     txn.clear(&dentry_key(src_parent, src_name))?;
     set_entry(txn, dst_parent, dst_name, src)?;
+    touch_dir(txn, src_parent, ctx.prep.now_ns)?;
+    touch_dir(txn, dst_parent, ctx.prep.now_ns)?;
     if let InodeData::Directory(d) = &mut src_inode.data {
         d.parent = dst_parent;
         d.name = dst_name.to_string();
-        bump(&mut src_inode, ctx.prep.now_ns);
-        save_inode(txn, &src_inode)?;
     }
+    // The renamed inode's ctime moves too, whatever its kind (Linux does so).
+    bump(&mut src_inode, ctx.prep.now_ns);
+    save_inode(txn, &src_inode)?;
     tracing::debug!(inode = %src.inode, %src_parent, src_name, %dst_parent, dst_name, "rename");
     Ok(())
 }
@@ -548,6 +610,7 @@ pub async fn symlink(
     let inode = new_inode(ctx, InodeData::Symlink { target: target.to_string() }, 0o777, 1, &dir)?;
     save_inode(txn, &inode)?;
     set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Symlink })?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
     Ok(inode)
 }
@@ -574,6 +637,7 @@ pub async fn link(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, paren
     bump(&mut inode, ctx.prep.now_ns);
     save_inode(txn, &inode)?;
     set_entry(txn, parent, name, DentryValue { inode: id, kind: inode.kind() })?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     Ok(inode)
 }
 
@@ -603,6 +667,7 @@ pub async fn readdir(
                     if let InodeData::File(f) = &mut i.data {
                         f.inline = f.inline.as_ref().map(|_| Vec::new());
                     }
+                    merge_dir_time(txn, &mut i).await?;
                     Some(i)
                 }
                 None => None,
@@ -645,6 +710,8 @@ pub async fn setattr(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, at
         }
         if let Some(t) = attr.mtime_ns {
             inode.mtime_ns = t;
+            // An explicit mtime wins over earlier namespace changes.
+            txn.clear(&dir_time_key(id))?;
         }
     }
     bump(&mut inode, ctx.prep.now_ns);
@@ -652,9 +719,29 @@ pub async fn setattr(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, at
     Ok(inode)
 }
 
-pub async fn truncate(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, length: u64) -> MetaResult<Inode> {
+/// The checks of [`truncate`] without writing anything: the layout of a
+/// chunked file whose chunks the truncate will cut (storage is cut before
+/// the length commits, so a length measured on storage after the commit
+/// never sees the old data).
+pub async fn truncate_check(
+    txn: &mut dyn Transaction,
+    ctx: &OpCtx<'_>,
+    id: InodeId,
+    session: u64,
+) -> MetaResult<Option<FileLayout>> {
     let mut inode = load_live(txn, id).await?;
-    perm::check(&inode, ctx.user, WRITE)?;
+    if !holds_write_session(txn, ctx, id, session).await? {
+        perm::check(&inode, ctx.user, WRITE)?;
+    }
+    let f = file_mut(&mut inode)?;
+    Ok(f.inline.is_none().then(|| f.layout.clone()))
+}
+
+pub async fn truncate(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, length: u64, session: u64) -> MetaResult<Inode> {
+    let mut inode = load_live(txn, id).await?;
+    if !holds_write_session(txn, ctx, id, session).await? {
+        perm::check(&inode, ctx.user, WRITE)?;
+    }
     let inline_max = ctx.cfg.inline_max_bytes as u64;
     let f = file_mut(&mut inode)?;
     if let Some(data) = &mut f.inline {
@@ -780,6 +867,7 @@ pub async fn statfs(txn: &mut dyn Transaction, ctx: &OpCtx<'_>) -> MetaResult<St
 pub async fn remove_tree(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str) -> MetaResult<()> {
     let (_, entry, mut inode) = victim(txn, ctx, parent, name).await?;
     txn.clear(&dentry_key(parent, name))?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
     if entry.kind == InodeKind::Directory {
         perm::check(&inode, ctx.user, WRITE | EXEC)?;
         inode.nlink = 0;
@@ -900,6 +988,7 @@ async fn publish(
         perm::check_sticky(dir, &old_inode, ctx.user)?;
         drop_link(txn, old.inode, ctx.prep.now_ns).await?;
     }
+    touch_dir(txn, dir.id, ctx.prep.now_ns)?;
     set_entry(txn, dir.id, name, DentryValue { inode: new.id, kind: InodeKind::File })
 }
 

@@ -22,6 +22,9 @@ pub const PREFIX_IDEMPOTENCY_EXPIRY: &[u8; 4] = b"IDEX";
 pub const PREFIX_GC: &[u8; 4] = b"GCQU";
 pub const PREFIX_ALLOC: &[u8; 4] = b"IALC";
 pub const PREFIX_STATS: &[u8; 4] = b"MSTA";
+/// A directory's last namespace change (ns, 8-byte LE, written with atomic
+/// max so that creates in one directory never conflict on it).
+pub const PREFIX_DIR_TIME: &[u8; 4] = b"DTIM";
 /// Counter of live inodes (8-byte LE, maintained with atomic adds).
 pub const KEY_INODE_COUNT: &[u8] = b"MSTAinodes";
 
@@ -63,6 +66,10 @@ pub fn session_key(id: InodeId, session: u64) -> Vec<u8> {
 
 pub fn session_prefix(id: InodeId) -> Vec<u8> {
     with_prefix(PREFIX_SESSION, id, &[])
+}
+
+pub fn dir_time_key(dir: InodeId) -> Vec<u8> {
+    with_prefix(PREFIX_DIR_TIME, dir, &[])
 }
 
 pub fn gc_key(id: InodeId) -> Vec<u8> {

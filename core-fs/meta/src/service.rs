@@ -26,6 +26,8 @@ use tracing::Instrument;
 
 /// Attempts of one transaction on conflicts before the error goes to the caller.
 pub const MAX_TXN_ATTEMPTS: u32 = 100;
+/// Times an op is prepared again when a commit overtook what it prepared.
+pub const MAX_PREPARE_ATTEMPTS: u32 = 8;
 /// Capacity of each per-shard batch queue.
 pub const BATCH_QUEUE_CAPACITY: usize = 4096;
 
@@ -191,8 +193,25 @@ impl MetaService {
     }
 
     async fn execute_inner(&self, req: MetaRequest) -> MetaResult<MetaReply> {
-        let prep = self.inner.prepare(&req).await?;
-        let reply = if is_batchable(&req.op) && !self.inner.batch_queues.is_empty() {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.execute_prepared(&req).await {
+                Err(MetaError::StalePrepare(why)) if attempt < MAX_PREPARE_ATTEMPTS => {
+                    tracing::debug!(attempt, %why, "prepared state overtaken; preparing again");
+                }
+                Ok(reply) => {
+                    self.inner.after_commit(&req.op, &reply).await;
+                    return Ok(reply);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn execute_prepared(&self, req: &MetaRequest) -> MetaResult<MetaReply> {
+        let prep = self.inner.prepare(req).await?;
+        if is_batchable(&req.op) && !self.inner.batch_queues.is_empty() {
             let shard = shard_of(req.op.routing_inode(), self.inner.batch_queues.len());
             let (tx, rx) = oneshot::channel();
             let queue = self.inner.batch_queues.get(shard).ok_or_else(|| MetaError::Internal("no batch queue".into()))?;
@@ -200,13 +219,11 @@ impl MetaService {
                 .send(BatchItem { req: req.clone(), prep, reply: tx })
                 .await
                 .map_err(|_| MetaError::Internal("batch worker stopped".into()))?;
-            rx.await.map_err(|_| MetaError::Internal("batch worker dropped the request".into()))??
+            rx.await.map_err(|_| MetaError::Internal("batch worker dropped the request".into()))?
         } else {
             let mut replies = self.inner.commit_group(&[(req.clone(), prep)]).await?;
-            replies.pop().ok_or_else(|| MetaError::Internal("empty group result".into()))?
-        };
-        self.inner.after_commit(&req.op, &reply).await;
-        Ok(reply)
+            replies.pop().ok_or_else(|| MetaError::Internal("empty group result".into()))
+        }
     }
 
     /// Runs independent requests concurrently; one result each.
@@ -329,16 +346,33 @@ impl Inner {
         match &req.op {
             MetaOp::Create { write: true, .. } | MetaOp::Open { write: true, .. } => p.session = rand::random::<u64>() | 1,
             MetaOp::Close { inode, .. } => p.exact_length = self.exact_length(*inode).await?,
+            MetaOp::Truncate { inode, length, session } => self.cut_chunks_first(req, &p, *inode, *length, *session).await?,
             MetaOp::StatFs => p.capacity = self.storage.capacity_bytes().await,
             _ => {}
         }
         Ok(p)
     }
 
+    /// Truncate's storage step, before its length commits: checks the
+    /// permission as the op will, then cuts the chunks past `length`.
+    async fn cut_chunks_first(&self, req: &MetaRequest, prep: &Prepared, id: InodeId, length: u64, session: u64) -> MetaResult<()> {
+        let layout = {
+            let mut txn = self.engine.begin().await?;
+            let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep };
+            ops::truncate_check(&mut *txn, &ctx, id, session).await?
+        };
+        if let Some(layout) = layout {
+            self.storage.truncate_chunks(id, &layout, length).await.map_err(|e| MetaError::Storage(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// The exact length of a chunked file from storage: the last chunk on
     /// each of the first `dyn_stripe` chains (in shuffled order), doubling the
-    /// number of chains asked while the file may extend beyond them.
-    async fn exact_length(&self, id: InodeId) -> MetaResult<Option<u64>> {
+    /// number of chains asked while the file may extend beyond them. Returned
+    /// with the truncate version it was measured at (Close refuses it when a
+    /// truncate committed since).
+    async fn exact_length(&self, id: InodeId) -> MetaResult<Option<(u64, u64)>> {
         if !self.storage.knows_lengths() {
             return Ok(None);
         }
@@ -376,7 +410,7 @@ impl Inner {
             }
             upto = (upto * 2).min(stripe);
         }
-        Ok(Some(length))
+        Ok(Some((length, f.truncate_version)))
     }
 
     /// Runs `items` in one transaction (all or nothing), retrying conflicts.
@@ -438,13 +472,6 @@ impl Inner {
 
     async fn after_commit(&self, op: &MetaOp, reply: &MetaReply) {
         match (op, reply) {
-            (MetaOp::Truncate { length, .. }, MetaReply::Inode(inode)) => {
-                if let Some(f) = inode.file().filter(|f| f.inline.is_none()) {
-                    if let Err(e) = self.storage.truncate_chunks(inode.id, &f.layout, *length).await {
-                        tracing::warn!(inode = %inode.id, error = %e, "truncating chunks failed");
-                    }
-                }
-            }
             (MetaOp::RemoveTree { .. } | MetaOp::Unlink { .. } | MetaOp::Rename { .. } | MetaOp::Replace { .. }, _) => {
                 self.gc_wakeup.notify_one()
             }

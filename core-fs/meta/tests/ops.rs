@@ -309,13 +309,13 @@ async fn lengths_sessions_truncate_versions() {
     let r = fs.inode(MetaOp::ReportLength { inode: f.id, length: 40 * chunk, truncate_version: 0 }).await.unwrap();
     assert_eq!(r.size_bytes(), 40 * chunk);
     // Truncate wins over a stale report.
-    let t = fs.inode(MetaOp::Truncate { inode: f.id, length: 100 }).await.unwrap();
+    let t = fs.inode(MetaOp::Truncate { inode: f.id, length: 100, session: 0 }).await.unwrap();
     assert_eq!(t.file().unwrap().truncate_version, 1);
     let stale = fs.inode(MetaOp::ReportLength { inode: f.id, length: 50 * chunk, truncate_version: 0 }).await.unwrap();
     assert_eq!(stale.size_bytes(), 100);
     // Close asks storage for the exact length (beyond the first 16 chains).
     fs.storage.write_file(f.id, &layout, 20 * chunk + 7);
-    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
     assert_eq!(closed.size_bytes(), 20 * chunk + 7);
     // Unlink with the file closed: GC removes its chunks.
     fs.op(MetaOp::Unlink { parent: ROOT, name: "f".into() }).await.unwrap();
@@ -336,7 +336,7 @@ async fn open_session_defers_gc_of_unlinked_file() {
     let s = fs.svc.run_gc_once().await.unwrap();
     assert_eq!(s.deferred, 1);
     assert_eq!(fs.storage.chunk_count(f.id), 1);
-    fs.op(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    fs.op(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
     fs.svc.run_gc_until_idle().await.unwrap();
     assert_eq!(fs.storage.chunk_count(f.id), 0);
     fs.fsck_clean().await;
@@ -373,7 +373,7 @@ async fn exact_length_on_close_widens_the_dynamic_stripe() {
     assert_eq!((data.layout.stripe_size(), data.dyn_stripe), (64, 16));
     // 40 chunks written, no length report: chains 17..40 (shuffled order) are beyond the hint.
     fs.storage.write_file(f.id, &data.layout, 40 * 4096 - 100);
-    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None }).await.unwrap();
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
     assert_eq!(closed.size_bytes(), 40 * 4096 - 100);
     assert_eq!(closed.file().unwrap().dyn_stripe, 64);
 }
@@ -410,4 +410,139 @@ async fn unpublished_temp_inodes_are_reclaimed_after_their_ttl() {
     assert_eq!(fs.storage.chunk_count(tmp.id), 0);
     assert_eq!(fs.lookup(ROOT, "kept").await.unwrap().id, published.id);
     fs.fsck_clean().await;
+}
+
+fn opened(reply: MetaReply) -> (Inode, u64) {
+    match reply {
+        MetaReply::Opened { inode, session } => (inode, session),
+        other => panic!("expected an open session, got {other:?}"),
+    }
+}
+
+/// Every namespace change moves the parent directory's mtime and ctime (the
+/// directory's `DTIM` key, folded into its attributes on every read), and an
+/// explicit mtime on the directory wins over earlier changes.
+#[tokio::test]
+async fn namespace_changes_move_the_parent_directory_times() {
+    let fs = Fs::new().await;
+    let d = fs.mkdir(ROOT, "d").await.unwrap();
+    let e = fs.mkdir(ROOT, "e").await.unwrap();
+    let mut last = fs.stat(d.id).await.unwrap();
+    let ops: Vec<(&str, MetaOp)> = vec![
+        ("create", MetaOp::Create { parent: d.id, name: "f".into(), mode: 0o644, exclusive: true, write: false }),
+        ("mkdir", MetaOp::Mkdir { parent: d.id, name: "sub".into(), mode: 0o755 }),
+        ("symlink", MetaOp::Symlink { parent: d.id, name: "s".into(), target: "f".into() }),
+        ("rename within", MetaOp::Rename { src_parent: d.id, src_name: "s".into(), dst_parent: d.id, dst_name: "s2".into() }),
+        ("rename out", MetaOp::Rename { src_parent: d.id, src_name: "s2".into(), dst_parent: e.id, dst_name: "s2".into() }),
+        ("unlink", MetaOp::Unlink { parent: d.id, name: "f".into() }),
+        ("rmdir", MetaOp::Rmdir { parent: d.id, name: "sub".into() }),
+    ];
+    for (what, op) in ops {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        fs.op(op).await.unwrap_or_else(|err| panic!("{what}: {err}"));
+        let now = fs.stat(d.id).await.unwrap();
+        assert!(now.mtime_ns > last.mtime_ns, "{what} must move the parent's mtime");
+        assert!(now.ctime_ns > last.ctime_ns, "{what} must move the parent's ctime");
+        assert_eq!(fs.lookup(ROOT, "d").await.unwrap().mtime_ns, now.mtime_ns, "lookup sees the same times");
+        last = now;
+    }
+    let e_after = fs.stat(e.id).await.unwrap();
+    assert!(e_after.mtime_ns > e.mtime_ns, "the destination of a rename moves too");
+    // readdir with attributes reports the folded times as well.
+    let listed = match fs.op(MetaOp::Readdir { dir: ROOT, start_after: String::new(), limit: 10, with_attrs: true }).await.unwrap() {
+        MetaReply::Entries { entries, .. } => entries,
+        other => panic!("{other:?}"),
+    };
+    let d_attr = listed.iter().find(|x| x.name == "d").and_then(|x| x.attr.clone()).unwrap();
+    assert_eq!(d_attr.mtime_ns, last.mtime_ns);
+    // utimes on the directory: the explicit mtime wins.
+    fs.op(MetaOp::SetAttr { inode: d.id, attr: SetAttr { mtime_ns: Some(1_000), ..Default::default() } }).await.unwrap();
+    assert_eq!(fs.stat(d.id).await.unwrap().mtime_ns, 1_000);
+    // Hard link into d moves it again.
+    let g = fs.create(ROOT, "g").await.unwrap();
+    fs.op(MetaOp::Link { inode: g.id, parent: d.id, name: "g".into() }).await.unwrap();
+    assert!(fs.stat(d.id).await.unwrap().mtime_ns > 1_000);
+    fs.fsck_clean().await;
+}
+
+/// Creates in one directory read the directory's inode but only blindly
+/// max its time key: two transactions creating there both commit.
+#[tokio::test]
+async fn concurrent_creates_in_one_directory_do_not_conflict() {
+    use fskv_meta::ops::{self, OpCtx, Prepared};
+    let fs = Fs::new().await;
+    let d = fs.mkdir(ROOT, "d").await.unwrap();
+    let engine = fs.svc.engine().clone();
+    let cfg = fs.svc.config().clone();
+    let user = UserInfo::root();
+    let preps: Vec<Prepared> = (0..2u64)
+        .map(|i| Prepared { now_ns: 10_000_000_000_000_000_000 + i, new_id: Some(InodeId(1 << 40 | i)), ..Prepared::default() })
+        .collect();
+    let mut t1 = engine.begin().await.unwrap();
+    let mut t2 = engine.begin().await.unwrap();
+    for (txn, (prep, name)) in [(&mut t1, (&preps[0], "a")), (&mut t2, (&preps[1], "b"))] {
+        let ctx = OpCtx { cfg: &cfg, user: &user, client_id: 1, prep };
+        let op = MetaOp::Create { parent: d.id, name: name.into(), mode: 0o644, exclusive: true, write: false };
+        ops::apply(&mut **txn, &ctx, &op).await.unwrap();
+    }
+    t2.commit().await.unwrap();
+    t1.commit().await.expect("a create must not conflict with another create in the same directory");
+    let after = fs.stat(d.id).await.unwrap();
+    assert_eq!(after.mtime_ns, 10_000_000_000_000_000_001, "the later time wins whatever the commit order");
+}
+
+/// Close moves mtime/ctime only when the handle wrote or the length changed;
+/// a stale handle's length hint (older truncate version) is ignored.
+#[tokio::test]
+async fn close_without_writes_keeps_times_and_stale_hints_are_ignored() {
+    let fs = Fs::new().await;
+    let (f, session) = opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: false }).await.unwrap();
+    assert_eq!((closed.ctime_ns, closed.mtime_ns), (f.ctime_ns, f.mtime_ns), "a close with no writes changes no time");
+
+    fs.storage.write_file(f.id, &f.file().unwrap().layout, 100);
+    let (_, s2) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    let (_, s3) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    let t = fs.inode(MetaOp::Truncate { inode: f.id, length: 5, session: s3 }).await.unwrap();
+    assert_eq!(t.file().unwrap().truncate_version, 1);
+    // s2 last saw truncate version 0: its hint of 1000 predates the truncate.
+    let c2 = fs.inode(MetaOp::Close { inode: f.id, session: s2, length_hint: Some(1000), truncate_version: 0, wrote: true }).await.unwrap();
+    assert_eq!(c2.size_bytes(), 5);
+    let c3 = fs.inode(MetaOp::Close { inode: f.id, session: s3, length_hint: Some(9), truncate_version: 1, wrote: true }).await.unwrap();
+    assert!(c3.mtime_ns > closed.mtime_ns);
+}
+
+/// ftruncate through a descriptor opened for writing needs no write
+/// permission on the mode (POSIX: the open checked it); a session of another
+/// client or a closed one does not count.
+#[tokio::test]
+async fn truncate_through_an_open_write_session_skips_the_mode_check() {
+    let fs = Fs::new().await;
+    let home = fs.mkdir(ROOT, "home").await.unwrap();
+    fs.op(MetaOp::SetAttr { inode: home.id, attr: SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() } }).await.unwrap();
+    let alice = fs.as_user(1000, 1000);
+    let (f, session) =
+        opened(alice.op(MetaOp::Create { parent: home.id, name: "f".into(), mode: 0, exclusive: true, write: true }).await.unwrap());
+    assert_eq!(code(alice.op(MetaOp::Truncate { inode: f.id, length: 3, session: 0 }).await), ErrorCode::PermissionDenied);
+    let t = alice.inode(MetaOp::Truncate { inode: f.id, length: 3, session }).await.unwrap();
+    assert_eq!(t.size_bytes(), 3);
+    let bob = fs.as_user(1001, 1001);
+    assert_eq!(code(bob.op(MetaOp::Truncate { inode: f.id, length: 1, session }).await), ErrorCode::PermissionDenied);
+    alice.op(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 1, wrote: false }).await.unwrap();
+    assert_eq!(code(alice.op(MetaOp::Truncate { inode: f.id, length: 1, session }).await), ErrorCode::PermissionDenied);
+}
+
+/// A truncate cuts storage before its length commits, so a close measuring
+/// the exact length afterwards never brings the cut bytes back.
+#[tokio::test]
+async fn truncate_cuts_storage_before_the_length_commits() {
+    let fs = Fs::new().await;
+    let (f, session) = opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
+    let layout = f.file().unwrap().layout.clone();
+    fs.storage.write_file(f.id, &layout, 23_456);
+    let (_, s2) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    fs.op(MetaOp::Truncate { inode: f.id, length: 1, session: s2 }).await.unwrap();
+    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: Some(23_456), truncate_version: 0, wrote: true }).await.unwrap();
+    assert_eq!(closed.size_bytes(), 1);
 }

@@ -60,6 +60,9 @@ impl Transaction for LossyTxn {
     fn atomic_add(&mut self, key: &[u8], delta: i64) -> KvResult<()> {
         self.inner.atomic_add(key, delta)
     }
+    fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()> {
+        self.inner.atomic_max(key, value)
+    }
     fn add_read_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()> {
         self.inner.add_read_conflict_range(begin, end)
     }

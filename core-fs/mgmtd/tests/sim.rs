@@ -174,6 +174,16 @@ impl Transaction for SimTxn {
         self.push(Op::Set(Bytes::copy_from_slice(key), Bytes::copy_from_slice(&next.to_le_bytes())));
         Ok(())
     }
+    fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()> {
+        let mut cur = [0u8; 8];
+        if let Some(v) = self.view().get(key) {
+            let n = v.len().min(8);
+            cur[..n].copy_from_slice(&v[..n]);
+        }
+        let next = u64::from_le_bytes(cur).max(value);
+        self.push(Op::Set(Bytes::copy_from_slice(key), Bytes::copy_from_slice(&next.to_le_bytes())));
+        Ok(())
+    }
     fn add_read_conflict_range(&mut self, _begin: &[u8], _end: &[u8]) -> KvResult<()> {
         Ok(())
     }

@@ -289,8 +289,11 @@ pub enum MetaOp {
     Create { parent: InodeId, name: String, mode: u32, exclusive: bool, write: bool },
     Open { inode: InodeId, write: bool },
     /// Ends a write session and fixes the length: exact from storage when it
-    /// knows, else the larger of the stored length and `length_hint`.
-    Close { inode: InodeId, session: u64, length_hint: Option<u64> },
+    /// knows, else the larger of the stored length and `length_hint` (ignored
+    /// when `truncate_version` is older than the file's: a truncate since).
+    /// `wrote`: the handle wrote data (mtime/ctime move only then, or when
+    /// the length changes).
+    Close { inode: InodeId, session: u64, length_hint: Option<u64>, truncate_version: u64, wrote: bool },
     Mkdir { parent: InodeId, name: String, mode: u32 },
     Rmdir { parent: InodeId, name: String },
     Unlink { parent: InodeId, name: String },
@@ -303,7 +306,10 @@ pub enum MetaOp {
     /// byte order of names, at most `limit` (≤ [`MAX_READDIR_LIMIT`]).
     Readdir { dir: InodeId, start_after: String, limit: u32, with_attrs: bool },
     SetAttr { inode: InodeId, attr: SetAttr },
-    Truncate { inode: InodeId, length: u64 },
+    /// Sets the length. `session` (0 = none) names an open write session of
+    /// this client on the inode: it stands for the write permission checked
+    /// at open (ftruncate on a descriptor opened for writing).
+    Truncate { inode: InodeId, length: u64, session: u64 },
     /// A writer's periodic report of the largest offset it wrote.
     ReportLength { inode: InodeId, length: u64, truncate_version: u64 },
     GetXattr { inode: InodeId, name: String },
