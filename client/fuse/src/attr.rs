@@ -1,6 +1,6 @@
 //! Inode → `FileAttr` conversion.
 
-use fskv_types::meta::{Inode, InodeKind};
+use fskv_types::meta::{Inode, InodeKind, SpecialKind};
 use fuser::{FileAttr, FileType, INodeNo};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -13,6 +13,23 @@ pub fn file_type(kind: InodeKind) -> FileType {
         InodeKind::File => FileType::RegularFile,
         InodeKind::Directory => FileType::Directory,
         InodeKind::Symlink => FileType::Symlink,
+        InodeKind::Special(SpecialKind::Fifo) => FileType::NamedPipe,
+        InodeKind::Special(SpecialKind::Socket) => FileType::Socket,
+        InodeKind::Special(SpecialKind::CharDevice) => FileType::CharDevice,
+        InodeKind::Special(SpecialKind::BlockDevice) => FileType::BlockDevice,
+    }
+}
+
+/// The special-file kind of a `mknod(2)` mode (`None` for a regular file,
+/// `Err` for a type mknod cannot make).
+pub fn special_kind_of_mode(mode: u32) -> Result<Option<SpecialKind>, ()> {
+    match mode & libc::S_IFMT {
+        0 | libc::S_IFREG => Ok(None),
+        libc::S_IFIFO => Ok(Some(SpecialKind::Fifo)),
+        libc::S_IFSOCK => Ok(Some(SpecialKind::Socket)),
+        libc::S_IFCHR => Ok(Some(SpecialKind::CharDevice)),
+        libc::S_IFBLK => Ok(Some(SpecialKind::BlockDevice)),
+        _ => Err(()),
     }
 }
 
@@ -42,7 +59,7 @@ pub fn to_attr(inode: &Inode, min_size_bytes: u64) -> FileAttr {
         nlink: inode.nlink,
         uid: inode.acl.uid,
         gid: inode.acl.gid,
-        rdev: 0,
+        rdev: u32::try_from(inode.rdev()).unwrap_or(0),
         blksize: BLKSIZE_BYTES,
         flags: 0,
     }

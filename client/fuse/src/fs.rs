@@ -5,7 +5,7 @@
 //! work on the tokio runtime; the task sends the reply. The kernel's reader
 //! thread never waits for the cluster, so slow operations do not block others.
 
-use crate::attr::{ns_of, to_attr};
+use crate::attr::{ns_of, special_kind_of_mode, to_attr};
 use crate::errno::{FsError, FsResult};
 use crate::handles::{DirState, HandleTable, ListedEntry, OpenDir, OpenFile};
 use crate::MountConfig;
@@ -447,15 +447,19 @@ impl Filesystem for FskvFs {
         });
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, _rdev: u32, reply: ReplyEntry) {
-        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
-            return reply.error(Errno::EPERM);
-        }
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let Ok(special) = special_kind_of_mode(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("mknod", parent = parent.0), async move {
-            let r = match name {
-                Ok(n) => ctx.meta().create(ino(parent), &n, mode & !umask & 0o7777, true).await.map_err(FsError::from),
-                Err(e) => Err(e),
+            let perm = mode & !umask & 0o7777;
+            let r = match (name, special) {
+                (Ok(n), None) => ctx.meta().create(ino(parent), &n, perm, true).await.map_err(FsError::from),
+                (Ok(n), Some(kind)) => {
+                    ctx.meta().mknod(ino(parent), &n, perm, kind, u64::from(rdev)).await.map_err(FsError::from)
+                }
+                (Err(e), _) => Err(e),
             };
             ctx.reply_entry(reply, r);
         });

@@ -305,6 +305,11 @@ impl MetaClient {
         self.inode(MetaOp::Symlink { parent, name: name.into(), target: target.into() }, "symlink").await
     }
 
+    /// Makes a FIFO, socket or device node (`rdev` for devices; root only).
+    pub async fn mknod(&self, parent: InodeId, name: &str, mode: u32, kind: SpecialKind, rdev: u64) -> Result<Inode> {
+        self.inode(MetaOp::Mknod { parent, name: name.into(), mode, kind, rdev }, "mknod").await
+    }
+
     pub async fn readlink(&self, inode: InodeId) -> Result<String> {
         match self.call(MetaOp::Readlink { inode }).await? {
             MetaReply::Target(t) => Ok(t),

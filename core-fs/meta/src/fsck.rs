@@ -212,6 +212,7 @@ pub async fn run(engine: &dyn KvEngine, opts: &FsckOptions) -> MetaResult<FsckRe
     // 3. Entries, streamed: checked against the inodes, links counted.
     let mut entries: u64 = 0;
     let mut links: HashMap<InodeId, u32> = HashMap::new();
+    let mut subdirs: HashMap<InodeId, i64> = HashMap::new();
     let (mut begin, end) = prefix_bounds(PREFIX_DENTRY);
     loop {
         let page = scan.page(&mut begin, &end).await?;
@@ -235,6 +236,9 @@ pub async fn run(engine: &dyn KvEngine, opts: &FsckOptions) -> MetaResult<FsckRe
             };
             let count = links.entry(e.inode).or_default();
             *count = count.saturating_add(1);
+            if e.kind == InodeKind::Directory {
+                *subdirs.entry(parent).or_default() += 1;
+            }
             match nodes.get(&parent) {
                 Some(pn) if pn.kind == InodeKind::Directory => {}
                 _ if undecodable.contains(&parent) => {}
@@ -254,6 +258,36 @@ pub async fn run(engine: &dyn KvEngine, opts: &FsckOptions) -> MetaResult<FsckRe
                     p.push(FsckProblemKind::DirectoryNameMismatch, e.inode, format!("dir {} named {parent}/{name} records {dp}/{dn}", e.inode));
                 }
             }
+        }
+    }
+
+    // 3b. Subdirectory counters (directory nlink) against the entries.
+    let mut counted: HashMap<InodeId, i64> = HashMap::new();
+    let (mut begin, end) = prefix_bounds(PREFIX_DIR_SUBDIRS);
+    loop {
+        let page = scan.page(&mut begin, &end).await?;
+        if page.is_empty() {
+            break;
+        }
+        for (k, v) in page {
+            match (id_from_key(&k), decode_i64(&k, &v)) {
+                (Ok(id), Ok(n)) => {
+                    if counted.len() as u64 >= opts.max_inodes {
+                        return Err(MetaError::TooLarge(format!("fsck holds at most {} counters in memory", opts.max_inodes)));
+                    }
+                    counted.insert(id, n);
+                }
+                (Err(e), _) | (_, Err(e)) => p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string()),
+            }
+        }
+    }
+    let mut dirs: Vec<(InodeId, &Node)> =
+        nodes.iter().filter(|(_, n)| n.kind == InodeKind::Directory && n.nlink > 0).map(|(id, n)| (*id, n)).collect();
+    dirs.sort_unstable_by_key(|(id, _)| *id);
+    for (id, _) in dirs {
+        let (stored, real) = (counted.get(&id).copied().unwrap_or(0), subdirs.get(&id).copied().unwrap_or(0));
+        if stored != real {
+            p.push(FsckProblemKind::SubdirCountMismatch, id, format!("dir {id}: subdirectory counter {stored} but {real} subdirectories"));
         }
     }
 

@@ -192,6 +192,7 @@ fn bump(inode: &mut Inode, now_ns: u64) {
 pub fn delete_inode(txn: &mut dyn Transaction, id: InodeId) -> MetaResult<()> {
     txn.clear(&inode_key(id))?;
     txn.clear(&dir_time_key(id))?;
+    txn.clear(&dir_subdirs_key(id))?;
     for prefix in [xattr_prefix(id), session_prefix(id)] {
         txn.clear_range(&prefix, &prefix_end(&prefix))?;
     }
@@ -276,13 +277,52 @@ fn file_mut(inode: &mut Inode) -> MetaResult<&mut FileData> {
         InodeData::File(f) => Ok(f),
         InodeData::Directory(_) => Err(MetaError::IsDirectory(id)),
         InodeData::Symlink { .. } => Err(MetaError::InvalidArgument(format!("{id} is a symlink"))),
+        InodeData::Special { .. } => Err(MetaError::InvalidArgument(format!("{id} is a special file"))),
     }
 }
 
 // ---------- the dispatcher ----------
 
-/// Runs `op` inside `txn` (not committed here).
+/// Runs `op` inside `txn` (not committed here). Directories in the reply
+/// carry their POSIX nlink (see [`fold_dir_nlink`]).
 pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> MetaResult<MetaReply> {
+    let mut reply = apply_op(txn, ctx, op).await?;
+    match &mut reply {
+        MetaReply::Inode(inode) | MetaReply::Opened { inode, .. } => fold_dir_nlink(txn, inode).await?,
+        MetaReply::Entries { entries, .. } => {
+            for attr in entries.iter_mut().filter_map(|e| e.attr.as_mut()) {
+                fold_dir_nlink(txn, attr).await?;
+            }
+        }
+        _ => {}
+    }
+    Ok(reply)
+}
+
+/// A live directory's stored nlink is 1 (0 once removed); replies show
+/// 2 + its subdirectories, counted in its `DSUB` key with atomic adds (so
+/// mkdir and rmdir never write the parent's inode) and read here without
+/// a conflict.
+async fn fold_dir_nlink(txn: &mut dyn Transaction, inode: &mut Inode) -> MetaResult<()> {
+    if inode.dir().is_none() || inode.nlink == 0 {
+        return Ok(());
+    }
+    let key = dir_subdirs_key(inode.id);
+    let subdirs = match txn.snapshot_get(&key).await? {
+        Some(raw) => decode_i64(&key, &raw)?.max(0),
+        None => 0,
+    };
+    inode.nlink = u32::try_from(subdirs).unwrap_or(u32::MAX - 2).saturating_add(2);
+    Ok(())
+}
+
+/// Counts a subdirectory added to (+1) or removed from (-1) `dir`.
+fn count_subdir(txn: &mut dyn Transaction, dir: InodeId, delta: i64) -> MetaResult<()> {
+    txn.atomic_add(&dir_subdirs_key(dir), delta)?;
+    Ok(())
+}
+
+async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> MetaResult<MetaReply> {
     match op {
         MetaOp::Lookup { parent, name } => lookup(txn, ctx, *parent, name).await.map(MetaReply::Inode),
         MetaOp::Stat { inode } => load_inode(txn, *inode).await.map(MetaReply::Inode),
@@ -302,6 +342,9 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
         }
         MetaOp::Symlink { parent, name, target } => symlink(txn, ctx, *parent, name, target).await.map(MetaReply::Inode),
         MetaOp::Readlink { inode } => readlink(txn, *inode).await.map(MetaReply::Target),
+        MetaOp::Mknod { parent, name, mode, kind, rdev } => {
+            mknod(txn, ctx, *parent, name, *mode, *kind, *rdev).await.map(MetaReply::Inode)
+        }
         MetaOp::Link { inode, parent, name } => link(txn, ctx, *inode, *parent, name).await.map(MetaReply::Inode),
         MetaOp::Readdir { dir, start_after, limit, with_attrs } => {
             readdir(txn, ctx, *dir, start_after, *limit, *with_attrs).await
@@ -385,8 +428,10 @@ pub async fn open(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, write
     let inode = load_live(txn, id).await?;
     perm::check(&inode, ctx.user, if write { WRITE } else { READ })?;
     if write {
-        if inode.dir().is_some() {
-            return Err(MetaError::IsDirectory(id));
+        match inode.data {
+            InodeData::File(_) => {}
+            InodeData::Directory(_) => return Err(MetaError::IsDirectory(id)),
+            _ => return Err(MetaError::InvalidArgument(format!("{id} is not a regular file: no write session"))),
         }
         let session = open_session(txn, ctx, id)?;
         return Ok(MetaReply::Opened { inode, session });
@@ -469,6 +514,7 @@ pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
     save_inode(txn, &inode)?;
     set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Directory })?;
     touch_dir(txn, parent, ctx.prep.now_ns)?;
+    count_subdir(txn, parent, 1)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
     tracing::debug!(parent = %parent, inode = %inode.id, name, "mkdir");
     Ok(inode)
@@ -501,6 +547,7 @@ pub async fn rmdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
     }
     txn.clear(&dentry_key(parent, name))?;
     touch_dir(txn, parent, ctx.prep.now_ns)?;
+    count_subdir(txn, parent, -1)?;
     delete_inode(txn, inode.id)?;
     tracing::debug!(parent = %parent, inode = %inode.id, name, "rmdir");
     Ok(())
@@ -569,6 +616,7 @@ pub async fn rename(
                     return Err(MetaError::NotEmpty(dst.inode));
                 }
                 delete_inode(txn, dst.inode)?;
+                count_subdir(txn, dst_parent, -1)?;
             }
             (false, false) => drop_link(txn, dst.inode, ctx.prep.now_ns).await?,
         }
@@ -577,6 +625,10 @@ pub async fn rename(
     set_entry(txn, dst_parent, dst_name, src)?;
     touch_dir(txn, src_parent, ctx.prep.now_ns)?;
     touch_dir(txn, dst_parent, ctx.prep.now_ns)?;
+    if is_dir && src_parent != dst_parent {
+        count_subdir(txn, src_parent, -1)?;
+        count_subdir(txn, dst_parent, 1)?;
+    }
     if let InodeData::Directory(d) = &mut src_inode.data {
         d.parent = dst_parent;
         d.name = dst_name.to_string();
@@ -612,6 +664,36 @@ pub async fn symlink(
     set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Symlink })?;
     touch_dir(txn, parent, ctx.prep.now_ns)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
+    Ok(inode)
+}
+
+/// Makes a FIFO, socket or device node (metadata only: the kernel serves
+/// its I/O). Device nodes need root, as mknod(2) needs CAP_MKNOD.
+pub async fn mknod(
+    txn: &mut dyn Transaction,
+    ctx: &OpCtx<'_>,
+    parent: InodeId,
+    name: &str,
+    mode: u32,
+    kind: SpecialKind,
+    rdev: u64,
+) -> MetaResult<Inode> {
+    check_name(name)?;
+    if kind.is_device() && ctx.user.uid != 0 {
+        return Err(MetaError::PermissionDenied("only root makes device nodes".into()));
+    }
+    let rdev = if kind.is_device() { rdev } else { 0 };
+    let dir = load_dir(txn, parent).await?;
+    perm::check(&dir, ctx.user, WRITE | EXEC)?;
+    if get_entry(txn, parent, name).await?.is_some() {
+        return Err(MetaError::AlreadyExists(format!("{parent}/{name}")));
+    }
+    let inode = new_inode(ctx, InodeData::Special { kind, rdev }, mode, 1, &dir)?;
+    save_inode(txn, &inode)?;
+    set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Special(kind) })?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    txn.atomic_add(KEY_INODE_COUNT, 1)?;
+    tracing::debug!(parent = %parent, inode = %inode.id, name, ?kind, "mknod");
     Ok(inode)
 }
 
@@ -870,6 +952,7 @@ pub async fn remove_tree(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: Ino
     touch_dir(txn, parent, ctx.prep.now_ns)?;
     if entry.kind == InodeKind::Directory {
         perm::check(&inode, ctx.user, WRITE | EXEC)?;
+        count_subdir(txn, parent, -1)?;
         inode.nlink = 0;
         bump(&mut inode, ctx.prep.now_ns);
         save_inode(txn, &inode)?;

@@ -25,6 +25,9 @@ pub const PREFIX_STATS: &[u8; 4] = b"MSTA";
 /// A directory's last namespace change (ns, 8-byte LE, written with atomic
 /// max so that creates in one directory never conflict on it).
 pub const PREFIX_DIR_TIME: &[u8; 4] = b"DTIM";
+/// A directory's number of subdirectories (i64 LE, atomic add), so its
+/// nlink (2 + subdirectories) needs no write of the directory's inode.
+pub const PREFIX_DIR_SUBDIRS: &[u8; 4] = b"DSUB";
 /// Counter of live inodes (8-byte LE, maintained with atomic adds).
 pub const KEY_INODE_COUNT: &[u8] = b"MSTAinodes";
 
@@ -70,6 +73,10 @@ pub fn session_prefix(id: InodeId) -> Vec<u8> {
 
 pub fn dir_time_key(dir: InodeId) -> Vec<u8> {
     with_prefix(PREFIX_DIR_TIME, dir, &[])
+}
+
+pub fn dir_subdirs_key(dir: InodeId) -> Vec<u8> {
+    with_prefix(PREFIX_DIR_SUBDIRS, dir, &[])
 }
 
 pub fn gc_key(id: InodeId) -> Vec<u8> {

@@ -80,6 +80,7 @@ pub fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::Unlink { .. } => "unlink",
         MetaOp::Rename { .. } => "rename",
         MetaOp::Symlink { .. } => "symlink",
+        MetaOp::Mknod { .. } => "mknod",
         MetaOp::Readlink { .. } => "readlink",
         MetaOp::Link { .. } => "link",
         MetaOp::Readdir { .. } => "readdir",
@@ -122,6 +123,7 @@ pub fn is_batchable(op: &MetaOp) -> bool {
         MetaOp::Create { .. }
             | MetaOp::Mkdir { .. }
             | MetaOp::Symlink { .. }
+            | MetaOp::Mknod { .. }
             | MetaOp::CreateWritePublish { .. }
             | MetaOp::ReportLength { .. }
     )
@@ -133,6 +135,7 @@ fn creates_inode(op: &MetaOp) -> bool {
         MetaOp::Create { .. }
             | MetaOp::Mkdir { .. }
             | MetaOp::Symlink { .. }
+            | MetaOp::Mknod { .. }
             | MetaOp::CreateUnlinked { .. }
             | MetaOp::CreateWritePublish { .. }
     )

@@ -55,7 +55,8 @@ async fn fsck_rpc_is_clean_on_a_fresh_tree_and_reports_corruption() {
     // Corruption straight in the KV:
     // * the inode under the entry d/a is deleted  → dangling entry;
     // * the entry of d/sub is deleted             → sub is an orphan directory
-    //   (b keeps its 2 entries, sub/b and d/b-link, so its nlink still holds);
+    //   (b keeps its 2 entries, sub/b and d/b-link, so its nlink still holds)
+    //   and d's subdirectory counter (nlink) no longer matches;
     // * c's inode value is garbage                → undecodable (and not dangling).
     corrupt(&engine, |t| {
         t.clear(&inode_key(a.id)).unwrap();
@@ -68,8 +69,9 @@ async fn fsck_rpc_is_clean_on_a_fresh_tree_and_reports_corruption() {
     assert!(kinds.contains(&(FsckProblemKind::DanglingEntry, d.id)), "{bad:#?}");
     assert!(kinds.contains(&(FsckProblemKind::Orphan, sub.id)), "{bad:#?}");
     assert!(kinds.contains(&(FsckProblemKind::Undecodable, c.id)), "{bad:#?}");
+    assert!(kinds.contains(&(FsckProblemKind::SubdirCountMismatch, d.id)), "{bad:#?}");
     assert!(!kinds.iter().any(|(k, i)| *k == FsckProblemKind::DanglingEntry && *i == ROOT), "undecodable c is not also dangling: {bad:#?}");
-    assert_eq!(bad.problems_total, 3, "{bad:#?}");
+    assert_eq!(bad.problems_total, 4, "{bad:#?}");
     assert!(bad.problems.iter().any(|p| p.detail.contains("d/a") || p.detail.contains(&format!("{}/a", d.id))), "{bad:#?}");
 
     // A wrong nlink.
@@ -79,17 +81,17 @@ async fn fsck_rpc_is_clean_on_a_fresh_tree_and_reports_corruption() {
     corrupt(&engine, |t| t.set(&inode_key(b.id), &value).unwrap()).await;
     let bad = client.fsck(&req(100, 0), TIMEOUT_MS).await.unwrap();
     assert!(bad.problems.iter().any(|p| p.kind == FsckProblemKind::NlinkMismatch && p.inode == b.id), "{bad:#?}");
-    assert_eq!(bad.problems_total, 4, "{bad:#?}");
+    assert_eq!(bad.problems_total, 5, "{bad:#?}");
 
     // The list is bounded, the count is not.
     let one = client.fsck(&req(1, 0), TIMEOUT_MS).await.unwrap();
     assert_eq!(one.problems.len(), 1);
-    assert_eq!(one.problems_total, 4);
+    assert_eq!(one.problems_total, 5);
     // The server caps the list whatever the caller asks.
     let capped = client.fsck(&req(u32::MAX, 0), TIMEOUT_MS).await.unwrap();
-    assert_eq!(capped.problems.len(), 4);
+    assert_eq!(capped.problems.len(), 5);
 
     // The library entry point used by the property tests agrees.
     let report = fskv_meta::fsck::check(&*engine).await.unwrap();
-    assert_eq!(report.problems.len(), 4, "{:#?}", report.problems);
+    assert_eq!(report.problems.len(), 5, "{:#?}", report.problems);
 }

@@ -546,3 +546,73 @@ async fn truncate_cuts_storage_before_the_length_commits() {
     let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: Some(23_456), truncate_version: 0, wrote: true }).await.unwrap();
     assert_eq!(closed.size_bytes(), 1);
 }
+
+/// A directory's nlink is 2 + its subdirectories (counted with atomic adds
+/// in `DSUB`, never by writing the directory's inode), through mkdir, rmdir,
+/// rename across parents, rename over an empty directory and remove-tree.
+#[tokio::test]
+async fn directory_nlink_counts_subdirectories() {
+    let fs = Fs::new().await;
+    let nlink = |id: InodeId| {
+        let fs = &fs;
+        async move { fs.stat(id).await.unwrap().nlink }
+    };
+    let a = fs.mkdir(ROOT, "a").await.unwrap();
+    assert_eq!(a.nlink, 2, "a new directory");
+    let b = fs.mkdir(ROOT, "b").await.unwrap();
+    fs.mkdir(a.id, "x").await.unwrap();
+    fs.mkdir(a.id, "y").await.unwrap();
+    fs.create(a.id, "file").await.unwrap();
+    assert_eq!(nlink(a.id).await, 4, "files do not count");
+    assert_eq!(nlink(ROOT).await, 4);
+    fs.op(MetaOp::Rename { src_parent: a.id, src_name: "x".into(), dst_parent: b.id, dst_name: "x".into() }).await.unwrap();
+    assert_eq!((nlink(a.id).await, nlink(b.id).await), (3, 3));
+    fs.op(MetaOp::Rename { src_parent: a.id, src_name: "y".into(), dst_parent: a.id, dst_name: "y2".into() }).await.unwrap();
+    assert_eq!(nlink(a.id).await, 3, "a rename inside one directory changes nothing");
+    // y2 replaces the empty b/x: b keeps one subdirectory, a loses one.
+    fs.op(MetaOp::Rename { src_parent: a.id, src_name: "y2".into(), dst_parent: b.id, dst_name: "x".into() }).await.unwrap();
+    assert_eq!((nlink(a.id).await, nlink(b.id).await), (2, 3));
+    fs.op(MetaOp::Rmdir { parent: b.id, name: "x".into() }).await.unwrap();
+    assert_eq!(nlink(b.id).await, 2);
+    fs.mkdir(b.id, "t").await.unwrap();
+    fs.op(MetaOp::RemoveTree { parent: ROOT, name: "b".into() }).await.unwrap();
+    assert_eq!(nlink(ROOT).await, 3);
+    let listed = match fs.op(MetaOp::Readdir { dir: ROOT, start_after: String::new(), limit: 10, with_attrs: true }).await.unwrap() {
+        MetaReply::Entries { entries, .. } => entries,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(listed.iter().find(|e| e.name == "a").and_then(|e| e.attr.as_ref()).map(|i| i.nlink), Some(2));
+    fs.svc.run_gc_until_idle().await.unwrap();
+    fs.fsck_clean().await;
+}
+
+/// FIFOs, sockets and device nodes are metadata-only inodes; only root makes
+/// device nodes, and they cannot be opened as files here.
+#[tokio::test]
+async fn special_files_are_made_by_mknod() {
+    let fs = Fs::new().await;
+    let fifo = fs.inode(MetaOp::Mknod { parent: ROOT, name: "p".into(), mode: 0o640, kind: SpecialKind::Fifo, rdev: 7 }).await.unwrap();
+    assert_eq!(fifo.kind(), InodeKind::Special(SpecialKind::Fifo));
+    assert_eq!((fifo.rdev(), fifo.size_bytes(), fifo.acl.mode), (0, 0, 0o640), "rdev only for devices");
+    let dev = fs
+        .inode(MetaOp::Mknod { parent: ROOT, name: "d".into(), mode: 0o600, kind: SpecialKind::BlockDevice, rdev: 0x0801 })
+        .await
+        .unwrap();
+    assert_eq!(fs.lookup(ROOT, "d").await.unwrap().rdev(), 0x0801);
+    assert_eq!(code(fs.op(MetaOp::Mknod { parent: ROOT, name: "p".into(), mode: 0o600, kind: SpecialKind::Socket, rdev: 0 }).await), ErrorCode::AlreadyExists);
+    let home = fs.mkdir(ROOT, "home").await.unwrap();
+    fs.op(MetaOp::SetAttr { inode: home.id, attr: SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() } }).await.unwrap();
+    let alice = fs.as_user(1000, 1000);
+    assert_eq!(
+        code(alice.op(MetaOp::Mknod { parent: home.id, name: "c".into(), mode: 0o600, kind: SpecialKind::CharDevice, rdev: 1 }).await),
+        ErrorCode::PermissionDenied
+    );
+    alice.op(MetaOp::Mknod { parent: home.id, name: "s".into(), mode: 0o600, kind: SpecialKind::Socket, rdev: 0 }).await.unwrap();
+    assert_eq!(code(fs.op(MetaOp::Open { inode: dev.id, write: true }).await), ErrorCode::InvalidArgument);
+    assert_eq!(code(fs.op(MetaOp::Truncate { inode: fifo.id, length: 0, session: 0 }).await), ErrorCode::InvalidArgument);
+    fs.op(MetaOp::Link { inode: fifo.id, parent: home.id, name: "p2".into() }).await.unwrap();
+    fs.op(MetaOp::Unlink { parent: ROOT, name: "p".into() }).await.unwrap();
+    fs.op(MetaOp::Unlink { parent: home.id, name: "p2".into() }).await.unwrap();
+    assert_eq!(code(fs.stat(fifo.id).await), ErrorCode::NotFound, "the last unlink deletes a special file at once");
+    fs.fsck_clean().await;
+}

@@ -34,6 +34,24 @@ pub enum InodeKind {
     File,
     Directory,
     Symlink,
+    /// A FIFO, socket or device node: metadata only (the kernel serves it).
+    Special(SpecialKind),
+}
+
+/// The kinds of special file `mknod(2)` makes besides regular files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SpecialKind {
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl SpecialKind {
+    /// Device nodes (only root may make them).
+    pub fn is_device(self) -> bool {
+        matches!(self, SpecialKind::CharDevice | SpecialKind::BlockDevice)
+    }
 }
 
 /// Owner, group and permission bits.
@@ -155,6 +173,8 @@ pub enum InodeData {
     File(FileData),
     Directory(DirData),
     Symlink { target: String },
+    /// A special file; `rdev` is the device number of a device node (0 otherwise).
+    Special { kind: SpecialKind, rdev: u64 },
 }
 
 /// One inode as stored and as returned by stat.
@@ -180,6 +200,7 @@ impl Inode {
             InodeData::File(_) => InodeKind::File,
             InodeData::Directory(_) => InodeKind::Directory,
             InodeData::Symlink { .. } => InodeKind::Symlink,
+            InodeData::Special { kind, .. } => InodeKind::Special(kind),
         }
     }
 
@@ -203,6 +224,15 @@ impl Inode {
             InodeData::File(f) => f.length,
             InodeData::Directory(_) => 0,
             InodeData::Symlink { target } => target.len() as u64,
+            InodeData::Special { .. } => 0,
+        }
+    }
+
+    /// The device number of a device node (0 for every other inode).
+    pub fn rdev(&self) -> u64 {
+        match &self.data {
+            InodeData::Special { rdev, .. } => *rdev,
+            _ => 0,
         }
     }
 }
@@ -333,6 +363,8 @@ pub enum MetaOp {
     /// Creates an inline file with `data` and publishes it under
     /// `parent/name` in one transaction (replacing a file there if `expected` holds).
     CreateWritePublish { parent: InodeId, name: String, mode: u32, data: Vec<u8>, expected: Option<Expected>, attrs: PublishAttrs },
+    /// Makes a FIFO, socket or device node (`rdev` for devices; root only).
+    Mknod { parent: InodeId, name: String, mode: u32, kind: SpecialKind, rdev: u64 },
 }
 
 impl MetaOp {
@@ -348,6 +380,7 @@ impl MetaOp {
                 | MetaOp::Unlink { .. }
                 | MetaOp::Rename { .. }
                 | MetaOp::Symlink { .. }
+                | MetaOp::Mknod { .. }
                 | MetaOp::Link { .. }
                 | MetaOp::RemoveTree { .. }
                 | MetaOp::CreateUnlinked { .. }
@@ -367,6 +400,7 @@ impl MetaOp {
             | MetaOp::Rmdir { parent, .. }
             | MetaOp::Unlink { parent, .. }
             | MetaOp::Symlink { parent, .. }
+            | MetaOp::Mknod { parent, .. }
             | MetaOp::Link { parent, .. }
             | MetaOp::RemoveTree { parent, .. }
             | MetaOp::CreateUnlinked { parent, .. }
@@ -491,6 +525,9 @@ pub enum FsckProblemKind {
     Unreachable,
     /// A key or value that does not decode.
     Undecodable,
+    /// A live directory whose subdirectory counter (its nlink − 2) differs
+    /// from its number of directory entries that are directories.
+    SubdirCountMismatch,
 }
 
 /// One problem found by fsck.
