@@ -285,6 +285,16 @@ fn check_cross_visibility(mnt: &Path, mgmtd: &str, meta: &str, scratch: &Path) {
         fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), &format!("/{name}")]);
         assert!(fs::read(mnt.join(name)).unwrap() == data, "{name} through the mount");
     }
+    // The mount keeps a file's page cache across opens only while the
+    // file is unchanged: rewritten elsewhere (same length, new bytes), the
+    // next open reads the new bytes.
+    let first = fs::read(mnt.join("put-big")).unwrap();
+    assert!(fs::read(mnt.join("put-big")).unwrap() == first, "a second read of an unchanged file (from the page cache)");
+    let data = pattern(2 * MIB + 5, 12);
+    let local = scratch.join("put-big-2");
+    fs::write(&local, &data).unwrap();
+    fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), "/put-big"]);
+    assert!(fs::read(mnt.join("put-big")).unwrap() == data, "a file rewritten elsewhere is read fresh at the next open");
 }
 
 fn stop_mount(mut m: MountProc) {

@@ -7,7 +7,7 @@
 
 use crate::attr::{ns_of, special_kind_of_mode, to_attr};
 use crate::errno::{FsError, FsResult};
-use crate::handles::{DirState, HandleTable, ListedEntry, OpenDir, OpenFile};
+use crate::handles::{CacheStamps, DirState, HandleTable, ListedEntry, OpenDir, OpenFile};
 use crate::MountConfig;
 use bytes::Bytes;
 use fskv_client::{FsClient, OpenFlags as FskvOpenFlags};
@@ -34,6 +34,7 @@ const STATFS_FREE_INODES: u64 = 1 << 32;
 pub(crate) struct Shared {
     pub client: FsClient,
     pub handles: HandleTable,
+    pub cache_stamps: CacheStamps,
     pub cfg: MountConfig,
 }
 
@@ -163,12 +164,17 @@ impl Ctx {
         }
     }
 
-    async fn open(&self, inode: InodeId, flags: OpenFlags) -> FsResult<u64> {
+    /// Opens `inode`; also whether the kernel may keep its page cache of
+    /// the file (unchanged since this mount's last open of it).
+    async fn open(&self, inode: InodeId, flags: OpenFlags) -> FsResult<(u64, FopenFlags)> {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY;
         let truncate = write && flags.0 & libc::O_TRUNC != 0;
         let open_flags = FskvOpenFlags { read: true, write, truncate, ..Default::default() };
         let handle = self.client.open_inode(inode, open_flags).await?;
-        self.insert_handle(inode, write, handle).await
+        let may_keep = self.shared.cfg.keep_page_cache && !truncate;
+        let keep = self.shared.cache_stamps.on_open(inode, handle.opened_version(), may_keep);
+        let fh = self.insert_handle(inode, write, handle).await?;
+        Ok((fh, if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() }))
     }
 
     async fn insert_handle(&self, inode: InodeId, writable: bool, handle: fskv_client::FileHandle) -> FsResult<u64> {
@@ -238,6 +244,11 @@ impl Ctx {
 
     async fn release(&self, fh: u64) -> FsResult<()> {
         let Some(file) = self.shared.handles.remove_file(fh) else { return Err(FsError(Errno::EBADF)) };
+        if file.writable {
+            // The close moves the inode's version; what this mount cached
+            // of the file is not compared with other writers' data.
+            self.shared.cache_stamps.forget(file.inode);
+        }
         close_file(&file).await
     }
 
@@ -361,6 +372,13 @@ impl Filesystem for FskvFs {
         if let Err(max) = config.set_max_write(self.shared.cfg.max_write_bytes) {
             tracing::info!(max, "kernel caps max_write");
             let _ = config.set_max_write(max);
+        }
+        if self.shared.cfg.keep_page_cache {
+            // The kernel drops a file's cached pages when a getattr shows a
+            // new mtime or size (another client's change seen while open).
+            if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_AUTO_INVAL_DATA) {
+                tracing::info!(?missing, "kernel lacks FUSE_AUTO_INVAL_DATA; cached pages refresh at open only");
+            }
         }
         if let Err(max) = config.set_max_readahead(self.shared.cfg.max_readahead_bytes) {
             let _ = config.set_max_readahead(max);
@@ -544,7 +562,7 @@ impl Filesystem for FskvFs {
         let ctx = self.ctx(req);
         self.spawn(tracing::debug_span!("open", inode = i.0), async move {
             match ctx.open(ino(i), flags).await {
-                Ok(fh) => reply.opened(Fh(fh), FopenFlags::empty()),
+                Ok((fh, cache)) => reply.opened(Fh(fh), cache),
                 Err(e) => reply.error(e.0),
             }
         });

@@ -41,6 +41,39 @@ pub struct DirState {
     pub last_name: String,
 }
 
+/// The inode version each file had when this mount last opened it, to
+/// keep the kernel's page cache across opens of an unchanged file
+/// (close-to-open consistency: any change by anyone bumps the version
+/// meta returns at the next open). Bounded: when full it forgets
+/// everything (the next opens just read fresh).
+pub struct CacheStamps {
+    versions: Mutex<HashMap<InodeId, u64>>,
+    max_entries: usize,
+}
+
+impl CacheStamps {
+    pub fn new(max_entries: usize) -> Self {
+        CacheStamps { versions: Mutex::new(HashMap::new()), max_entries: max_entries.max(1) }
+    }
+
+    /// Records `version` as opened; whether the cache from an earlier open
+    /// may be kept (same version, and `may_keep`).
+    pub fn on_open(&self, inode: InodeId, version: u64, may_keep: bool) -> bool {
+        let mut v = self.versions.lock();
+        let keep = may_keep && v.get(&inode) == Some(&version);
+        if v.len() >= self.max_entries && !v.contains_key(&inode) {
+            v.clear();
+        }
+        v.insert(inode, version);
+        keep
+    }
+
+    /// A writer of this mount closed: the next open reads fresh.
+    pub fn forget(&self, inode: InodeId) {
+        self.versions.lock().remove(&inode);
+    }
+}
+
 enum Slot {
     File(Arc<OpenFile>),
     Dir(Arc<OpenDir>),

@@ -39,6 +39,12 @@ pub struct MountConfig {
     pub reader_threads: usize,
     /// Let other users (and root) use the mount (`allow_other`).
     pub allow_other: bool,
+    /// Keep the kernel's page cache of a file across opens while its inode
+    /// version is unchanged (close-to-open consistency); off = drop it at
+    /// every open.
+    pub keep_page_cache: bool,
+    /// Files whose last-open version the mount remembers (for the above).
+    pub max_cache_stamps: usize,
 }
 
 impl Default for MountConfig {
@@ -52,6 +58,8 @@ impl Default for MountConfig {
             readdir_page_entries: 256,
             reader_threads: 2,
             allow_other: true,
+            keep_page_cache: true,
+            max_cache_stamps: 1 << 20,
         }
     }
 }
@@ -77,7 +85,12 @@ where
     M: FnOnce(),
 {
     let rt = tokio::runtime::Handle::current();
-    let shared = Arc::new(fs::Shared { client, handles: handles::HandleTable::new(cfg.max_open_handles), cfg: cfg.clone() });
+    let shared = Arc::new(fs::Shared {
+        client,
+        handles: handles::HandleTable::new(cfg.max_open_handles),
+        cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),
+        cfg: cfg.clone(),
+    });
     let filesystem = fs::FskvFs::new(shared, rt);
     let options = fuser_config(&cfg);
     let path: PathBuf = mountpoint.to_path_buf();

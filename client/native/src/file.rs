@@ -382,6 +382,7 @@ pub struct FileHandle {
     shared: Arc<Shared>,
     reporter: Mutex<Option<tokio::task::JoinHandle<()>>>,
     closed: bool,
+    opened_version: u64,
 }
 
 /// One piece of a range inside one chunk.
@@ -484,11 +485,18 @@ impl FileHandle {
             state: Mutex::new(state),
             writes: tokio::sync::RwLock::new(()),
         });
-        Ok(FileHandle { shared, reporter: Mutex::new(None), closed: false })
+        Ok(FileHandle { shared, reporter: Mutex::new(None), closed: false, opened_version: inode.version })
     }
 
     pub fn inode(&self) -> InodeId {
         self.shared.inode
+    }
+
+    /// The inode's version when this handle was opened (meta bumps it on
+    /// every change of the inode, including a close after writes): equal
+    /// versions at two opens mean the file did not change in between.
+    pub fn opened_version(&self) -> u64 {
+        self.opened_version
     }
 
     pub fn path(&self) -> &str {
