@@ -29,6 +29,8 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=../../deploy/lib.sh
+. "$REPO/deploy/lib.sh"
 REPLICAS="1 3"
 ROUNDS=3
 SIZE_MIB=1024
@@ -224,33 +226,14 @@ run_jobs() { # target-name directory
     rm -f "$dir/$f"
 }
 
-port_range_free() { # base
-    local b=$1
-    [ -z "$(ss -Hltn "( sport >= :$b and sport <= :$((b + 15)) )" 2>/dev/null)" ] || return 1
-    python3 - "$b" <<'EOF'
-import socket, sys
-b = int(sys.argv[1])
-socks = []
-try:
-    for p in range(b, b + 16):
-        s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
-except OSError:
-    sys.exit(1)
-finally:
-    for s in socks: s.close()
-EOF
-}
-
 pick_base() {
-    if [ -n "$BASE_PORT" ]; then
-        port_range_free "$BASE_PORT" || die "ports $BASE_PORT..$((BASE_PORT + 15)) are not all free"
-        echo "$BASE_PORT"; return
-    fi
     local b
-    for b in $(seq 19000 20 29980); do
-        if port_range_free "$b"; then echo "$b"; return; fi
-    done
-    die "no free range of 16 ports in 19000..29995"
+    b=$(fskv_free_base_port "${BASE_PORT:-19000}")
+    if [ -n "$BASE_PORT" ] && [ "$b" != "$BASE_PORT" ]; then
+        die "ports $BASE_PORT..$((BASE_PORT + 15)) are not all free"
+    fi
+    [ -n "$b" ] || die "no free range of 16 ports from ${BASE_PORT:-19000} up"
+    echo "$b"
 }
 
 start_fskv() { # replicas

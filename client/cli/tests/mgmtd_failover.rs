@@ -8,6 +8,9 @@
 //! * a storage node whose mgmtd is unreachable exits after T/2.
 //! * a storage node paused (SIGSTOP) longer than T exits when resumed.
 
+mod common;
+
+use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
 use bytes::Bytes;
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{DumpChunkMeta, StorageClient, StorageClientConfig};
@@ -27,7 +30,6 @@ const CHAIN: ChainId = ChainId(1);
 const T_MS: u64 = 3_000;
 const TICK_MS: u64 = 200;
 const WRITERS: u64 = 4;
-const REGION_BYTES: u64 = 4096;
 const REGIONS_PER_CHUNK: u64 = 64;
 
 struct Procs {
@@ -44,9 +46,6 @@ impl Drop for Procs {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 impl Procs {
     fn new(dir: &Path) -> Self {
@@ -160,25 +159,7 @@ fn all_serving(s: &MgmtdStatusResp) -> bool {
         && s.chains.iter().all(|c| c.targets.iter().all(|t| t.public == PublicTargetState::Serving))
 }
 
-fn pattern(writer: u64, region: u64, generation: u64) -> Bytes {
-    Bytes::from((0..REGION_BYTES).map(|i| (writer * 31 + region * 7 + generation * 13 + i) as u8 ^ 0x5a).collect::<Vec<u8>>())
-}
-
-type Acked = BTreeMap<u64, BTreeMap<u64, u64>>;
-
-async fn check_acked(c: &StorageClient, acked: &Acked, rounds: usize) {
-    for (w, regions) in acked {
-        let chunk = ChunkId::new(InodeId(9), *w);
-        for _ in 0..rounds {
-            let d = c.read(CHAIN, chunk, 0, (REGION_BYTES * REGIONS_PER_CHUNK) as u32, false).await.expect("read");
-            for (r, generation) in regions {
-                let (s, e) = ((r * REGION_BYTES) as usize, ((r + 1) * REGION_BYTES) as usize);
-                assert!(d.data.len() >= e, "writer {w}: acked region {r} missing (len {})", d.data.len());
-                assert!(d.data[s..e] == pattern(*w, *r, *generation)[..], "writer {w}: acked region {r} gen {generation} lost");
-            }
-        }
-    }
-}
+const WRITTEN: Written = Written { chain: CHAIN, inode: InodeId(9), regions_per_chunk: REGIONS_PER_CHUNK };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_storage_node_is_failed_over_and_recovered_by_mgmtd() {
@@ -257,7 +238,7 @@ async fn kill9_storage_node_is_failed_over_and_recovered_by_mgmtd() {
         }
         let total = acked_count.load(Ordering::Relaxed);
         assert!(total > at_offline + 20);
-        check_acked(&client, &acked, 6).await;
+        check_acked(&client, &WRITTEN, &acked, 6).await;
         // Replicas identical: every target's chunk metadata (versions, length, CRC32C) equal.
         let mut dumps = Vec::new();
         for n in 1..=3u32 {

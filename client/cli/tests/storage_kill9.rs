@@ -2,6 +2,9 @@
 //! writes: every write acknowledged to the client reads back intact, from
 //! the surviving replicas and, after online recovery, from the restarted one.
 
+mod common;
+
+use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
 use bytes::Bytes;
 use fskv_client::storage::{DumpChunkMeta, RoutingPublisher, StorageClient, StorageClientConfig};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
@@ -17,7 +20,6 @@ use std::time::Duration;
 
 const CHAIN: ChainId = ChainId(1);
 const WRITERS: u64 = 4;
-const REGION_BYTES: u64 = 4096;
 const REGIONS_PER_CHUNK: u64 = 256;
 
 struct Node {
@@ -45,9 +47,6 @@ impl Drop for Cluster {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 fn write_routing(path: &Path, info: &RoutingInfo) {
     let tmp = path.with_extension("tmp");
@@ -105,27 +104,7 @@ impl Cluster {
     }
 }
 
-fn pattern(writer: u64, region: u64, generation: u64) -> Bytes {
-    Bytes::from((0..REGION_BYTES).map(|i| (writer * 31 + region * 7 + generation * 13 + i) as u8 ^ 0x5a).collect::<Vec<u8>>())
-}
-
-/// Per writer: region → generation of the last acknowledged write.
-type Acked = BTreeMap<u64, BTreeMap<u64, u64>>;
-
-async fn check_acked(c: &StorageClient, acked: &Acked, rounds: usize) {
-    for (w, regions) in acked {
-        let chunk = ChunkId::new(InodeId(5), *w);
-        for _ in 0..rounds {
-            let d = c.read(CHAIN, chunk, 0, (REGION_BYTES * REGIONS_PER_CHUNK) as u32, false).await.expect("read");
-            assert!(!d.uncommitted);
-            for (r, generation) in regions {
-                let (s, e) = ((r * REGION_BYTES) as usize, ((r + 1) * REGION_BYTES) as usize);
-                assert!(d.data.len() >= e, "writer {w}: acked region {r} missing (len {})", d.data.len());
-                assert!(d.data[s..e] == pattern(*w, *r, *generation)[..], "writer {w}: acked region {r} gen {generation} lost");
-            }
-        }
-    }
-}
+const WRITTEN: Written = Written { chain: CHAIN, inode: InodeId(5), regions_per_chunk: REGIONS_PER_CHUNK };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_mid_writes_keeps_every_acked_write() {
@@ -201,7 +180,7 @@ async fn kill9_mid_writes_keeps_every_acked_write() {
         let total = acked_count.load(Ordering::Relaxed);
         assert!(before_kill > 10 && total > before_kill + 10, "writes must stream across the kill: {before_kill} then {total}");
         // Every acked write is on the survivors.
-        check_acked(&client, &acked, 4).await;
+        check_acked(&client, &WRITTEN, &acked, 4).await;
 
         // Restart the killed process on its data; it syncs, then serves.
         cluster.spawn(1);
@@ -230,7 +209,7 @@ async fn kill9_mid_writes_keeps_every_acked_write() {
         assert!(synced, "restarted target never caught up");
         cluster.set_state(TargetId(2), PublicTargetState::Serving);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        check_acked(&client, &acked, 6).await;
+        check_acked(&client, &WRITTEN, &acked, 6).await;
         total
     })
     .await;

@@ -389,6 +389,32 @@ pub async fn lookup(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId,
     load_inode(txn, entry.inode).await
 }
 
+/// The directory `parent` for a new entry `name`: a valid name, a live
+/// directory the caller may write, and no entry of that name yet.
+async fn dir_for_new_entry(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str) -> MetaResult<Inode> {
+    check_name(name)?;
+    let dir = load_dir(txn, parent).await?;
+    perm::check(&dir, ctx.user, WRITE | EXEC)?;
+    if get_entry(txn, parent, name).await?.is_some() {
+        return Err(MetaError::AlreadyExists(format!("{parent}/{name}")));
+    }
+    Ok(dir)
+}
+
+/// Stores a new inode and names it `parent/name`: the entry, the parent's
+/// times (and subdirectory count), the inode count.
+fn add_new_inode(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str, inode: &Inode) -> MetaResult<()> {
+    save_inode(txn, inode)?;
+    set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: inode.kind() })?;
+    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    if inode.dir().is_some() {
+        count_subdir(txn, parent, 1)?;
+    }
+    txn.atomic_add(KEY_INODE_COUNT, 1)?;
+    tracing::debug!(parent = %parent, inode = %inode.id, name, kind = ?inode.kind(), "new entry");
+    Ok(())
+}
+
 pub async fn create(
     txn: &mut dyn Transaction,
     ctx: &OpCtx<'_>,
@@ -412,11 +438,7 @@ pub async fn create(
     }
     let data = InodeData::File(new_file_data(ctx, &dir, None));
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
-    save_inode(txn, &inode)?;
-    set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::File })?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
-    txn.atomic_add(KEY_INODE_COUNT, 1)?;
-    tracing::debug!(parent = %parent, inode = %inode.id, name, "create");
+    add_new_inode(txn, ctx, parent, name, &inode)?;
     if write {
         let session = open_session(txn, ctx, inode.id)?;
         return Ok(MetaReply::Opened { inode, session });
@@ -498,12 +520,7 @@ fn grow_dyn_stripe(f: &mut FileData) {
 }
 
 pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str, mode: u32) -> MetaResult<Inode> {
-    check_name(name)?;
-    let dir = load_dir(txn, parent).await?;
-    perm::check(&dir, ctx.user, WRITE | EXEC)?;
-    if get_entry(txn, parent, name).await?.is_some() {
-        return Err(MetaError::AlreadyExists(format!("{parent}/{name}")));
-    }
+    let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let layout = dir.dir().map(|d| d.layout.clone()).unwrap_or_else(|| ctx.cfg.root_layout.clone());
     let data = InodeData::Directory(DirData { parent, name: name.to_string(), layout });
     let mut mode = mode & MODE_PERM_MASK;
@@ -511,12 +528,7 @@ pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
         mode |= 0o2000;
     }
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
-    save_inode(txn, &inode)?;
-    set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Directory })?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
-    count_subdir(txn, parent, 1)?;
-    txn.atomic_add(KEY_INODE_COUNT, 1)?;
-    tracing::debug!(parent = %parent, inode = %inode.id, name, "mkdir");
+    add_new_inode(txn, ctx, parent, name, &inode)?;
     Ok(inode)
 }
 
@@ -654,16 +666,9 @@ pub async fn symlink(
             target.len()
         )));
     }
-    let dir = load_dir(txn, parent).await?;
-    perm::check(&dir, ctx.user, WRITE | EXEC)?;
-    if get_entry(txn, parent, name).await?.is_some() {
-        return Err(MetaError::AlreadyExists(format!("{parent}/{name}")));
-    }
+    let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let inode = new_inode(ctx, InodeData::Symlink { target: target.to_string() }, 0o777, 1, &dir)?;
-    save_inode(txn, &inode)?;
-    set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Symlink })?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
-    txn.atomic_add(KEY_INODE_COUNT, 1)?;
+    add_new_inode(txn, ctx, parent, name, &inode)?;
     Ok(inode)
 }
 
@@ -683,17 +688,9 @@ pub async fn mknod(
         return Err(MetaError::PermissionDenied("only root makes device nodes".into()));
     }
     let rdev = if kind.is_device() { rdev } else { 0 };
-    let dir = load_dir(txn, parent).await?;
-    perm::check(&dir, ctx.user, WRITE | EXEC)?;
-    if get_entry(txn, parent, name).await?.is_some() {
-        return Err(MetaError::AlreadyExists(format!("{parent}/{name}")));
-    }
+    let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let inode = new_inode(ctx, InodeData::Special { kind, rdev }, mode, 1, &dir)?;
-    save_inode(txn, &inode)?;
-    set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: InodeKind::Special(kind) })?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
-    txn.atomic_add(KEY_INODE_COUNT, 1)?;
-    tracing::debug!(parent = %parent, inode = %inode.id, name, ?kind, "mknod");
+    add_new_inode(txn, ctx, parent, name, &inode)?;
     Ok(inode)
 }
 

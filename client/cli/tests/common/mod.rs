@@ -1,6 +1,8 @@
 #![allow(dead_code)]
 //! Helpers shared by the CLI tests that run `fskv up`.
 
+pub mod acked;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
