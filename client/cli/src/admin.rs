@@ -24,8 +24,9 @@ pub enum AdminCommand {
     /// states (in chain order), and space per target.
     Status(StatusArgs),
     /// Check the metadata for consistency (dangling entries, orphans, nlink,
-    /// unreachable directories, undecodable records) on a meta server.
-    /// Exit code 0: clean; 1: problems found; 2: the check could not run.
+    /// unreachable directories, undecodable records) on a meta server, then
+    /// the chunks on storage against it (orphan, misplaced and past-the-end
+    /// chunks). Exit code 0: clean; 1: problems found; 2: the check could not run.
     Fsck(FsckArgs),
 }
 
@@ -47,6 +48,9 @@ pub struct FsckArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Check the metadata only (skip the chunk scan of every chain).
+    #[arg(long)]
+    meta_only: bool,
 }
 
 /// An error (or a finding) with the process exit code it stands for; `main`
@@ -104,11 +108,11 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
         }
         AdminCommand::Status(a) => status(a).await,
         AdminCommand::Fsck(a) => {
-            let reply = fsck(&a).await.map_err(|e| e.context(ExitStatus { code: 2, message: "fsck could not run".into() }))?;
-            if reply.problems_total == 0 {
+            let problems = fsck(&a).await.map_err(|e| e.context(ExitStatus { code: 2, message: "fsck could not run".into() }))?;
+            if problems == 0 {
                 Ok(())
             } else {
-                let message = format!("fsck found {} problem(s)", reply.problems_total);
+                let message = format!("fsck found {problems} problem(s)");
                 Err(anyhow::Error::new(ExitStatus { code: 1, message }))
             }
         }
@@ -118,14 +122,15 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
 /// Pause between two progress lines of a long fsck.
 const FSCK_PROGRESS_INTERVAL_MS: u64 = 2_000;
 
-/// Runs `meta.Fsck` and prints its reply; the caller maps problems to exit 1.
-async fn fsck(a: &FsckArgs) -> anyhow::Result<fskv_types::meta::FsckReply> {
+/// Runs `meta.Fsck`, then the chunk scan, and prints both; returns the
+/// number of problems (the caller maps them to exit 1).
+async fn fsck(a: &FsckArgs) -> anyhow::Result<u64> {
     use anyhow::Context;
     use fskv_client::meta::{MetaClient, MetaClientConfig};
     use fskv_types::meta::FsckRequest;
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let config = MgmtdClientConfig { call_timeout_ms: ADMIN_CALL_TIMEOUT_MS, ..Default::default() };
-    let mgmtd = MgmtdClient::new(rpc, a.mgmtd.clone(), config);
+    let mgmtd = MgmtdClient::new(rpc.clone(), a.mgmtd.clone(), config);
     let routing_version = match primary_status(&mgmtd).await {
         Ok(st) => Some(st.routing_version),
         Err(e) => {
@@ -150,17 +155,35 @@ async fn fsck(a: &FsckArgs) -> anyhow::Result<fskv_types::meta::FsckReply> {
             _ = tick.tick() => eprintln!("fsck: scanning the metadata… {} s", started.elapsed().as_secs()),
         }
     };
+    let storage = if a.meta_only {
+        None
+    } else {
+        eprintln!("fsck: scanning the chunks of every chain…");
+        let routing = mgmtd
+            .get_routing(0, 0)
+            .await
+            .with_context(|| format!("routing info from mgmtd {:?} (needed for the chunk scan; --meta-only skips it)", a.mgmtd))?
+            .routing
+            .context("mgmtd sent no routing info")?;
+        Some(crate::fsck_chunks::scan(&rpc, &routing, &client, a.max_problems as usize).await?)
+    };
+    let problems = reply.problems_total + storage.as_ref().map_or(0, |s| s.problems_total);
     if a.json {
         let out = serde_json::json!({
-            "clean": reply.problems_total == 0,
+            "clean": problems == 0,
             "routing_version": routing_version,
             "fsck": &reply,
+            "storage": &storage,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", render_fsck(&reply, routing_version));
+        if let Some(s) = &storage {
+            print!("{}", crate::fsck_chunks::render(s));
+        }
+        println!("{}", if problems == 0 { "clean" } else { "PROBLEMS FOUND" });
     }
-    Ok(reply)
+    Ok(problems)
 }
 
 fn render_fsck(r: &fskv_types::meta::FsckReply, routing_version: Option<u64>) -> String {
@@ -183,7 +206,6 @@ fn render_fsck(r: &fskv_types::meta::FsckReply, routing_version: Option<u64>) ->
     if (r.problems.len() as u64) < r.problems_total {
         let _ = writeln!(s, "  … {} more not listed (--max-problems)", r.problems_total - r.problems.len() as u64);
     }
-    let _ = writeln!(s, "{}", if r.problems_total == 0 { "clean" } else { "PROBLEMS FOUND" });
     s
 }
 

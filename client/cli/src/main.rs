@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod config;
 mod failover_bench;
+mod fsck_chunks;
 mod mgmtd_cmd;
 mod supervisor;
 mod storage_cmd;
