@@ -616,3 +616,17 @@ async fn special_files_are_made_by_mknod() {
     assert_eq!(code(fs.stat(fifo.id).await), ErrorCode::NotFound, "the last unlink deletes a special file at once");
     fs.fsck_clean().await;
 }
+
+/// A retried create-only xattr set or xattr remove (same request id, as a
+/// client retries after a lost reply) returns the first result.
+#[tokio::test]
+async fn retried_xattr_changes_return_the_first_result() {
+    let fs = Fs::new().await;
+    let f = fs.create(ROOT, "f").await.unwrap();
+    let set = fs.req(MetaOp::SetXattr { inode: f.id, name: "user.k".into(), value: b"v".to_vec(), flag: XattrFlag::Create });
+    assert_eq!(fs.svc.execute(set.clone()).await.unwrap(), MetaReply::Done);
+    assert_eq!(fs.svc.execute(set).await.unwrap(), MetaReply::Done, "not AlreadyExists");
+    let remove = fs.req(MetaOp::RemoveXattr { inode: f.id, name: "user.k".into() });
+    assert_eq!(fs.svc.execute(remove.clone()).await.unwrap(), MetaReply::Done);
+    assert_eq!(fs.svc.execute(remove).await.unwrap(), MetaReply::Done, "not NotFound");
+}

@@ -387,6 +387,10 @@ impl MetaOp {
                 | MetaOp::Replace { .. }
                 | MetaOp::CreateWritePublish { .. }
                 | MetaOp::Open { write: true, .. }
+                // A retried create-only set or a retried remove would fail
+                // (EEXIST / ENODATA) after a first attempt that committed.
+                | MetaOp::SetXattr { .. }
+                | MetaOp::RemoveXattr { .. }
         )
     }
 
