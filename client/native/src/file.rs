@@ -42,14 +42,16 @@ use tracing::Instrument;
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
 
 /// Storage attempts per chunk operation of a client built by
-/// [`FsClient::connect`]. When a storage process dies, its chains fail
-/// until mgmtd marks it offline (its heartbeat timeout, 10 s by default)
-/// and the new routing arrives; the client must keep retrying over that
-/// window, else a write through the mount fails with EIO. Quick failures
-/// (connection refused) back off 5, 10, 20, 40, then 80 ms per attempt, so
-/// this is about 20 s of retrying; every attempt is still bounded by the
-/// call timeout and the routing wait.
-pub const FAILOVER_STORAGE_ATTEMPTS: u32 = 250;
+/// The storage retry budget of [`FsClient::connect`]. When a storage
+/// process dies, its chains fail until mgmtd marks it offline (its
+/// heartbeat timeout, 10 s by default) and the new routing arrives; the
+/// client keeps retrying over that window (else a write through the mount
+/// fails with EIO), and no longer: a call gives up after this long even if
+/// a target hangs, since attempts still running then are cut off.
+pub const FAILOVER_RETRY_BUDGET_MS: u64 = 30_000;
+/// Attempts within that budget (quick failures back off 5, 10, 20, 40,
+/// then 80 ms): the budget, not this count, is meant to end the retries.
+pub const FAILOVER_STORAGE_ATTEMPTS: u32 = 1_000;
 
 /// Limits of [`FsClient`]; times and counts carry their units.
 #[derive(Clone, Debug)]
@@ -202,7 +204,11 @@ impl FsClient {
         let source = MgmtdRoutingSource::start(mgmtd, Duration::from_secs(10))
             .await
             .map_err(|e| FileError::Connect(format!("no routing from mgmtd {mgmtd_addrs:?}: {e}; is the cluster up?")))?;
-        let storage_config = StorageClientConfig { max_attempts: FAILOVER_STORAGE_ATTEMPTS, ..StorageClientConfig::default() };
+        let storage_config = StorageClientConfig {
+            max_attempts: FAILOVER_STORAGE_ATTEMPTS,
+            retry_budget_ms: FAILOVER_RETRY_BUDGET_MS,
+            ..StorageClientConfig::default()
+        };
         let storage = StorageClient::new(rpc, source.handle(), storage_config);
         let meta = MetaClient::new(MetaClientConfig::new(meta_addrs))
             .map_err(|e| FileError::Connect(format!("meta client: {e}")))?;

@@ -171,6 +171,8 @@ pub enum StorageClientError {
     Checksum { chunk: ChunkId, expected: u32, actual: u32 },
     #[error("gave up after {attempts} attempts; last error: {last}")]
     RetriesExhausted { attempts: u32, last: Box<StorageClientError> },
+    #[error("gave up after {attempts} attempts in {budget_ms} ms (the retry budget); last error: {last}")]
+    BudgetExhausted { attempts: u32, budget_ms: u64, last: Box<StorageClientError> },
 }
 
 impl StorageClientError {
@@ -180,7 +182,7 @@ impl StorageClientError {
             StorageClientError::Rpc(e) => e.code(),
             StorageClientError::NoRoute(_) => ErrorCode::TargetNotServing,
             StorageClientError::Checksum { .. } => ErrorCode::ChecksumMismatch,
-            StorageClientError::RetriesExhausted { last, .. } => last.code(),
+            StorageClientError::RetriesExhausted { last, .. } | StorageClientError::BudgetExhausted { last, .. } => last.code(),
         }
     }
 }
@@ -209,6 +211,10 @@ pub struct StorageClientConfig {
     pub max_attempts: u32,
     /// Backoff between attempts (doubles, capped at 16x).
     pub retry_backoff_ms: u64,
+    /// Time one operation may spend retrying, first attempt included
+    /// (0 = bounded by `max_attempts` only). An attempt still running when
+    /// it ends is cut off, so a hung target stalls a call at most this long.
+    pub retry_budget_ms: u64,
     pub call_timeout_ms: u64,
     /// How long to wait for newer routing after a stale-version error.
     pub routing_wait_ms: u64,
@@ -221,6 +227,7 @@ impl Default for StorageClientConfig {
             max_concurrent_senders: 8,
             max_attempts: 12,
             retry_backoff_ms: 5,
+            retry_budget_ms: 0,
             call_timeout_ms: 30_000,
             routing_wait_ms: 500,
         }
@@ -549,18 +556,30 @@ impl StorageClient {
         CallOptions { timeout_ms: self.inner.config.call_timeout_ms }
     }
 
-    /// Runs `attempt` until it succeeds, fails with a non-retryable error or
-    /// `max_attempts` is reached. The attempt returns the routing version it
-    /// used, so a stale-version error waits for newer routing.
+    /// Runs `attempt` until it succeeds, fails with a non-retryable error,
+    /// `max_attempts` is reached or the retry budget is spent. The attempt
+    /// returns the routing version it used, so a stale-version error waits
+    /// for newer routing.
     async fn with_retries<T, F, Fut>(&self, mut attempt: F) -> Result<T>
     where
         F: FnMut(u32) -> Fut,
         Fut: Future<Output = std::result::Result<T, (StorageClientError, u64)>>,
     {
         let cfg = &self.inner.config;
+        let deadline = (cfg.retry_budget_ms > 0).then(|| tokio::time::Instant::now() + Duration::from_millis(cfg.retry_budget_ms));
         let mut last = None;
+        let mut made = 0u32;
         for n in 0..cfg.max_attempts {
-            match attempt(n).await {
+            let outcome = match deadline {
+                None => attempt(n).await,
+                Some(d) if tokio::time::Instant::now() >= d => break,
+                Some(d) => match tokio::time::timeout_at(d, attempt(n)).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err((StorageClientError::Rpc(RpcError::DeadlineExceeded { timeout_ms: cfg.retry_budget_ms }), 0)),
+                },
+            };
+            made = n + 1;
+            match outcome {
                 Ok(v) => return Ok(v),
                 Err((e, routing_version)) => {
                     let code = e.code();
@@ -578,8 +597,11 @@ impl StorageClient {
                 }
             }
         }
-        let last = last.unwrap_or_else(|| StorageClientError::NoRoute("no attempt made".into()));
-        Err(StorageClientError::RetriesExhausted { attempts: cfg.max_attempts, last: Box::new(last) })
+        let last = Box::new(last.unwrap_or_else(|| StorageClientError::NoRoute("no attempt made".into())));
+        if made < cfg.max_attempts {
+            return Err(StorageClientError::BudgetExhausted { attempts: made, budget_ms: cfg.retry_budget_ms, last });
+        }
+        Err(StorageClientError::RetriesExhausted { attempts: made, last })
     }
 
     fn chain_of(routing: &RoutingInfo, chain: ChainId) -> std::result::Result<&ChainInfo, (StorageClientError, u64)> {
@@ -713,5 +735,49 @@ mod tests {
         publisher.update(|r| r.chains[0].chain_version += 1);
         assert_eq!(waiter.await.ok(), Some(2));
         assert_eq!(handle.current().chains[0].chain_version, 2);
+    }
+
+    fn one_target_routing(address: String) -> RoutingInfo {
+        RoutingInfo {
+            version: 1,
+            nodes: vec![NodeInfo { node_id: NodeId(1), address }],
+            chains: vec![ChainInfo {
+                chain_id: ChainId(1),
+                chain_version: 1,
+                targets: vec![ChainTarget { target_id: TargetId(1), node_id: NodeId(1), state: PublicTargetState::Serving }],
+            }],
+            chain_tables: vec![],
+        }
+    }
+
+    /// The retry budget ends a call against a target that accepts
+    /// connections but never answers (each attempt would wait the 30 s call
+    /// timeout) and against one that refuses them (quick failures), well
+    /// before `max_attempts` would.
+    #[tokio::test]
+    async fn the_retry_budget_bounds_a_call_to_a_hung_or_dead_target() {
+        let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hung_addr = hung.local_addr().unwrap().to_string();
+        let _keep = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = hung.accept().await {
+                held.push(sock); // accepted, never answered
+            }
+        });
+        let dead_addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        for addr in [hung_addr, dead_addr] {
+            let (_publisher, handle) = RoutingPublisher::new(one_target_routing(addr.clone()));
+            let rpc = RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
+            let config = StorageClientConfig { max_attempts: 1_000, retry_budget_ms: 400, routing_wait_ms: 20, ..StorageClientConfig::default() };
+            let client = StorageClient::new(rpc, handle, config);
+            let started = std::time::Instant::now();
+            let r = client.write(ChainId(1), ChunkId::new(InodeId(1), 0), 0, Bytes::from_static(b"x")).await;
+            let took = started.elapsed();
+            assert!(matches!(r, Err(StorageClientError::BudgetExhausted { budget_ms: 400, .. })), "{addr}: {r:?}");
+            assert!(took < Duration::from_secs(5), "{addr}: the budget of 400 ms ended the call only after {took:?}");
+        }
     }
 }

@@ -171,6 +171,7 @@ fn peer_reader_config(config: &StorageConfig) -> StorageClientConfig {
         max_concurrent_senders: config.max_in_flight_copy_reads.max(1),
         max_attempts: config.copy_read_max_attempts.max(1),
         retry_backoff_ms: COPY_READ_BACKOFF_MS,
+        retry_budget_ms: 0,
         call_timeout_ms: config.forward_timeout_ms,
         routing_wait_ms: COPY_READ_ROUTING_WAIT_MS,
     }
