@@ -18,7 +18,7 @@ use fskv_types::routing::{ChainInfo, LocalTargetState, PublicTargetState, Routin
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,7 +99,9 @@ pub struct StorageService {
 
 struct Inner {
     config: StorageConfig,
-    targets: HashMap<TargetId, Arc<Target>>,
+    // Ordered maps and sets wherever one is iterated: the same order in
+    // every run (deterministic simulation).
+    targets: BTreeMap<TargetId, Arc<Target>>,
     routing: RoutingHandle,
     rpc: RpcClient,
     /// Reads the source ranges of `CopyRange` from other chains (same RPC
@@ -109,12 +111,12 @@ struct Inner {
     client_write_slots: Semaphore,
     read_slots: Semaphore,
     /// (me, successor, chain version) of syncs running now.
-    syncs: Mutex<HashSet<(TargetId, TargetId, u32)>>,
+    syncs: Mutex<BTreeSet<(TargetId, TargetId, u32)>>,
     /// Plan of the last completed sync driven by each local target.
-    last_sync: Mutex<HashMap<TargetId, sync::PlanSummary>>,
+    last_sync: Mutex<BTreeMap<TargetId, sync::PlanSummary>>,
     /// Chunks whose forward failed: they may hold a pending version the tail
     /// committed (lost ack); the worker settles them (bounded set).
-    unsettled: Mutex<HashSet<(TargetId, ChainId, ChunkId)>>,
+    unsettled: Mutex<BTreeSet<(TargetId, ChainId, ChunkId)>>,
 }
 
 /// Most chunks remembered for settling after failed forwards.
@@ -219,9 +221,9 @@ impl StorageService {
                 targets,
                 routing,
                 rpc,
-                syncs: Mutex::new(HashSet::new()),
-                last_sync: Mutex::new(HashMap::new()),
-                unsettled: Mutex::new(HashSet::new()),
+                syncs: Mutex::new(BTreeSet::new()),
+                last_sync: Mutex::new(BTreeMap::new()),
+                unsettled: Mutex::new(BTreeSet::new()),
             }),
         }
     }
@@ -649,7 +651,7 @@ impl StorageService {
     /// Settles the chunks whose forwards failed (one pass; kept for the next
     /// pass only if the tail could not be asked).
     async fn settle_unsettled(&self) {
-        let batch: Vec<_> = self.inner.unsettled.lock().drain().collect();
+        let batch = std::mem::take(&mut *self.inner.unsettled.lock());
         for (me, chain_id, chunk) in batch {
             let Ok(target) = self.target(me) else { continue };
             let _guard = target.locks.lock(chunk).await;
