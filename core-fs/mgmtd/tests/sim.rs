@@ -403,7 +403,7 @@ async fn run_mgmtd(ctx: Ctx, i: u32) -> turmoil::Result {
         tick_interval_ms: MGMTD_TICK_MS,
         lease_ms: MGMTD_LEASE_MS,
         max_routing_wait_ms: 1_000,
-        ..MgmtdConfig::new(&mgmtd_id(i))
+        ..MgmtdConfig::new(mgmtd_id(i))
     };
     let who = mgmtd_host(i);
     let engine = SimKvEngine { kv: ctx.kv.clone(), cut: ctx.kv_cut[(i - 1) as usize].clone() };
