@@ -1,6 +1,8 @@
-//! Deterministic simulation (turmoil) of mgmtd + 3–6 storage nodes + 2
-//! writing clients under random crashes, restarts, pauses longer than T and
-//! partitions (mgmtd isolated too). See docs/mgmtd.md, "Simulation".
+//! Deterministic simulation (turmoil) of two mgmtd instances (primary +
+//! standby on one KV engine) + 3–6 storage nodes + 2 writing clients under
+//! random crashes, restarts, pauses longer than T and partitions (the
+//! primary mgmtd crashed, isolated and paused too). Every seed replays
+//! bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
 //! * `cargo test -p fskv-mgmtd --test sim` runs `FSKV_SIM_SEEDS` seeds
 //!   (default [`DEFAULT_SEEDS`]) starting at 1;
@@ -9,7 +11,9 @@
 //! Checked after healing: every acknowledged write's latest value is on
 //! every replica, replicas are byte-identical, every chain is back to all
 //! serving within [`SERVING_BOUND_MS`], and no two observers ever saw
-//! different contents (hence heads) for one chain version.
+//! different contents (hence heads) for one chain version. During the run:
+//! a standby takes over within [`TAKEOVER_BOUND_MS`] of the primary's fault,
+//! and chain versions never go backwards as the routing version grows.
 
 use async_trait::async_trait;
 use bytes::Bytes;
