@@ -1111,7 +1111,7 @@ mod tests {
             })
             .route::<QueryChunk, _, _>(move |_ctx, _req: QueryChunkReq, _payload| {
                 let meta = meta.clone();
-                async move { Ok((QueryChunkResp { meta: meta.lock().clone() }, Bytes::new())) }
+                async move { Ok((QueryChunkResp { meta: *meta.lock() }, Bytes::new())) }
             });
         let tail = Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, ServerConfig::default()).await.unwrap();
 
