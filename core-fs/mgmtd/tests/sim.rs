@@ -5,7 +5,7 @@
 //! bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
 //! * `cargo test -p fskv-mgmtd --test sim` runs `FSKV_SIM_SEEDS` seeds
-//!   (default [`DEFAULT_SEEDS`]) starting at 1;
+//!   (default [`DEFAULT_SEEDS`]) starting at `FSKV_SIM_FIRST_SEED` (default 1);
 //! * `FSKV_SIM_SEED=<n>` replays one seed (with `RUST_LOG=info` for a trace).
 //!
 //! Checked after healing: every acknowledged write's latest value is on
@@ -1123,7 +1123,8 @@ fn simulated_cluster_survives_random_faults() {
         Ok(s) => vec![s.parse().expect("FSKV_SIM_SEED must be a number")],
         Err(_) => {
             let count = std::env::var("FSKV_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_SEEDS);
-            (1..=count).collect()
+            let first: u64 = std::env::var("FSKV_SIM_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+            (first..first + count).collect()
         }
     };
     let mut failures = Vec::new();
