@@ -185,7 +185,7 @@ impl MgmtdRoutingSource {
     }
 
     /// Wakes on every published routing change.
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Arc<RoutingInfo>> {
+    pub fn subscribe(&self) -> fskv_rpc::watch::Receiver<Arc<RoutingInfo>> {
         self.publisher.handle().subscribe()
     }
 

@@ -28,13 +28,14 @@ use fskv_rpc::{CallOptions, RpcClient, RpcError};
 use fskv_types::routing::{ChainInfo, RoutingInfo};
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, Status, TargetId};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Semaphore};
+use fskv_rpc::watch;
+use tokio::sync::Semaphore;
 
 // ----- methods -----
 
@@ -281,13 +282,16 @@ impl StorageClient {
     pub fn new(rpc: RpcClient, routing: RoutingHandle, config: StorageClientConfig) -> Self {
         assert!(config.max_concurrent_senders > 0 && config.max_attempts > 0);
         let senders = Arc::new(Semaphore::new(config.max_concurrent_senders));
+        // From the client id (random by default), not a fresh random number:
+        // a simulation fixing the id replays the same choices.
+        let spread = AtomicUsize::new(config.client_id as u16 as usize);
         StorageClient {
             inner: Arc::new(Inner {
                 rpc,
                 routing,
                 config,
                 next_request: AtomicU64::new(1),
-                spread: AtomicUsize::new(rand::random::<u16>() as usize),
+                spread,
                 senders,
             }),
         }
@@ -459,7 +463,8 @@ impl StorageClient {
     /// then per-read retries for those that failed.
     pub async fn batch_read(&self, specs: &[ReadSpec]) -> Vec<Result<ReadData>> {
         let routing = self.inner.routing.current();
-        let mut groups: HashMap<String, Vec<(usize, ReadIo)>> = HashMap::new();
+        // Ordered: the RPCs go out in the same order in every run.
+        let mut groups: BTreeMap<String, Vec<(usize, ReadIo)>> = BTreeMap::new();
         let mut results: Vec<Option<Result<ReadData>>> = specs.iter().map(|_| None).collect();
         for (i, spec) in specs.iter().enumerate() {
             // A read without a route now is left None and retried below.

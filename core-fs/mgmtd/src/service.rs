@@ -37,7 +37,7 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
+use fskv_rpc::watch;
 use tracing::{error, info, info_span, warn, Instrument};
 
 #[derive(Clone, Debug)]

@@ -1,15 +1,19 @@
-//! Deterministic simulation (turmoil) of mgmtd + 3–6 storage nodes + 2
-//! writing clients under random crashes, restarts, pauses longer than T and
-//! partitions (mgmtd isolated too). See docs/mgmtd.md, "Simulation".
+//! Deterministic simulation (turmoil) of two mgmtd instances (primary +
+//! standby on one KV engine) + 3–6 storage nodes + 2 writing clients under
+//! random crashes, restarts, pauses longer than T and partitions (the
+//! primary mgmtd crashed, isolated and paused too). Every seed replays
+//! bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
 //! * `cargo test -p fskv-mgmtd --test sim` runs `FSKV_SIM_SEEDS` seeds
-//!   (default [`DEFAULT_SEEDS`]) starting at 1;
+//!   (default [`DEFAULT_SEEDS`]) starting at `FSKV_SIM_FIRST_SEED` (default 1);
 //! * `FSKV_SIM_SEED=<n>` replays one seed (with `RUST_LOG=info` for a trace).
 //!
 //! Checked after healing: every acknowledged write's latest value is on
 //! every replica, replicas are byte-identical, every chain is back to all
 //! serving within [`SERVING_BOUND_MS`], and no two observers ever saw
-//! different contents (hence heads) for one chain version.
+//! different contents (hence heads) for one chain version. During the run:
+//! a standby takes over within [`TAKEOVER_BOUND_MS`] of the primary's fault,
+//! and chain versions never go backwards as the routing version grows.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -25,7 +29,7 @@ use fskv_types::routing::{ChainTarget, LocalTargetState, PublicTargetState, Rout
 use fskv_types::{ChainId, ChunkId, InodeId, NodeId, TargetId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,7 +39,15 @@ const DEFAULT_SEEDS: u64 = 24;
 /// T: a storage node silent this long is failed (its lease is T/2).
 const HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
 const MGMTD_TICK_MS: u64 = 200;
-const MGMTD_LEASE_MS: u64 = 2_000;
+/// mgmtd's primary lease: a standby takes over within lease + lease/3 of
+/// the primary's death ([`TAKEOVER_BOUND_MS`]); kept below the storage
+/// lease (T/2) so storage services usually survive a takeover.
+const MGMTD_LEASE_MS: u64 = 900;
+/// A standby must be primary within this of the primary's crash, isolation
+/// or pause (lease + one lease round + scheduling slack).
+const TAKEOVER_BOUND_MS: u64 = MGMTD_LEASE_MS + MGMTD_LEASE_MS / 3 + 20;
+/// mgmtd instances (one primary by lease, the others standby) sharing one KV engine.
+const MGMTD_INSTANCES: u32 = 2;
 const STORAGE_HEARTBEAT_MS: u64 = 300;
 /// Faults happen in `[FAULT_START_MS, FAULT_END_MS)` of simulated time;
 /// writers write during the same window.
@@ -58,13 +70,16 @@ const TICK_MS: u64 = 1;
 /// A single-process KV engine without threads (the memory engine has a
 /// commit thread, whose real-time completion would make the schedule depend
 /// on the machine). Transactions see a copy of the map taken at their first
-/// operation and apply their writes at commit; there is one mgmtd in the
-/// simulation and its lease round and tick are serialized, so no conflict
-/// checking is needed.
+/// operation and apply their writes at commit. The mgmtd instances share it;
+/// its futures never yield, so on turmoil's single thread a transaction runs
+/// from begin to commit without another one in between. A commit that finds
+/// a commit since its view was taken fails anyway (a non-retryable error:
+/// the KV crate's retry jitter reads the real clock), and is counted.
 #[derive(Default)]
 struct SimKv {
     map: Mutex<BTreeMap<Bytes, Bytes>>,
     version: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 enum Op {
@@ -75,14 +90,23 @@ enum Op {
 
 struct SimTxn {
     kv: Arc<SimKv>,
+    /// Set while this mgmtd instance is cut from the engine.
+    cut: Arc<AtomicBool>,
+    /// The map at the first operation, and the engine's commit count then.
     view: Option<BTreeMap<Bytes, Bytes>>,
+    read_version: u64,
     ops: Vec<Op>,
 }
 
 impl SimTxn {
     fn view(&mut self) -> &mut BTreeMap<Bytes, Bytes> {
         let kv = &self.kv;
-        self.view.get_or_insert_with(|| kv.map.lock().unwrap().clone())
+        let read_version = &mut self.read_version;
+        self.view.get_or_insert_with(|| {
+            let map = kv.map.lock().unwrap();
+            *read_version = kv.version.load(Ordering::SeqCst);
+            map.clone()
+        })
     }
 
     fn apply(map: &mut BTreeMap<Bytes, Bytes>, op: &Op) {
@@ -124,8 +148,16 @@ impl SimTxn {
     }
 }
 
-/// [`SimKv`] as a [`KvEngine`] (shared across mgmtd restarts).
-struct SimKvEngine(Arc<SimKv>);
+/// [`SimKv`] as one mgmtd instance's [`KvEngine`] (survives its restarts);
+/// `cut` makes every transaction fail (the instance is isolated or paused).
+struct SimKvEngine {
+    kv: Arc<SimKv>,
+    cut: Arc<AtomicBool>,
+}
+
+fn kv_cut() -> fskv_kv::KvError {
+    fskv_kv::KvError::Storage("simulation: this mgmtd is cut from the KV engine".into())
+}
 
 #[async_trait]
 impl KvEngine for SimKvEngine {
@@ -134,7 +166,10 @@ impl KvEngine for SimKvEngine {
     }
 
     async fn begin(&self) -> KvResult<Box<dyn Transaction>> {
-        Ok(Box::new(SimTxn { kv: self.0.clone(), view: None, ops: Vec::new() }))
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(kv_cut());
+        }
+        Ok(Box::new(SimTxn { kv: self.kv.clone(), cut: self.cut.clone(), view: None, read_version: 0, ops: Vec::new() }))
     }
 }
 
@@ -191,7 +226,14 @@ impl Transaction for SimTxn {
         Ok(())
     }
     async fn commit(self: Box<Self>) -> KvResult<u64> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(kv_cut());
+        }
         let mut map = self.kv.map.lock().unwrap();
+        if self.view.is_some() && self.kv.version.load(Ordering::SeqCst) != self.read_version {
+            self.kv.conflicts.fetch_add(1, Ordering::SeqCst);
+            return Err(fskv_kv::KvError::Storage("simulation: conflicting commit".into()));
+        }
         for op in &self.ops {
             SimTxn::apply(&mut map, op);
         }
@@ -205,10 +247,22 @@ impl Transaction for SimTxn {
 /// monotonic across mgmtd restarts).
 struct SimClock;
 
+/// [`SimClock`] at the start of the simulation.
+const SIM_CLOCK_BASE_MS: u64 = 1_000_000;
+
 impl Clock for SimClock {
     fn now_ms(&self) -> u64 {
-        1_000_000 + now_ms()
+        SIM_CLOCK_BASE_MS + now_ms()
     }
+}
+
+/// The mgmtd instance named by the lease record, and the lease's expiry
+/// (read straight from the engine, outside the simulation).
+fn lease_holder(kv: &SimKv) -> Option<(u32, u64)> {
+    let raw = kv.map.lock().unwrap().get(fskv_mgmtd::store::KEY_LEASE).cloned()?;
+    let lease: fskv_mgmtd::store::LeaseRecord = serde_json::from_slice(&raw).ok()?;
+    let i = (1..=MGMTD_INSTANCES).find(|i| mgmtd_id(*i) == lease.holder)?;
+    Some((i, lease.expires_ms))
 }
 
 fn now_ms() -> u64 {
@@ -243,6 +297,12 @@ struct Shared {
     last_status: Option<String>,
     /// A log of events for the replay trace (compared across runs of a seed).
     trace: Vec<String>,
+    /// chain → routing version → chain version, over every observation:
+    /// chain versions must never go backwards as the routing version grows.
+    chain_history: BTreeMap<ChainId, BTreeMap<u64, u32>>,
+    /// Measured takeovers: simulated ms from the primary's fault to a
+    /// standby holding the lease.
+    takeovers_ms: Vec<u64>,
 }
 
 #[derive(Clone)]
@@ -252,6 +312,8 @@ struct Ctx {
     root: PathBuf,
     shared: Arc<Mutex<Shared>>,
     kv: Arc<SimKv>,
+    /// Per mgmtd instance (index = instance - 1): cut from the KV engine.
+    kv_cut: Vec<Arc<AtomicBool>>,
     storage_generation: Arc<AtomicU64>,
     healed: Arc<AtomicBool>,
 }
@@ -260,6 +322,22 @@ impl Ctx {
     fn observe(&self, who: &str, routing: &RoutingInfo) {
         let mut s = self.shared.lock().unwrap();
         for chain in &routing.chains {
+            let history = s.chain_history.entry(chain.chain_id).or_default();
+            let cv = chain.chain_version;
+            let backwards = match history.get(&routing.version) {
+                Some(seen) if *seen != cv => Some(format!("routing version {} carries {}@{seen} and {}@{cv}", routing.version, chain.chain_id, chain.chain_id)),
+                _ => {
+                    let before = history.range(..routing.version).next_back().filter(|(_, v)| **v > cv);
+                    let after = history.range(routing.version + 1..).next().filter(|(_, v)| **v < cv);
+                    before.or(after).map(|(rv, v)| {
+                        format!("{}: routing version {rv} has chain version {v}, routing version {} has {cv} ({who})", chain.chain_id, routing.version)
+                    })
+                }
+            };
+            history.insert(routing.version, cv);
+            if let Some(msg) = backwards {
+                s.violations.push(format!("chain version went backwards: {msg}"));
+            }
             let key = (chain.chain_id, chain.chain_version);
             match s.chain_versions.get(&key) {
                 None => {
@@ -277,7 +355,7 @@ impl Ctx {
                         chain.targets,
                         chain.head().map(|h| h.target_id)
                     );
-                    s.violations.push(msg);
+                    s.violations.push(format!("two views of one chain version: {msg}"));
                 }
                 Some(_) => {}
             }
@@ -293,9 +371,23 @@ impl Ctx {
     }
 }
 
+fn mgmtd_host(i: u32) -> String {
+    format!("mgmtd{i}")
+}
+
+fn mgmtd_id(i: u32) -> String {
+    format!("mgmtd-{i}")
+}
+
+fn mgmtd_addrs() -> Vec<String> {
+    (1..=MGMTD_INSTANCES).map(|i| format!("{}:{MGMTD_PORT}", mgmtd_host(i))).collect()
+}
+
+/// A client of every mgmtd instance (it follows the primary: `NotPrimary`
+/// or an unreachable address moves it to the next one).
 fn mgmtd_client(rpc: RpcClient) -> MgmtdClient {
-    let config = MgmtdClientConfig { call_timeout_ms: 500, routing_poll_wait_ms: 500, retry_delay_ms: 100 };
-    MgmtdClient::new(rpc, vec![format!("mgmtd:{MGMTD_PORT}")], config)
+    let config = MgmtdClientConfig { call_timeout_ms: 300, routing_poll_wait_ms: 500, retry_delay_ms: 100 };
+    MgmtdClient::new(rpc, mgmtd_addrs(), config)
 }
 
 fn sim_rpc() -> RpcClient {
@@ -319,21 +411,31 @@ fn spawn_observer(ctx: &Ctx, who: String, source: &Arc<MgmtdRoutingSource>) {
 
 // ---------------------------------------------------------------- hosts
 
-async fn run_mgmtd(ctx: Ctx) -> turmoil::Result {
+async fn run_mgmtd(ctx: Ctx, i: u32) -> turmoil::Result {
     let config = MgmtdConfig {
         heartbeat_timeout_ms: HEARTBEAT_TIMEOUT_MS,
         tick_interval_ms: MGMTD_TICK_MS,
         lease_ms: MGMTD_LEASE_MS,
         max_routing_wait_ms: 1_000,
-        ..MgmtdConfig::new("mgmtd-sim")
+        ..MgmtdConfig::new(mgmtd_id(i))
     };
-    let mgmtd = Mgmtd::new(config, ctx.layout, Arc::new(SimKvEngine(ctx.kv.clone())), Arc::new(SimClock))?;
+    let who = mgmtd_host(i);
+    let engine = SimKvEngine { kv: ctx.kv.clone(), cut: ctx.kv_cut[(i - 1) as usize].clone() };
+    let mgmtd = Mgmtd::new(config, ctx.layout, Arc::new(engine), Arc::new(SimClock))?;
+    // Advertise the name peers reach it by (NotPrimary answers name it).
     let running = mgmtd.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{MGMTD_PORT}")).await?;
-    ctx.trace("mgmtd up".into());
+    running.mgmtd.set_address(&format!("{who}:{MGMTD_PORT}"));
+    ctx.trace(format!("{who} up"));
+    let mut was_primary = false;
     loop {
+        let primary = running.mgmtd.is_primary();
+        if primary != was_primary {
+            ctx.trace(format!("{who} {}", if primary { "primary" } else { "standby" }));
+            was_primary = primary;
+        }
         let r = running.mgmtd.routing();
         if r.version > 0 {
-            ctx.observe("mgmtd", &r);
+            ctx.observe(&who, &r);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -442,8 +544,9 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
                 s.failed += 1;
             }
         }
-        if let Err(e) = result {
-            ctx.trace(format!("{who} write {seq} to {chain} {chunk} region {r} failed: {e}"));
+        match result {
+            Ok(_) => ctx.trace(format!("{who} write {seq} to {chain} {chunk} region {r} acked")),
+            Err(e) => ctx.trace(format!("{who} write {seq} to {chain} {chunk} region {r} failed: {e}")),
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(5..40))).await;
     }
@@ -457,7 +560,6 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
 /// after T, cannot pass for healthy).
 async fn run_checker(ctx: Ctx) -> turmoil::Result {
     let client = mgmtd_client(sim_rpc());
-    let addr = format!("mgmtd:{MGMTD_PORT}");
     let healed_at = now_ms();
     let mut stable_since: Option<u64> = None;
     loop {
@@ -466,8 +568,18 @@ async fn run_checker(ctx: Ctx) -> turmoil::Result {
                 ctx.observe("checker", &r);
             }
         }
-        let healthy = match client.status_of(&addr).await {
-            Ok(st) => {
+        // The primary's status (the instances are asked in order).
+        let mut primary_status = None;
+        for addr in mgmtd_addrs() {
+            if let Ok(st) = client.status_of(&addr).await {
+                if st.is_primary {
+                    primary_status = Some(st);
+                    break;
+                }
+            }
+        }
+        let healthy = match primary_status {
+            Some(st) => {
                 let nodes_ok = st.nodes.len() == ctx.layout.nodes as usize
                     && st.nodes.iter().all(|n| n.alive && n.last_heartbeat_age_ms <= 3 * STORAGE_HEARTBEAT_MS);
                 let chains_ok = !st.chains.is_empty()
@@ -480,7 +592,7 @@ async fn run_checker(ctx: Ctx) -> turmoil::Result {
                 }
                 healthy
             }
-            Err(_) => false,
+            None => false,
         };
         if healthy {
             let since = *stable_since.get_or_insert(now_ms());
@@ -511,10 +623,22 @@ enum Fault {
     PauseStorage(u32),
     /// Cut one link between two storage nodes.
     PartitionPair(u32, u32),
-    /// Cut every link of mgmtd.
-    IsolateMgmtd,
-    /// Crash mgmtd and restart it (its state is in the KV engine).
+    /// Cut every link of the primary mgmtd (the lease holder when the fault
+    /// starts); with `kv`, its access to the KV engine too (so a standby
+    /// takes over), else it keeps its lease while unreachable.
+    IsolateMgmtd { kv: bool },
+    /// Crash the primary mgmtd and restart it (its state is in the KV engine).
     CrashMgmtd,
+    /// Pause the primary mgmtd: hold its links and cut its KV access (a
+    /// standby takes over; on release the held messages reach a deposed
+    /// instance).
+    PauseMgmtd,
+}
+
+impl Fault {
+    fn hits_mgmtd(&self) -> bool {
+        matches!(self, Fault::IsolateMgmtd { .. } | Fault::CrashMgmtd | Fault::PauseMgmtd)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -529,7 +653,7 @@ fn schedule(rng: &mut StdRng, nodes: u32) -> Vec<Event> {
     let mut events: Vec<Event> = (0..count)
         .map(|_| {
             let node = rng.gen_range(1..=nodes);
-            let (fault, duration_ms) = match rng.gen_range(0..10) {
+            let (fault, duration_ms) = match rng.gen_range(0..12) {
                 0..=2 => (Fault::CrashStorage(node), rng.gen_range(100..2 * HEARTBEAT_TIMEOUT_MS)),
                 3..=4 => (Fault::PartitionStorage(node), rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
                 5 => (Fault::PauseStorage(node), rng.gen_range(HEARTBEAT_TIMEOUT_MS + 200..2 * HEARTBEAT_TIMEOUT_MS)),
@@ -537,7 +661,9 @@ fn schedule(rng: &mut StdRng, nodes: u32) -> Vec<Event> {
                     let other = (node % nodes) + 1;
                     (Fault::PartitionPair(node, other), rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS))
                 }
-                7..=8 => (Fault::IsolateMgmtd, rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
+                7..=8 => (Fault::IsolateMgmtd { kv: true }, rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
+                9 => (Fault::IsolateMgmtd { kv: false }, rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
+                10 => (Fault::PauseMgmtd, rng.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS)),
                 _ => (Fault::CrashMgmtd, rng.gen_range(100..HEARTBEAT_TIMEOUT_MS)),
             };
             let at_ms = rng.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
@@ -555,11 +681,54 @@ struct Outcome {
     summary: String,
 }
 
+/// One run of a seed, for the replay check: its event trace (whether the
+/// checks passed or not; a failure shows up in the trace too).
+fn run_seed_trace(seed: u64) -> Vec<String> {
+    // (A marker for diffing the logs of the two runs.)
+    tracing::info!("replay run of seed {seed} starts");
+    let trace = Arc::new(Mutex::new(Vec::new()));
+    let result = run_seed_with(seed, Some(trace.clone()));
+    let mut out = std::mem::take(&mut *trace.lock().unwrap());
+    out.push(match result {
+        Ok(o) => format!("passed {:016x}", o.trace_hash),
+        Err(e) => format!("failed: {}", e.lines().next().unwrap_or("")),
+    });
+    out
+}
+
+fn run_seed(seed: u64) -> Result<Outcome, String> {
+    run_seed_with(seed, None)
+}
+
+/// Serializes the simulations of this process: the tests run on parallel
+/// threads, and tokio's task ids (see [`align_task_ids`]) are process-wide.
+static SIM_LOCK: Mutex<()> = Mutex::new(());
+
+/// Advances tokio's process-wide task id counter to a multiple of 4.
+///
+/// A current-thread runtime keeps its tasks in 4 lists picked by task id,
+/// and a crash in turmoil drops the host's runtime list by list: the order
+/// in which the host's sockets send their FIN/RST (each drawing a latency
+/// from the seeded RNG) follows the task ids. Starting every run at the same
+/// residue gives its tasks the same lists in every run, in or across
+/// processes.
+fn align_task_ids() {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() else { return };
+    for _ in 0..8 {
+        let id: u64 = rt.spawn(async {}).id().to_string().parse().unwrap_or(3);
+        if id % 4 == 3 {
+            break;
+        }
+    }
+}
+
 fn storage_host(n: u32) -> String {
     format!("storage{n}")
 }
 
-fn run_seed(seed: u64) -> Result<Outcome, String> {
+fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Result<Outcome, String> {
+    let _one_at_a_time = SIM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    align_task_ids();
     let mut rng = StdRng::seed_from_u64(seed);
     let nodes = rng.gen_range(3..=6u32);
     let layout = Layout { nodes, targets_per_node: 3, replicas: 3 };
@@ -571,6 +740,7 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         root: tmp.path().to_path_buf(),
         shared: Arc::new(Mutex::new(Shared::default())),
         kv: Arc::new(SimKv::default()),
+        kv_cut: (0..MGMTD_INSTANCES).map(|_| Arc::new(AtomicBool::new(false))).collect(),
         storage_generation: Arc::new(AtomicU64::new(1)),
         healed: Arc::new(AtomicBool::new(false)),
     };
@@ -584,8 +754,10 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         .rng_seed(seed)
         .build();
 
-    let c = ctx.clone();
-    sim.host("mgmtd", move || run_mgmtd(c.clone()));
+    for i in 1..=MGMTD_INSTANCES {
+        let c = ctx.clone();
+        sim.host(mgmtd_host(i), move || run_mgmtd(c.clone(), i));
+    }
     for n in 1..=nodes {
         let c = ctx.clone();
         sim.host(storage_host(n), move || {
@@ -600,7 +772,7 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         let c = ctx.clone();
         sim.client(format!("writer{w}"), run_writer(c, w));
     }
-    let mut all_hosts: Vec<String> = vec!["mgmtd".into()];
+    let mut all_hosts: Vec<String> = (1..=MGMTD_INSTANCES).map(mgmtd_host).collect();
     all_hosts.extend((1..=nodes).map(storage_host));
     all_hosts.extend((0..WRITERS).map(|w| format!("writer{w}")));
     // (The checker host only exists after the heal.)
@@ -608,12 +780,15 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
     // Driver state.
     let mut pending = events.clone();
     pending.reverse();
-    // (end time, what to undo)
-    let mut undo: Vec<(u64, Fault)> = Vec::new();
-    let mut crashed: HashMap<String, u64> = HashMap::new();
-    let mut exited_since: HashMap<u32, u64> = HashMap::new();
+    // (end time, what to undo, the mgmtd instance it hit (0: none))
+    let mut undo: Vec<(u64, Fault, u32)> = Vec::new();
+    let mut crashed: BTreeMap<String, u64> = BTreeMap::new();
+    let mut exited_since: BTreeMap<u32, u64> = BTreeMap::new();
     let mut checker_started = false;
     let mut elapsed_ms = 0u64;
+    // (deposed instance, fault time): a standby must take the lease within
+    // TAKEOVER_BOUND_MS while the deposed one stays dead to the lease.
+    let mut takeover_watch: Option<(u32, u64)> = None;
 
     let others = |me: &str| all_hosts.iter().filter(|h| h.as_str() != me).cloned().collect::<Vec<_>>();
     let mut step_result: Result<bool, String>;
@@ -627,11 +802,23 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         if finished && checker_started {
             break;
         }
+        // Whether instance i cannot hold the lease (crashed or cut from the KV engine).
+        let dead = |i: u32, crashed: &BTreeMap<String, u64>| {
+            crashed.contains_key(&mgmtd_host(i)) || ctx.kv_cut[(i - 1) as usize].load(Ordering::SeqCst)
+        };
         // Start due faults.
         while pending.last().is_some_and(|e| e.at_ms <= elapsed_ms) {
             let Some(e) = pending.pop() else { break };
-            ctx.shared.lock().unwrap().trace.push(format!("{elapsed_ms} fault {:?} for {} ms", e.fault, e.duration_ms));
             let end = elapsed_ms + e.duration_ms;
+            // A fault of "the primary" hits the lease holder now.
+            let target = if e.fault.hits_mgmtd() { lease_holder(&ctx.kv).map_or(1, |(i, _)| i) } else { 0 };
+            let m = mgmtd_host(target.max(1));
+            ctx.shared.lock().unwrap().trace.push(format!(
+                "{elapsed_ms} fault {:?}{} for {} ms",
+                e.fault,
+                if target > 0 { format!(" on {m}") } else { String::new() },
+                e.duration_ms
+            ));
             match &e.fault {
                 Fault::CrashStorage(n) => {
                     let h = storage_host(*n);
@@ -641,8 +828,10 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
                     crashed.insert(h, end);
                 }
                 Fault::CrashMgmtd => {
-                    sim.crash("mgmtd");
-                    crashed.insert("mgmtd".into(), end);
+                    if sim.is_host_running(m.as_str()) {
+                        sim.crash(m.as_str());
+                    }
+                    crashed.insert(m.clone(), end);
                 }
                 Fault::PartitionStorage(n) => {
                     for o in others(&storage_host(*n)) {
@@ -655,14 +844,30 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
                     }
                 }
                 Fault::PartitionPair(a, b) => sim.partition(storage_host(*a).as_str(), storage_host(*b).as_str()),
-                Fault::IsolateMgmtd => {
-                    for o in others("mgmtd") {
-                        sim.partition("mgmtd", o.as_str());
+                Fault::IsolateMgmtd { kv } => {
+                    for o in others(&m) {
+                        sim.partition(m.as_str(), o.as_str());
                     }
+                    if *kv {
+                        ctx.kv_cut[(target - 1) as usize].store(true, Ordering::SeqCst);
+                    }
+                }
+                Fault::PauseMgmtd => {
+                    for o in others(&m) {
+                        sim.hold(m.as_str(), o.as_str());
+                    }
+                    ctx.kv_cut[(target - 1) as usize].store(true, Ordering::SeqCst);
                 }
             }
             if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd) {
-                undo.push((end, e.fault.clone()));
+                undo.push((end, e.fault.clone(), target));
+            }
+            if target > 0
+                && takeover_watch.is_none()
+                && dead(target, &crashed)
+                && (1..=MGMTD_INSTANCES).any(|i| i != target && !dead(i, &crashed))
+            {
+                takeover_watch = Some((target, elapsed_ms));
             }
         }
         // Undo due faults.
@@ -670,7 +875,8 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         let mut i = 0;
         while i < undo.len() {
             if undo[i].0 <= elapsed_ms || heal_all {
-                let (_, fault) = undo.remove(i);
+                let (_, fault, target) = undo.remove(i);
+                let m = mgmtd_host(target.max(1));
                 match fault {
                     Fault::PartitionStorage(n) => {
                         for o in others(&storage_host(n)) {
@@ -683,10 +889,17 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
                         }
                     }
                     Fault::PartitionPair(a, b) => sim.repair(storage_host(a).as_str(), storage_host(b).as_str()),
-                    Fault::IsolateMgmtd => {
-                        for o in others("mgmtd") {
-                            sim.repair("mgmtd", o.as_str());
+                    Fault::IsolateMgmtd { .. } => {
+                        for o in others(&m) {
+                            sim.repair(m.as_str(), o.as_str());
                         }
+                        ctx.kv_cut[(target - 1) as usize].store(false, Ordering::SeqCst);
+                    }
+                    Fault::PauseMgmtd => {
+                        for o in others(&m) {
+                            sim.release(m.as_str(), o.as_str());
+                        }
+                        ctx.kv_cut[(target - 1) as usize].store(false, Ordering::SeqCst);
                     }
                     Fault::CrashStorage(_) | Fault::CrashMgmtd => {}
                 }
@@ -696,12 +909,34 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         }
         let restart: Vec<String> =
             crashed.iter().filter(|(_, end)| **end <= elapsed_ms || heal_all).map(|(h, _)| h.clone()).collect();
-        let mut restart = restart;
-        restart.sort();
         for h in restart {
             crashed.remove(&h);
             ctx.shared.lock().unwrap().trace.push(format!("{elapsed_ms} restart {h}"));
             sim.bounce(h.as_str());
+        }
+        // Takeover: a standby holds the lease within the bound of the
+        // primary's fault (unless the deposed one came back first, or no
+        // standby could take over).
+        if let Some((old, since)) = takeover_watch {
+            let holder = lease_holder(&ctx.kv).filter(|(_, expires)| *expires > SIM_CLOCK_BASE_MS + elapsed_ms);
+            if !dead(old, &crashed) || (1..=MGMTD_INSTANCES).all(|i| i == old || dead(i, &crashed)) {
+                takeover_watch = None;
+            } else if let Some((new, _)) = holder.filter(|(i, _)| *i != old) {
+                let took = elapsed_ms - since;
+                let mut s = ctx.shared.lock().unwrap();
+                s.trace.push(format!("{elapsed_ms} {} took over from {} after {took} ms", mgmtd_host(new), mgmtd_host(old)));
+                s.takeovers_ms.push(took);
+                if took > TAKEOVER_BOUND_MS {
+                    s.violations.push(format!("takeover after {took} ms (bound {TAKEOVER_BOUND_MS} ms) at {elapsed_ms} ms"));
+                }
+                takeover_watch = None;
+            } else if elapsed_ms - since > TAKEOVER_BOUND_MS {
+                ctx.shared.lock().unwrap().violations.push(format!(
+                    "no standby took over within {TAKEOVER_BOUND_MS} ms of the fault of {} at {since} ms",
+                    mgmtd_host(old)
+                ));
+                takeover_watch = None;
+            }
         }
         // Supervisor: restart exited storage services.
         for n in 1..=nodes {
@@ -727,6 +962,10 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
                     }
                 }
             }
+            for cut in &ctx.kv_cut {
+                cut.store(false, Ordering::SeqCst);
+            }
+            takeover_watch = None;
             ctx.healed.store(true, Ordering::SeqCst);
             let c = ctx.clone();
             sim.client("checker", run_checker(c));
@@ -739,7 +978,11 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
 
     // ---- checks
     let shared = ctx.shared.lock().unwrap();
-    let mut problems: Vec<String> = shared.violations.iter().map(|v| format!("two views of one chain version: {v}")).collect();
+    let mut problems: Vec<String> = shared.violations.clone();
+    let conflicts = ctx.kv.conflicts.load(Ordering::SeqCst);
+    if conflicts > 0 {
+        problems.push(format!("{conflicts} KV transactions interleaved (the simulated engine assumes none)"));
+    }
     match shared.all_serving_at_ms {
         None => problems.push(format!(
             "cluster not healthy (all nodes heartbeating, all targets serving and up to date, for T) within {SERVING_BOUND_MS} ms of the heal: last status {:?}",
@@ -838,14 +1081,18 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
         h.finish()
     };
     let summary = format!(
-        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, {} acked / {} failed writes, {} exits, all serving {} ms after heal, stale pending versions {:?}",
+        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, {} acked / {} failed writes, {} exits, all serving {} ms after heal, stale pending versions {:?}",
         events.len(),
+        shared.takeovers_ms,
         shared.acked,
         shared.failed,
         shared.exits.len(),
         shared.all_serving_at_ms.map_or(-1, |t| t as i64 - healed_at as i64),
         stale_pending,
     );
+    if let Some(out) = &trace_out {
+        *out.lock().unwrap() = shared.trace.clone();
+    }
     if let Ok(path) = std::env::var("FSKV_SIM_TRACE_FILE") {
         let _ = std::fs::write(format!("{path}.{seed}"), shared.trace.join("\n"));
     }
@@ -861,9 +1108,20 @@ fn run_seed(seed: u64) -> Result<Outcome, String> {
     }
 }
 
+/// Log timestamps in simulated ms (so the logs of two runs of a seed diff).
+struct SimTimer;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTimer {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{:>6}ms", now_ms())
+    }
+}
+
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_timer(SimTimer)
+        .with_ansi(false)
         .with_test_writer()
         .try_init();
 }
@@ -875,7 +1133,8 @@ fn simulated_cluster_survives_random_faults() {
         Ok(s) => vec![s.parse().expect("FSKV_SIM_SEED must be a number")],
         Err(_) => {
             let count = std::env::var("FSKV_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_SEEDS);
-            (1..=count).collect()
+            let first: u64 = std::env::var("FSKV_SIM_FIRST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+            (first..first + count).collect()
         }
     };
     let mut failures = Vec::new();
@@ -892,15 +1151,35 @@ fn simulated_cluster_survives_random_faults() {
     assert!(failures.is_empty(), "failing seeds: {failures:?} (replay with FSKV_SIM_SEED=<seed>)");
 }
 
-/// A seed replays exactly: two runs give the same event trace. Only with
-/// tokio built with `--cfg tokio_unstable`, where turmoil seeds tokio's RNG
-/// (see docs/mgmtd.md, "Determinism").
+/// Seeds replayed by [`a_seed_replays_exactly`] (`FSKV_SIM_SEED` picks one).
+const REPLAY_SEEDS: &[u64] = &[1, 7, 24, 99, 3, 42];
+
+/// A seed replays exactly: two runs give the same event trace (every
+/// routing first seen, write outcome, fault, exit and restart, with its
+/// simulated ms). On failure the two traces are written to
+/// `$TMPDIR/fskv-sim-replay.<seed>.{a,b}` for a diff.
 #[test]
-#[cfg_attr(not(tokio_unstable), ignore = "needs RUSTFLAGS=\"--cfg tokio_unstable\" for tokio's RNG to be seeded")]
 fn a_seed_replays_exactly() {
     init_tracing();
-    let seed = std::env::var("FSKV_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
-    let a = run_seed(seed).map(|o| o.trace_hash);
-    let b = run_seed(seed).map(|o| o.trace_hash);
-    assert_eq!(a, b, "seed {seed} did not replay identically");
+    let seeds: Vec<u64> = match std::env::var("FSKV_SIM_SEED") {
+        Ok(s) => vec![s.parse().expect("FSKV_SIM_SEED must be a number")],
+        Err(_) => REPLAY_SEEDS.to_vec(),
+    };
+    let mut differ = Vec::new();
+    for seed in seeds {
+        let started = std::time::Instant::now();
+        let a = run_seed_trace(seed);
+        let b = run_seed_trace(seed);
+        if a != b {
+            let dir = std::env::temp_dir();
+            let _ = std::fs::write(dir.join(format!("fskv-sim-replay.{seed}.a")), a.join("\n"));
+            let _ = std::fs::write(dir.join(format!("fskv-sim-replay.{seed}.b")), b.join("\n"));
+            let first = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
+            eprintln!("seed {seed}: traces differ at line {first}: {:?} vs {:?}", a.get(first), b.get(first));
+            differ.push(seed);
+        } else {
+            eprintln!("seed {seed}: {} trace lines, identical ({:.1} s for two runs)", a.len(), started.elapsed().as_secs_f64());
+        }
+    }
+    assert!(differ.is_empty(), "seeds {differ:?} did not replay identically");
 }

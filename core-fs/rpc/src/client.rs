@@ -16,7 +16,7 @@ use crate::transport::{connect_with_timeout, Transport};
 use bytes::Bytes;
 use fskv_types::{ErrorCode, Status};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use crate::DetHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -79,7 +79,9 @@ pub struct RpcClient {
 struct ClientInner {
     transport: Arc<dyn Transport>,
     config: ClientConfig,
-    pools: Mutex<HashMap<String, Arc<Pool>>>,
+    /// Ordered: when the client is dropped its connections close (FIN) in
+    /// address order, the same in every run (deterministic simulation).
+    pools: Mutex<BTreeMap<String, Arc<Pool>>>,
     next_request_id: AtomicU64,
 }
 
@@ -170,7 +172,7 @@ impl RpcClient {
             inner: Arc::new(ClientInner {
                 transport,
                 config,
-                pools: Mutex::new(HashMap::new()),
+                pools: Mutex::new(BTreeMap::new()),
                 next_request_id: AtomicU64::new(1),
             }),
         }

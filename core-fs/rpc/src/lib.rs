@@ -61,6 +61,7 @@ pub mod server;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod transport;
+pub mod watch;
 
 pub use client::{CallOptions, ClientConfig, RpcClient};
 

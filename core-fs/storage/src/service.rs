@@ -18,7 +18,7 @@ use fskv_types::routing::{ChainInfo, LocalTargetState, PublicTargetState, Routin
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,7 +99,9 @@ pub struct StorageService {
 
 struct Inner {
     config: StorageConfig,
-    targets: HashMap<TargetId, Arc<Target>>,
+    // Ordered maps and sets wherever one is iterated: the same order in
+    // every run (deterministic simulation).
+    targets: BTreeMap<TargetId, Arc<Target>>,
     routing: RoutingHandle,
     rpc: RpcClient,
     /// Reads the source ranges of `CopyRange` from other chains (same RPC
@@ -109,16 +111,38 @@ struct Inner {
     client_write_slots: Semaphore,
     read_slots: Semaphore,
     /// (me, successor, chain version) of syncs running now.
-    syncs: Mutex<HashSet<(TargetId, TargetId, u32)>>,
+    syncs: Mutex<BTreeSet<(TargetId, TargetId, u32)>>,
     /// Plan of the last completed sync driven by each local target.
-    last_sync: Mutex<HashMap<TargetId, sync::PlanSummary>>,
+    last_sync: Mutex<BTreeMap<TargetId, sync::PlanSummary>>,
     /// Chunks whose forward failed: they may hold a pending version the tail
     /// committed (lost ack); the worker settles them (bounded set).
-    unsettled: Mutex<HashSet<(TargetId, ChainId, ChunkId)>>,
+    unsettled: Mutex<BTreeSet<(TargetId, ChainId, ChunkId)>>,
 }
 
 /// Most chunks remembered for settling after failed forwards.
 const MAX_UNSETTLED_CHUNKS: usize = 65_536;
+
+/// Remembers a chunk for settling if dropped before [`Self::disarm`] (the
+/// future holding it was cancelled mid-forward).
+struct SettleIfCancelled<'a> {
+    service: &'a StorageService,
+    key: Option<(TargetId, ChainId, ChunkId)>,
+}
+
+impl SettleIfCancelled<'_> {
+    fn disarm(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for SettleIfCancelled<'_> {
+    fn drop(&mut self) {
+        if let Some((target, chain, chunk)) = self.key.take() {
+            debug!(%target, %chunk, "update cancelled while forwarding; the chunk will be settled");
+            self.service.remember_unsettled(target, chain, chunk);
+        }
+    }
+}
 
 /// What asking the tail about a left-over pending version found.
 #[derive(Debug, PartialEq, Eq)]
@@ -220,9 +244,9 @@ impl StorageService {
                 targets,
                 routing,
                 rpc,
-                syncs: Mutex::new(HashSet::new()),
-                last_sync: Mutex::new(HashMap::new()),
-                unsettled: Mutex::new(HashSet::new()),
+                syncs: Mutex::new(BTreeSet::new()),
+                last_sync: Mutex::new(BTreeMap::new()),
+                unsettled: Mutex::new(BTreeSet::new()),
             }),
         }
     }
@@ -571,7 +595,14 @@ impl StorageService {
             }
             AfterApply::CommitAndAck => {}
             AfterApply::Forward(succ) => {
-                if let Err(e) = self.forward_update(target, &routing, succ, req, payload, version).await {
+                // A handler cancelled while its forward is out (its
+                // connection closed when the predecessor or the client went
+                // away, or its deadline passed) never learns whether the
+                // successors committed: settle the chunk like a failed forward.
+                let cancelled = SettleIfCancelled { service: self, key: Some((target.id, req.chain_id, req.chunk)) };
+                let result = self.forward_update(target, &routing, succ, req, payload, version).await;
+                cancelled.disarm();
+                if let Err(e) = result {
                     self.remember_unsettled(target.id, req.chain_id, req.chunk);
                     return Err(e);
                 }
@@ -650,7 +681,7 @@ impl StorageService {
     /// Settles the chunks whose forwards failed (one pass; kept for the next
     /// pass only if the tail could not be asked).
     async fn settle_unsettled(&self) {
-        let batch: Vec<_> = self.inner.unsettled.lock().drain().collect();
+        let batch = std::mem::take(&mut *self.inner.unsettled.lock());
         for (me, chain_id, chunk) in batch {
             let Ok(target) = self.target(me) else { continue };
             let _guard = target.locks.lock(chunk).await;
@@ -1044,5 +1075,97 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
             Ok(committed + 1)
         }
         ForwardMode::Update { .. } => Err(StorageError::Invalid("update passed to replace".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fskv_client::storage::{ForwardChunk, QueryChunk, RoutingPublisher};
+    use fskv_rpc::ClientConfig;
+    use fskv_types::routing::{ChainTarget, NodeInfo};
+    use fskv_types::InodeId;
+
+    /// Found by the simulation (seed 98 of 200): the head crashed while the
+    /// middle target's forward to the tail was out; the connection closed,
+    /// the middle's handler was dropped with its update pending, and the
+    /// tail had committed it. Nothing settled the chunk, so the new head
+    /// kept the older committed version. A handler cancelled mid-forward
+    /// now leaves the chunk to the settle pass, which commits it once the
+    /// tail shows it committed.
+    #[tokio::test]
+    async fn an_update_cancelled_mid_forward_is_settled_from_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        // The successor: takes the forward and never answers (it "committed",
+        // the ack is lost); answers QueryChunk with what the test sets.
+        let tail_meta: Arc<Mutex<Option<RemoteChunkMeta>>> = Arc::default();
+        let forwarded = Arc::new(tokio::sync::Notify::new());
+        let (meta, seen) = (tail_meta.clone(), forwarded.clone());
+        let router = Router::new()
+            .route::<ForwardChunk, _, _>(move |_ctx, _req: ForwardReq, _payload| {
+                let seen = seen.clone();
+                async move {
+                    seen.notify_one();
+                    std::future::pending::<()>().await;
+                    Ok((ForwardResp { committed_ver: 0 }, Bytes::new()))
+                }
+            })
+            .route::<QueryChunk, _, _>(move |_ctx, _req: QueryChunkReq, _payload| {
+                let meta = meta.clone();
+                async move { Ok((QueryChunkResp { meta: *meta.lock() }, Bytes::new())) }
+            });
+        let tail = Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, ServerConfig::default()).await.unwrap();
+
+        let chain = ChainId(1);
+        let routing = RoutingInfo {
+            version: 1,
+            nodes: vec![
+                NodeInfo { node_id: NodeId(1), address: "127.0.0.1:1".into() },
+                NodeInfo { node_id: NodeId(2), address: tail.local_addr().to_string() },
+            ],
+            chains: vec![ChainInfo {
+                chain_id: chain,
+                chain_version: 1,
+                targets: vec![
+                    ChainTarget { target_id: TargetId(101), node_id: NodeId(1), state: PublicTargetState::Serving },
+                    ChainTarget { target_id: TargetId(201), node_id: NodeId(2), state: PublicTargetState::Serving },
+                ],
+            }],
+            chain_tables: Vec::new(),
+        };
+        let (_publisher, handle) = RoutingPublisher::new(routing);
+        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+        let config = StorageConfig { inline_engine_io: true, ..StorageConfig::new(NodeId(1)) };
+        let engine_config = EngineConfig { sync_writes: false, blocks_per_grow: 4 };
+        let service = StorageService::open(config, dir.path(), &[TargetId(101)], engine_config, handle, rpc).unwrap();
+
+        let chunk = ChunkId::new(InodeId(5), 0);
+        let data = Bytes::from_static(b"written");
+        let req = WriteReq {
+            chain_id: chain,
+            chain_ver: 1,
+            target: TargetId(101),
+            chunk,
+            op: UpdateOp::Write { offset_bytes: 0, len_bytes: data.len() as u32, crc: crc32c::crc32c(&data) },
+            tag: RequestTag { client: 1, request: 1 },
+            chunk_size_hint_bytes: None,
+        };
+        // Cancel the write once its forward reached the tail.
+        let write = service.handle_write(req, data);
+        tokio::select! {
+            biased;
+            _ = forwarded.notified() => {}
+            r = write => panic!("the write finished: {r:?}"),
+        }
+        let engine = service.engine(TargetId(101)).unwrap();
+        let (pending_ver, _, crc) = engine.pending_data(chunk).expect("pending after the cancelled forward");
+        assert_eq!(engine.meta(chunk).unwrap().committed_ver, 0);
+
+        // The tail committed it: the settle pass commits it here too.
+        *tail_meta.lock() = Some(RemoteChunkMeta { chain_ver: 1, committed_ver: pending_ver, pending_ver: None, len_bytes: 7, crc });
+        service.settle_unsettled().await;
+        assert_eq!(engine.meta(chunk).unwrap().committed_ver, pending_ver, "the left-over was not settled");
+        assert!(engine.pending_data(chunk).is_none());
+        tail.shutdown().await;
     }
 }
