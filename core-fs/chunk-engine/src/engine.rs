@@ -319,6 +319,22 @@ impl ChunkEngine {
     /// current block are done in place; everything else copies on write.
     pub fn update(&self, req: &UpdateRequest<'_>) -> Result<UpdateOutcome> {
         let _span = tracing::debug_span!("chunk_update", chunk = %req.chunk).entered();
+        self.update_inner(req, false)
+    }
+
+    /// `update` followed by `commit` of the version it creates, written as
+    /// **one** RocksDB batch (CRAQ: the tail of a chain, or a one-target
+    /// chain, commits right after applying). After a crash the chunk is
+    /// either its state before or the new committed version; there is no
+    /// intermediate pending state. A duplicate (same tag) of the pending
+    /// version commits that version; a duplicate of a committed version
+    /// returns it. The outcome has `committed_ver == pending_ver`.
+    pub fn update_and_commit(&self, req: &UpdateRequest<'_>) -> Result<UpdateOutcome> {
+        let _span = tracing::debug_span!("chunk_update_commit", chunk = %req.chunk).entered();
+        self.update_inner(req, true)
+    }
+
+    fn update_inner(&self, req: &UpdateRequest<'_>, commit: bool) -> Result<UpdateOutcome> {
         self.check_alive()?;
         let _guard = self.lock(req.chunk);
         let old = self.cached(req.chunk);
@@ -330,7 +346,10 @@ impl ChunkEngine {
                     current: old.meta.chain_ver,
                 });
             }
-            if let Some(out) = duplicate_outcome(&old.meta, req.tag) {
+            if let Some(mut out) = duplicate_outcome(&old.meta, req.tag) {
+                if commit && out.pending_ver > out.committed_ver {
+                    out.committed_ver = self.commit_locked(req.chunk, out.pending_ver)?;
+                }
                 return Ok(out);
             }
         }
@@ -361,16 +380,35 @@ impl ChunkEngine {
             PendingState::Data(v) => (v.len_bytes, v.crc),
             PendingState::Removed { .. } => (0, 0),
         };
-        let meta = ChunkMeta {
-            chain_ver: req.chain_ver,
-            committed_ver,
-            committed: old.as_ref().map(|c| c.meta.committed.clone()).unwrap_or_default(),
-            pending: Some((pending_ver, state)),
-            recent: old.as_ref().map(|c| c.meta.recent.clone()).unwrap_or_default(),
+        let new = if commit {
+            // The record `commit` would write after this update, built directly.
+            match state {
+                PendingState::Removed { .. } => None,
+                PendingState::Data(v) => Some(Cached {
+                    meta: ChunkMeta {
+                        chain_ver: req.chain_ver,
+                        committed_ver: pending_ver,
+                        committed: v,
+                        pending: None,
+                        recent: old.as_ref().map(|c| c.meta.recent_after_commit()).unwrap_or_default(),
+                    },
+                    committed_block: handle,
+                    pending_block: None,
+                }),
+            }
+        } else {
+            let meta = ChunkMeta {
+                chain_ver: req.chain_ver,
+                committed_ver,
+                committed: old.as_ref().map(|c| c.meta.committed.clone()).unwrap_or_default(),
+                pending: Some((pending_ver, state)),
+                recent: old.as_ref().map(|c| c.meta.recent.clone()).unwrap_or_default(),
+            };
+            let committed_block = old.as_ref().and_then(|c| c.committed_block.clone());
+            Some(Cached { meta, committed_block, pending_block: handle })
         };
-        let committed_block = old.as_ref().and_then(|c| c.committed_block.clone());
-        let new = Cached { meta, committed_block, pending_block: handle };
-        self.persist_and_swap(req.chunk, old.as_deref(), Some(new), true)?;
+        self.persist_and_swap(req.chunk, old.as_deref(), new, true)?;
+        let committed_ver = if commit { pending_ver } else { committed_ver };
         Ok(UpdateOutcome { pending_ver, committed_ver, len_bytes, crc, in_place, duplicate: false })
     }
 
@@ -474,6 +512,12 @@ impl ChunkEngine {
         tag: UpdateTag,
         min_block_bytes: u64,
     ) -> Result<NewContent> {
+        // A write that covers the whole new content (offset 0, nothing of
+        // the old content left) goes straight from the caller's buffer:
+        // no read of the old block, no copy.
+        if offset_bytes == 0 && data.len() as u64 == new_len {
+            return self.write_new_block(chunk, data, tag, min_block_bytes);
+        }
         let mut buf = match base_handle {
             Some(h) => read_range(chunk, base, Some(h), 0, base.len_bytes as u64)?,
             None => Vec::new(),
@@ -483,12 +527,12 @@ impl ChunkEngine {
         if end <= buf.len() {
             buf[offset_bytes as usize..end].copy_from_slice(data);
         }
-        self.write_new_block(chunk, buf, tag, min_block_bytes)
+        self.write_new_block(chunk, &buf, tag, min_block_bytes)
     }
 
     /// Allocates the smallest block that fits `buf` and `min_block_bytes`
     /// and writes `buf` into it.
-    fn write_new_block(&self, chunk: ChunkId, buf: Vec<u8>, tag: UpdateTag, min_block_bytes: u64) -> Result<NewContent> {
+    fn write_new_block(&self, chunk: ChunkId, buf: &[u8], tag: UpdateTag, min_block_bytes: u64) -> Result<NewContent> {
         let len = buf.len() as u64;
         if len == 0 {
             let data = VersionData { block: None, len_bytes: 0, crc: 0, tag, page_crcs: Vec::new() };
@@ -499,10 +543,10 @@ impl ChunkEngine {
         let block = Provisional(Some(self.alloc.allocate(class)?));
         let handle = block.0.as_ref().map(Arc::clone).ok_or(ChunkError::Poisoned)?;
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
-        handle.write_at(0, &buf)?;
+        handle.write_at(0, buf)?;
         self.sync_data(&handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
-        let (page_crcs, crc) = checksum::of(&buf, class.crc_page_bytes());
+        let (page_crcs, crc) = checksum::of(buf, class.crc_page_bytes());
         let data = VersionData {
             block: Some(BlockRef { class: class.raw(), index: handle.index() }),
             len_bytes: len as u32,
@@ -523,6 +567,11 @@ impl ChunkEngine {
         let _span = tracing::debug_span!("chunk_commit", chunk = %chunk, version).entered();
         self.check_alive()?;
         let _guard = self.lock(chunk);
+        self.commit_locked(chunk, version)
+    }
+
+    /// `commit` with the chunk's stripe lock held.
+    fn commit_locked(&self, chunk: ChunkId, version: u64) -> Result<u64> {
         let old = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
         let Some((pending_ver, state)) = old.meta.pending.as_ref().filter(|(v, _)| *v == version) else {
             if old.meta.committed_ver >= version && version > 0 {
@@ -570,7 +619,7 @@ impl ChunkEngine {
         }
         let _guard = self.lock(chunk);
         let old = self.cached(chunk);
-        let nc = self.write_new_block(chunk, data.to_vec(), tag, 0)?;
+        let nc = self.write_new_block(chunk, data, tag, 0)?;
         // Recovery replaces the whole history: tags of versions this target
         // never applied are unknown, so none are kept.
         let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None, recent: Vec::new() };

@@ -39,6 +39,8 @@ enum Kind {
 #[derive(Clone, Debug)]
 enum Op {
     Update { chunk: u64, kind: Kind },
+    /// The fused `update_and_commit` (one metadata batch).
+    UpdateCommit { chunk: u64, kind: Kind },
     Commit { chunk: u64 },
     Read { chunk: u64 },
     /// Run `op` with a crash injected at `point` (if the op reaches it), then crash.
@@ -70,6 +72,7 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
 fn base_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..CHUNKS, kind_strategy()).prop_map(|(chunk, kind)| Op::Update { chunk, kind }),
+        2 => (0..CHUNKS, kind_strategy()).prop_map(|(chunk, kind)| Op::UpdateCommit { chunk, kind }),
         3 => (0..CHUNKS).prop_map(|chunk| Op::Commit { chunk }),
         2 => (0..CHUNKS).prop_map(|chunk| Op::Read { chunk }),
     ]
@@ -129,7 +132,7 @@ fn apply_commit(s: &ChunkState) -> Option<ChunkState> {
     })
 }
 
-fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64) -> Result<(), ChunkError> {
+fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64, commit: bool) -> Result<(), ChunkError> {
     let len = e.meta(cid(chunk)).map_or(0, |m| m.committed.len_bytes as u64);
     let buf;
     let kind = match kind {
@@ -151,7 +154,13 @@ fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64) -> Result<(
         tag: UpdateTag { client: 7, request: tag },
         expected_ver: None, chunk_size_hint_bytes: None,
     };
-    e.update(&req).map(|_| ())
+    if commit {
+        let out = e.update_and_commit(&req)?;
+        assert_eq!(out.pending_ver, out.committed_ver, "fused op left a pending version");
+        Ok(())
+    } else {
+        e.update(&req).map(|_| ())
+    }
 }
 
 /// The full state of a chunk as the engine reports it.
@@ -206,7 +215,7 @@ impl Harness {
         match op {
             Op::Update { chunk, kind } => {
                 let before = self.model.get(chunk).cloned().unwrap_or_default();
-                let r = engine_update(self.engine(), *chunk, kind, tag);
+                let r = engine_update(self.engine(), *chunk, kind, tag, false);
                 match (apply_update(&before, kind), r) {
                     (Some(after), Ok(())) => {
                         self.model.insert(*chunk, after);
@@ -214,6 +223,20 @@ impl Harness {
                     (None, Err(ChunkError::NotFound(_))) => {}
                     (_, Err(ChunkError::InjectedCrash(p))) => return Err(TestCaseError::reject(format!("{p:?}"))),
                     (want, got) => prop_assert!(false, "update {:?}: model {:?}, engine {:?}", kind, want.is_some(), got),
+                }
+            }
+            Op::UpdateCommit { chunk, kind } => {
+                let before = self.model.get(chunk).cloned().unwrap_or_default();
+                let r = engine_update(self.engine(), *chunk, kind, tag, true);
+                match (apply_update(&before, kind).as_ref().and_then(apply_commit), r) {
+                    (Some(after), Ok(())) => {
+                        // Nothing pending may be left behind.
+                        prop_assert!(self.engine().meta(cid(*chunk)).is_none_or(|m| m.pending.is_none()));
+                        self.model.insert(*chunk, after);
+                    }
+                    (None, Err(ChunkError::NotFound(_))) => {}
+                    (_, Err(ChunkError::InjectedCrash(p))) => return Err(TestCaseError::reject(format!("{p:?}"))),
+                    (want, got) => prop_assert!(false, "update+commit {:?}: model {:?}, engine {:?}", kind, want.is_some(), got),
                 }
             }
             Op::Commit { chunk } => {
@@ -274,6 +297,10 @@ impl Harness {
             Op::Commit { chunk } => {
                 let s = model.get(chunk).cloned().unwrap_or_default();
                 model.insert(*chunk, apply_commit(&s)?);
+            }
+            Op::UpdateCommit { chunk, kind } => {
+                let s = model.get(chunk).cloned().unwrap_or_default();
+                model.insert(*chunk, apply_commit(&apply_update(&s, kind)?)?);
             }
             _ => {}
         }

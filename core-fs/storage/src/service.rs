@@ -541,6 +541,9 @@ impl StorageService {
             (Origin::Predecessor(_), ForwardMode::Update { version }) => Some(version),
             _ => None,
         };
+        // The tail (or a one-target chain) commits right after applying:
+        // one engine call, one metadata batch.
+        let commit_now = pos.successor.is_none();
         let outcome = {
             let (engine, req, payload) = (target.engine.clone(), req.clone(), payload.clone());
             self.blocking(move || {
@@ -549,14 +552,15 @@ impl StorageService {
                     UpdateOp::Truncate { len_bytes } => UpdateKind::Truncate { len_bytes },
                     UpdateOp::Remove => UpdateKind::Remove,
                 };
-                Ok(engine.update(&UpdateRequest {
+                let update = UpdateRequest {
                     chunk: req.chunk,
                     chain_ver: req.chain_ver,
                     kind,
                     tag: engine_tag(req.tag),
                     expected_ver,
                     chunk_size_hint_bytes: req.chunk_size_hint_bytes,
-                })?)
+                };
+                Ok(if commit_now { engine.update_and_commit(&update)? } else { engine.update(&update)? })
             })
             .await?
         };
@@ -576,9 +580,11 @@ impl StorageService {
                 }
             }
         }
-        let engine = target.engine.clone();
-        let chunk = req.chunk;
-        self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+        if !commit_now {
+            let engine = target.engine.clone();
+            let chunk = req.chunk;
+            self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+        }
         debug!(version, duplicate = outcome.duplicate, "committed");
         Ok(Applied { version, len_bytes: outcome.len_bytes, crc: outcome.crc, duplicate: outcome.duplicate })
     }
@@ -1030,7 +1036,7 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
                 engine.replace(chunk, meta.chain_ver, 1, &[], tag)?;
             }
             let committed = engine.meta(chunk).map_or(0, |m| m.committed_ver);
-            let out = engine.update(&UpdateRequest {
+            engine.update_and_commit(&UpdateRequest {
                 chunk,
                 chain_ver: meta.chain_ver,
                 kind: UpdateKind::Remove,
@@ -1038,7 +1044,6 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
                 expected_ver: None,
                 chunk_size_hint_bytes: None,
             })?;
-            engine.commit(chunk, out.pending_ver)?;
             debug_assert!(engine.meta(chunk).is_none(), "{chunk} still present after remove");
             Ok(committed + 1)
         }
