@@ -11,10 +11,13 @@ fn main() -> anyhow::Result<()> {
     let hint = std::env::args().nth(2).map(|_| 4u64 << 20);
     // FUSED=1: `update_and_commit` (one batch, as a chain's tail) instead of update + commit.
     let fused = std::env::var("FUSED").is_ok_and(|v| v == "1");
+    let ops: u64 = std::env::var("OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048);
+    // Pool growth before timing, as the bench does.
+    e.reserve(hint.unwrap_or(65536), ops.div_ceil(64))?;
     let (mut upd, mut com) = (Duration::ZERO, Duration::ZERO);
     let mut slow = 0;
     let start = Instant::now();
-    for op in 0..(std::env::var("OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048u64)) {
+    for op in 0..ops {
         let chunk = ChunkId::new(InodeId(1), op / 64);
         let t = Instant::now();
         let req = UpdateRequest { chunk, chain_ver: 1, kind: UpdateKind::Write { offset_bytes: (op % 64) * 65536, data: &piece }, tag: UpdateTag::default(), expected_ver: None, chunk_size_hint_bytes: hint };
