@@ -82,6 +82,10 @@ pub struct WorkloadResult {
     pub ratio: Option<f64>,
     /// engine / fio per round, for judging the noise.
     pub round_ratios: Vec<f64>,
+    /// Per-round IOPS of each side (tells page-cache-speed rounds from
+    /// writeback-limited ones).
+    pub round_engine_iops: Vec<f64>,
+    pub round_fio_iops: Vec<f64>,
 }
 
 /// The whole report.
@@ -245,6 +249,8 @@ impl Samples {
             fio_mib_s: fio_iops.map(to_mib_s),
             ratio: fio_iops.filter(|f| *f > 0.0).map(|f| engine_iops / f),
             round_ratios,
+            round_engine_iops: self.engine.clone(),
+            round_fio_iops: self.fio.clone(),
         }
     }
 }

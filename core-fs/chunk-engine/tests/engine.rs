@@ -564,3 +564,48 @@ fn update_and_commit_is_one_committed_step() {
     assert_eq!(read_all(&e, d), b"kept");
     assert!(e.meta(c).is_none());
 }
+
+#[test]
+fn update_with_checks_the_callers_payload_crc_without_writing_bad_data() {
+    use fskv_chunk_engine::UpdateOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    let c = cid(10, 0);
+    let apply = |off: u64, data: &[u8], crc: u32, t: u64| {
+        let req = UpdateRequest {
+            chunk: c,
+            chain_ver: 1,
+            kind: UpdateKind::Write { offset_bytes: off, data },
+            tag: tag(t),
+            expected_ver: None,
+            chunk_size_hint_bytes: Some(1 << 20),
+        };
+        e.update_with(&req, UpdateOptions { commit: true, data_crc: Some(crc) })
+    };
+    let first: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+    let appended: Vec<u8> = (0..70_001u32).map(|i| (i % 241) as u8).collect();
+    let middle = vec![9u8; 5000];
+    // Each path: new block (whole write), in-place append (unaligned start),
+    // copy-on-write into the middle. A wrong CRC fails and changes nothing.
+    for (off, data) in [(0u64, &first[..]), (10_000, &appended[..]), (3000, &middle[..])] {
+        let before = e.meta(c);
+        let pools = e.pool_stats();
+        let bad = apply(off, data, crc32c::crc32c(data) ^ 1, 100 + off);
+        assert!(matches!(bad, Err(ChunkError::ChecksumMismatch { .. })), "{bad:?}");
+        assert_eq!(e.meta(c), before);
+        assert_eq!(e.pool_stats(), pools);
+        e.check_invariants().unwrap();
+        let good = apply(off, data, crc32c::crc32c(data), 200 + off).expect("good crc");
+        assert_eq!(good.committed_ver, good.pending_ver);
+    }
+    let mut want = first.clone();
+    want.extend_from_slice(&appended);
+    want[3000..8000].copy_from_slice(&middle);
+    assert_eq!(read_all(&e, c), want);
+    // The bad attempt of the append wrote nothing past the committed end:
+    // a reopen finds the same content.
+    e.simulate_crash();
+    let e = open(&dir);
+    e.check_invariants().unwrap();
+    assert_eq!(read_all(&e, c), want);
+}
