@@ -2,14 +2,18 @@
 //! same run, with the same I/O pattern and sizes.
 //!
 //! Workloads (one thread each, buffered I/O on both sides):
-//! - `seq_write_1m`: 1 MiB chunks written whole (update + commit) vs fio
-//!   `rw=write bs=1M` of the same total size;
-//! - `append_64k`: 64 KiB appends to 4 MiB chunks (update + commit, in
+//! - `seq_write_1m`: 1 MiB chunks written whole (`update_and_commit`, one
+//!   metadata batch, as the tail of a chain or a one-target chain commits)
+//!   vs fio `rw=write bs=1M` of the same total size;
+//! - `append_64k`: 64 KiB appends to 4 MiB chunks (`update_and_commit`, in
 //!   place; the update carries the 4 MiB layout chunk size as
 //!   `chunk_size_hint_bytes`, as a storage service would) vs fio `rw=write
 //!   bs=64k` of the same total size;
-//! - `append_64k_grow`: the same without the hint, so every chunk starts in a
-//!   64 KiB block and is copied into each larger class as it grows;
+//! - `append_64k_2step`: the same appends as a head or middle target does
+//!   them (`update`, then `commit` as a second batch), against the fio figure
+//!   of the same round's `append_64k` job;
+//! - `append_64k_grow`: as `append_64k` without the hint, so every chunk
+//!   starts in a 64 KiB block and is copied into each larger class as it grows;
 //! - `randread_4k`: 4 KiB aligned random reads over the chunks written by
 //!   `seq_write_1m` vs fio `rw=randread bs=4k` over fio's file from its
 //!   `seq_write_1m` job (same size, both just written, so both served from
@@ -78,6 +82,10 @@ pub struct WorkloadResult {
     pub ratio: Option<f64>,
     /// engine / fio per round, for judging the noise.
     pub round_ratios: Vec<f64>,
+    /// Per-round IOPS of each side (tells page-cache-speed rounds from
+    /// writeback-limited ones).
+    pub round_engine_iops: Vec<f64>,
+    pub round_fio_iops: Vec<f64>,
 }
 
 /// The whole report.
@@ -149,6 +157,7 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
     let mut seq = Samples::default();
     let mut app = Samples::default();
     let mut grow = Samples::default();
+    let mut app2 = Samples::default();
     let mut rr = Samples::default();
     let mut seq_chunks = 0;
     for round in 0..rounds {
@@ -163,7 +172,7 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
         }
         // 64 KiB appends, with and without the layout chunk-size hint.
         for (samples, hint, base) in [(&mut app, true, 200), (&mut grow, false, 300)] {
-            let (ops, secs) = engine_append(&engine, InodeId(base + round), opts.data_bytes, limit, hint)?;
+            let (ops, secs) = engine_append(&engine, InodeId(base + round), opts.data_bytes, limit, hint, Steps::Fused)?;
             samples.engine.push(ops as f64 / secs.max(1e-9));
             samples.engine_ops += ops;
             if fio_on {
@@ -171,6 +180,15 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
                 let f = fio_job(&fio_dir, &name, "write", 64 * 1024, ops * 64 * 1024, None, opts.sync_writes)?;
                 samples.fio.push(f.iops);
             }
+        }
+        // The same appends as a head/middle target does them (update, then
+        // commit as a second batch), against fio's figure of this round's
+        // hinted append job (same pattern, same size class).
+        let (ops, secs) = engine_append(&engine, InodeId(400 + round), opts.data_bytes, limit, true, Steps::Separate)?;
+        app2.engine.push(ops as f64 / secs.max(1e-9));
+        app2.engine_ops += ops;
+        if let Some(f) = app.fio.last() {
+            app2.fio.push(*f);
         }
         // 4 KiB random reads over round 0's sequential data on both sides.
         let (ops, secs) = engine_randread(&engine, InodeId(100), seq_chunks, limit)?;
@@ -184,6 +202,7 @@ pub fn run(opts: ChunkBenchOptions) -> anyhow::Result<ChunkBenchReport> {
     let workloads = vec![
         seq.result("seq_write_1m", MIB),
         app.result("append_64k", 64 * 1024),
+        app2.result("append_64k_2step", 64 * 1024),
         grow.result("append_64k_grow", 64 * 1024),
         rr.result("randread_4k", 4096),
     ];
@@ -230,6 +249,8 @@ impl Samples {
             fio_mib_s: fio_iops.map(to_mib_s),
             ratio: fio_iops.filter(|f| *f > 0.0).map(|f| engine_iops / f),
             round_ratios,
+            round_engine_iops: self.engine.clone(),
+            round_fio_iops: self.fio.clone(),
         }
     }
 }
@@ -244,6 +265,7 @@ fn write_commit(
     (offset_bytes, data): (u64, &[u8]),
     n: u64,
     hint: Option<u64>,
+    steps: Steps,
 ) -> anyhow::Result<()> {
     let req = UpdateRequest {
         chunk,
@@ -253,9 +275,26 @@ fn write_commit(
         expected_ver: None,
         chunk_size_hint_bytes: hint,
     };
-    let out = engine.update(&req)?;
-    engine.commit(chunk, out.pending_ver)?;
+    match steps {
+        Steps::Fused => {
+            engine.update_and_commit(&req)?;
+        }
+        Steps::Separate => {
+            let out = engine.update(&req)?;
+            engine.commit(chunk, out.pending_ver)?;
+        }
+    }
     Ok(())
+}
+
+/// How a write is committed: as the tail of a chain (or a one-target
+/// chain) does it, `update_and_commit` in one metadata batch; or as a head
+/// or middle target does it, `update` now and `commit` once the successor
+/// acknowledged (two batches).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Steps {
+    Fused,
+    Separate,
 }
 
 fn flush_page_cache_dirt() {
@@ -272,7 +311,7 @@ fn engine_seq_write(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit
     let start = Instant::now();
     let mut ops = 0;
     while ops < data_bytes / MIB && start.elapsed() < limit {
-        write_commit(engine, ChunkId::new(inode, ops), (0, &buf), ops + 1, Some(MIB))?;
+        write_commit(engine, ChunkId::new(inode, ops), (0, &buf), ops + 1, Some(MIB), Steps::Fused)?;
         ops += 1;
     }
     Ok((ops, start.elapsed().as_secs_f64()))
@@ -282,7 +321,14 @@ fn engine_seq_write(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit
 /// 4 MiB layout chunk size (block sized once, appends in place); without,
 /// each chunk grows through the classes 64 KiB .. 4 MiB by copying.
 /// Returns (ops, seconds).
-fn engine_append(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: Duration, hint: bool) -> anyhow::Result<(u64, f64)> {
+fn engine_append(
+    engine: &ChunkEngine,
+    inode: InodeId,
+    data_bytes: u64,
+    limit: Duration,
+    hint: bool,
+    steps: Steps,
+) -> anyhow::Result<(u64, f64)> {
     let piece = pattern(64 * 1024, 2);
     let per_chunk = 4 * MIB / piece.len() as u64;
     let chunks = (data_bytes / (4 * MIB)).max(1);
@@ -298,7 +344,7 @@ fn engine_append(engine: &ChunkEngine, inode: InodeId, data_bytes: u64, limit: D
     while ops < data_bytes / piece.len() as u64 && start.elapsed() < limit {
         let chunk = ChunkId::new(inode, ops / per_chunk);
         let offset = (ops % per_chunk) * piece.len() as u64;
-        write_commit(engine, chunk, (offset, &piece), ops + 1, hint.then_some(4 * MIB))?;
+        write_commit(engine, chunk, (offset, &piece), ops + 1, hint.then_some(4 * MIB), steps)?;
         ops += 1;
     }
     Ok((ops, start.elapsed().as_secs_f64()))
@@ -444,7 +490,7 @@ mod tests {
             rounds: 1,
         };
         let report = run(opts).expect("bench");
-        assert_eq!(report.workloads.len(), 4);
+        assert_eq!(report.workloads.len(), 5);
         assert!(report.workloads.iter().all(|w| w.engine_ops > 0));
         assert!(report.to_string().contains("randread_4k"));
     }

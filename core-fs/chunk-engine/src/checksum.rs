@@ -56,9 +56,16 @@ fn concat(crc_a: u32, crc_b: u32, len_b: usize, page_bytes: usize) -> u32 {
 /// and whole CRC is `whole`; updates `pages` and returns the new whole CRC.
 /// One pass over `data`.
 pub fn extend(pages: &mut Vec<u32>, whole: u32, old_len_bytes: u64, data: &[u8], page_bytes: u64) -> u32 {
+    extend_and_crc(pages, whole, old_len_bytes, data, page_bytes).0
+}
+
+/// `extend`, also returning the CRC32C of `data` itself (folded from the
+/// same page CRCs, so still one pass over `data`): `(whole, crc(data))`.
+pub fn extend_and_crc(pages: &mut Vec<u32>, whole: u32, old_len_bytes: u64, data: &[u8], page_bytes: u64) -> (u32, u32) {
     let page = page_bytes as usize;
     let partial = (old_len_bytes % page_bytes) as usize;
     let mut whole = whole;
+    let mut data_crc = 0u32;
     let mut rest = data;
     if partial != 0 && !rest.is_empty() {
         let fill = (page - partial).min(rest.len());
@@ -68,14 +75,16 @@ pub fn extend(pages: &mut Vec<u32>, whole: u32, old_len_bytes: u64, data: &[u8],
         let last = pages.pop().unwrap_or(0);
         pages.push(crc32c::crc32c_combine(last, piece, fill));
         whole = crc32c::crc32c_combine(whole, piece, fill);
+        data_crc = piece;
         rest = &rest[fill..];
     }
     for p in rest.chunks(page) {
         let c = crc32c::crc32c(p);
         pages.push(c);
         whole = concat(whole, c, p.len(), page);
+        data_crc = concat(data_crc, c, p.len(), page);
     }
-    whole
+    (whole, data_crc)
 }
 
 /// Page table and whole CRC of `data`.
@@ -103,6 +112,16 @@ mod tests {
                 let direct: Vec<u32> = d.chunks(page as usize).map(crc32c::crc32c).collect();
                 assert_eq!(pages, direct);
             }
+        }
+    }
+
+    #[test]
+    fn extend_also_gives_the_crc_of_the_appended_data() {
+        let d = data(50_000);
+        for split in [0usize, 1, 4096, 5000, 49_999, 50_000] {
+            let (mut pages, whole) = of(&d[..split], 4096);
+            let (_, data_crc) = extend_and_crc(&mut pages, whole, split as u64, &d[split..], 4096);
+            assert_eq!(data_crc, crc32c::crc32c(&d[split..]), "split {split}");
         }
     }
 

@@ -78,6 +78,22 @@ pub struct UpdateRequest<'a> {
     pub chunk_size_hint_bytes: Option<u64>,
 }
 
+/// How `ChunkEngine::update_with` applies an update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpdateOptions {
+    /// Commit the new version in the same metadata batch
+    /// (`update_and_commit`).
+    pub commit: bool,
+    /// CRC32C of a `Write`'s `data` as the caller received it (the storage
+    /// service gets one with every payload). The engine checks it against
+    /// the checksums it computes anyway (page CRCs, folded; one extra pass
+    /// over the data only for a write into the middle of existing content)
+    /// and fails with `ChecksumMismatch` before writing the data or any
+    /// metadata, so the caller need not checksum the payload itself. Not
+    /// checked for a duplicate (nothing is written) or a non-write update.
+    pub data_crc: Option<u32>,
+}
+
 /// Result of an update.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct UpdateOutcome {
@@ -318,7 +334,26 @@ impl ChunkEngine {
     /// earlier pending version is discarded. Writes that append within the
     /// current block are done in place; everything else copies on write.
     pub fn update(&self, req: &UpdateRequest<'_>) -> Result<UpdateOutcome> {
-        let _span = tracing::debug_span!("chunk_update", chunk = %req.chunk).entered();
+        self.update_with(req, UpdateOptions::default())
+    }
+
+    /// `update` followed by `commit` of the version it creates, written as
+    /// **one** RocksDB batch (CRAQ: the tail of a chain, or a one-target
+    /// chain, commits right after applying). After a crash the chunk is
+    /// either its state before or the new committed version; there is no
+    /// intermediate pending state. A duplicate (same tag) of the pending
+    /// version commits that version; a duplicate of a committed version
+    /// returns it. The outcome has `committed_ver == pending_ver`.
+    pub fn update_and_commit(&self, req: &UpdateRequest<'_>) -> Result<UpdateOutcome> {
+        self.update_with(req, UpdateOptions { commit: true, ..UpdateOptions::default() })
+    }
+
+    /// `update` (or, with `opts.commit`, `update_and_commit`), optionally
+    /// verifying the written data against a CRC32C the caller received with
+    /// it (`opts.data_crc`, see `UpdateOptions`).
+    pub fn update_with(&self, req: &UpdateRequest<'_>, opts: UpdateOptions) -> Result<UpdateOutcome> {
+        let _span = tracing::debug_span!("chunk_update", chunk = %req.chunk, commit = opts.commit).entered();
+        let commit = opts.commit;
         self.check_alive()?;
         let _guard = self.lock(req.chunk);
         let old = self.cached(req.chunk);
@@ -330,7 +365,10 @@ impl ChunkEngine {
                     current: old.meta.chain_ver,
                 });
             }
-            if let Some(out) = duplicate_outcome(&old.meta, req.tag) {
+            if let Some(mut out) = duplicate_outcome(&old.meta, req.tag) {
+                if commit && out.pending_ver > out.committed_ver {
+                    out.committed_ver = self.commit_locked(req.chunk, out.pending_ver)?;
+                }
                 return Ok(out);
             }
         }
@@ -353,7 +391,7 @@ impl ChunkEngine {
             }
             kind => {
                 let min_block = req.chunk_size_hint_bytes.unwrap_or(0).min(MAX_CHUNK_BYTES);
-                let nc = self.new_content(req.chunk, old.as_deref(), kind, req.tag, min_block)?;
+                let nc = self.new_content(req.chunk, old.as_deref(), kind, req.tag, (min_block, opts.data_crc))?;
                 (PendingState::Data(nc.data), nc.handle, nc.in_place)
             }
         };
@@ -361,16 +399,35 @@ impl ChunkEngine {
             PendingState::Data(v) => (v.len_bytes, v.crc),
             PendingState::Removed { .. } => (0, 0),
         };
-        let meta = ChunkMeta {
-            chain_ver: req.chain_ver,
-            committed_ver,
-            committed: old.as_ref().map(|c| c.meta.committed.clone()).unwrap_or_default(),
-            pending: Some((pending_ver, state)),
-            recent: old.as_ref().map(|c| c.meta.recent.clone()).unwrap_or_default(),
+        let new = if commit {
+            // The record `commit` would write after this update, built directly.
+            match state {
+                PendingState::Removed { .. } => None,
+                PendingState::Data(v) => Some(Cached {
+                    meta: ChunkMeta {
+                        chain_ver: req.chain_ver,
+                        committed_ver: pending_ver,
+                        committed: v,
+                        pending: None,
+                        recent: old.as_ref().map(|c| c.meta.recent_after_commit()).unwrap_or_default(),
+                    },
+                    committed_block: handle,
+                    pending_block: None,
+                }),
+            }
+        } else {
+            let meta = ChunkMeta {
+                chain_ver: req.chain_ver,
+                committed_ver,
+                committed: old.as_ref().map(|c| c.meta.committed.clone()).unwrap_or_default(),
+                pending: Some((pending_ver, state)),
+                recent: old.as_ref().map(|c| c.meta.recent.clone()).unwrap_or_default(),
+            };
+            let committed_block = old.as_ref().and_then(|c| c.committed_block.clone());
+            Some(Cached { meta, committed_block, pending_block: handle })
         };
-        let committed_block = old.as_ref().and_then(|c| c.committed_block.clone());
-        let new = Cached { meta, committed_block, pending_block: handle };
-        self.persist_and_swap(req.chunk, old.as_deref(), Some(new), true)?;
+        self.persist_and_swap(req.chunk, old.as_deref(), new, true)?;
+        let committed_ver = if commit { pending_ver } else { committed_ver };
         Ok(UpdateOutcome { pending_ver, committed_ver, len_bytes, crc, in_place, duplicate: false })
     }
 
@@ -383,7 +440,7 @@ impl ChunkEngine {
         old: Option<&Cached>,
         kind: UpdateKind<'_>,
         tag: UpdateTag,
-        min_block_bytes: u64,
+        (min_block_bytes, data_crc): (u64, Option<u32>),
     ) -> Result<NewContent> {
         let empty = VersionData::default();
         let base = old.map_or(&empty, |c| &c.meta.committed);
@@ -409,6 +466,8 @@ impl ChunkEngine {
             }
             UpdateKind::Remove => unreachable!("remove has no content"),
         };
+        // Only a write has a payload to check.
+        let data_crc = if matches!(kind, UpdateKind::Write { .. }) { data_crc } else { None };
         // Bytes past the committed end of the block belong to an in-place
         // pending version if there is one; overwriting them before the new
         // record commits would corrupt that version after a crash, so then
@@ -420,10 +479,10 @@ impl ChunkEngine {
         if let (Some(h), false) = (base_handle, tail_in_use) {
             let appends = offset_bytes == base_len && new_len >= base_len;
             if appends && new_len <= h.class().block_bytes() {
-                return self.append_in_place(chunk, base, h, new_len, data, tag);
+                return self.append_in_place(chunk, base, h, new_len, (data, data_crc), tag);
             }
         }
-        self.copy_on_write(chunk, base, base_handle, (offset_bytes, data), new_len, tag, min_block_bytes)
+        self.copy_on_write(chunk, base, base_handle, (offset_bytes, data, data_crc), new_len, tag, min_block_bytes)
     }
 
     /// Writes `data` (zero-padded to `new_len`) after the committed end of
@@ -434,7 +493,7 @@ impl ChunkEngine {
         base: &VersionData,
         handle: &Arc<BlockHandle>,
         new_len: u64,
-        data: &[u8],
+        (data, data_crc): (&[u8], Option<u32>),
         tag: UpdateTag,
     ) -> Result<NewContent> {
         let base_len = base.len_bytes as u64;
@@ -446,12 +505,15 @@ impl ChunkEngine {
             &padded
         };
         debug_assert!(data.is_empty() || tail.len() == data.len());
+        // Checksums first: a payload that fails `data_crc` is never written.
+        let mut page_crcs = base.page_crcs.clone();
+        let (crc, tail_crc) =
+            checksum::extend_and_crc(&mut page_crcs, base.crc, base_len, tail, handle.class().crc_page_bytes());
+        check_data_crc(chunk, data_crc, tail_crc)?;
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
         handle.write_at(base_len, tail)?;
         self.sync_data(handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
-        let mut page_crcs = base.page_crcs.clone();
-        let crc = checksum::extend(&mut page_crcs, base.crc, base_len, tail, handle.class().crc_page_bytes());
         let data = VersionData {
             block: base.block,
             len_bytes: new_len as u32,
@@ -469,11 +531,22 @@ impl ChunkEngine {
         chunk: ChunkId,
         base: &VersionData,
         base_handle: Option<&Arc<BlockHandle>>,
-        (offset_bytes, data): (u64, &[u8]),
+        (offset_bytes, data, data_crc): (u64, &[u8], Option<u32>),
         new_len: u64,
         tag: UpdateTag,
         min_block_bytes: u64,
     ) -> Result<NewContent> {
+        // A write that covers the whole new content (offset 0, nothing of
+        // the old content left) goes straight from the caller's buffer:
+        // no read of the old block, no copy.
+        if offset_bytes == 0 && data.len() as u64 == new_len {
+            return self.write_new_block(chunk, data, tag, (min_block_bytes, data_crc));
+        }
+        // Otherwise the new content's checksums do not give the payload's:
+        // one pass over the payload (what a caller would otherwise do).
+        if data_crc.is_some() {
+            check_data_crc(chunk, data_crc, crc32c::crc32c(data))?;
+        }
         let mut buf = match base_handle {
             Some(h) => read_range(chunk, base, Some(h), 0, base.len_bytes as u64)?,
             None => Vec::new(),
@@ -483,26 +556,35 @@ impl ChunkEngine {
         if end <= buf.len() {
             buf[offset_bytes as usize..end].copy_from_slice(data);
         }
-        self.write_new_block(chunk, buf, tag, min_block_bytes)
+        self.write_new_block(chunk, &buf, tag, (min_block_bytes, None))
     }
 
     /// Allocates the smallest block that fits `buf` and `min_block_bytes`
-    /// and writes `buf` into it.
-    fn write_new_block(&self, chunk: ChunkId, buf: Vec<u8>, tag: UpdateTag, min_block_bytes: u64) -> Result<NewContent> {
+    /// and writes `buf` into it. `buf_crc`: fail unless `buf` has this CRC32C.
+    fn write_new_block(
+        &self,
+        chunk: ChunkId,
+        buf: &[u8],
+        tag: UpdateTag,
+        (min_block_bytes, buf_crc): (u64, Option<u32>),
+    ) -> Result<NewContent> {
         let len = buf.len() as u64;
         if len == 0 {
+            check_data_crc(chunk, buf_crc, 0)?;
             let data = VersionData { block: None, len_bytes: 0, crc: 0, tag, page_crcs: Vec::new() };
             return Ok(NewContent { data, handle: None, in_place: false });
         }
         let class = SizeClass::for_len(len.max(min_block_bytes))
             .ok_or_else(|| ChunkError::InvalidArgument(format!("{chunk}: {len} bytes exceed the chunk limit")))?;
+        // Checksums first: a payload that fails `buf_crc` is never written.
+        let (page_crcs, crc) = checksum::of(buf, class.crc_page_bytes());
+        check_data_crc(chunk, buf_crc, crc)?;
         let block = Provisional(Some(self.alloc.allocate(class)?));
         let handle = block.0.as_ref().map(Arc::clone).ok_or(ChunkError::Poisoned)?;
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
-        handle.write_at(0, &buf)?;
+        handle.write_at(0, buf)?;
         self.sync_data(&handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
-        let (page_crcs, crc) = checksum::of(&buf, class.crc_page_bytes());
         let data = VersionData {
             block: Some(BlockRef { class: class.raw(), index: handle.index() }),
             len_bytes: len as u32,
@@ -523,6 +605,11 @@ impl ChunkEngine {
         let _span = tracing::debug_span!("chunk_commit", chunk = %chunk, version).entered();
         self.check_alive()?;
         let _guard = self.lock(chunk);
+        self.commit_locked(chunk, version)
+    }
+
+    /// `commit` with the chunk's stripe lock held.
+    fn commit_locked(&self, chunk: ChunkId, version: u64) -> Result<u64> {
         let old = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
         let Some((pending_ver, state)) = old.meta.pending.as_ref().filter(|(v, _)| *v == version) else {
             if old.meta.committed_ver >= version && version > 0 {
@@ -570,7 +657,7 @@ impl ChunkEngine {
         }
         let _guard = self.lock(chunk);
         let old = self.cached(chunk);
-        let nc = self.write_new_block(chunk, data.to_vec(), tag, 0)?;
+        let nc = self.write_new_block(chunk, data, tag, (0, None))?;
         // Recovery replaces the whole history: tags of versions this target
         // never applied are unknown, so none are kept.
         let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None, recent: Vec::new() };
@@ -908,6 +995,20 @@ fn read_range(chunk: ChunkId, v: &VersionData, handle: Option<&Arc<BlockHandle>>
         buf.drain(..head);
     }
     Ok(buf)
+}
+
+/// Fails with `ChecksumMismatch` if the caller's CRC of the payload
+/// (`want`) differs from the one the engine computed (`got`).
+fn check_data_crc(chunk: ChunkId, want: Option<u32>, got: u32) -> Result<()> {
+    match want {
+        Some(expected) if expected != got => Err(ChunkError::ChecksumMismatch {
+            chunk,
+            what: "update payload (CRC32C given by the caller)".into(),
+            expected,
+            actual: got,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Retires every handle of `old` whose block `keep` no longer references.

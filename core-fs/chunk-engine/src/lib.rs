@@ -17,7 +17,7 @@ pub mod meta;
 
 pub use alloc::PoolStats;
 pub use engine::{
-    ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOutcome, UpdateRequest,
+    ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest,
 };
 pub use error::{ChunkError, Result};
 pub use layout::{SizeClass, MAX_CHUNK_BYTES, MIN_BLOCK_BYTES, NUM_CLASSES};

@@ -4,10 +4,11 @@
 //! big-endian), so all chunks of a file are adjacent and the last one is a
 //! single `seek_for_prev`.
 //!
-//! Value (little-endian, format 3; format 2 is format 3 without the
-//! trailing `recent` list and is still read):
+//! Value (little-endian, format 4; formats 3 and 2 are still read: format 3
+//! is format 4 without the `open` entries of a Version, format 2 is format 3
+//! without the trailing `recent` list):
 //! ```text
-//! u8  format = 3
+//! u8  format = 4
 //! u32 chain_ver
 //! u64 committed_ver            0 = never committed (chunk only pending)
 //! Version committed
@@ -15,7 +16,8 @@
 //! u8  pending_kind             (only if pending_ver != 0) 1 = data, 2 = removed
 //! Version pending | Tag        data: a Version; removed: the update tag
 //! Version := u8 has_block, [u8 class, u64 block_idx], u32 len, u32 crc,
-//!            Tag, u32 tail_page_crc (CRC of the last, partial page; 0 if none)
+//!            Tag, u32 tail_page_crc (CRC of the last, partial page; 0 if none),
+//!            [only if has_block] u8 open_count, open_count × u32 open entries
 //! u8  recent_count            (≤ RECENT_COMMITS) then per entry:
 //!     Tag, u64 version, u32 len, u32 crc   older committed versions' tags
 //! Tag := u64 client, u64 request
@@ -23,20 +25,26 @@
 //!
 //! Page checksums of **full** pages live per block, not per record, in
 //! segments of 64 entries: key `b'b' ‖ class ‖ block_idx (u64 BE) ‖ segment
-//! (u32 BE)`, value up to 64 × u32 LE. A full page of a block never changes
-//! while a version that covers it references the block (in-place writes only
-//! go past the committed length), so the committed and an in-place pending
-//! version share the entries, and an append writes only the segments of the
-//! pages it completed plus a ~100-byte record. Entries past a version's full
-//! pages are ignored, so stale entries of a freed block are harmless; a new
-//! version written into a block rewrites every segment it uses.
+//! (u32 BE)`, value 64 × u32 LE. Only **complete** segments are stored as
+//! keys (format 4); the entries of the version's last, incomplete segment
+//! (`full pages % 64` of them, the "open" entries) are in the record. A full
+//! page of a block never changes while a version that covers it references
+//! the block (in-place writes only go past the committed length), so the
+//! committed and an in-place pending version share the complete segments,
+//! and an append writes the record plus only the segments it completed:
+//! three of four 64 KiB appends (16 pages of 4 KiB) write one key. Segments
+//! past a version's complete ones are ignored, so stale segments of a freed
+//! block are harmless; a new version written into a block rewrites every
+//! complete segment it uses. (Format 3 stored the incomplete segment as a
+//! shorter key instead; such records and keys are still read.)
 
 use crate::error::{ChunkError, Result};
 use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
 use fskv_types::ChunkId;
 use serde::Serialize;
 
-const FORMAT: u8 = 3;
+const FORMAT: u8 = 4;
+const FORMAT_V3: u8 = 3;
 const FORMAT_V2: u8 = 2;
 /// Committed versions before the current one whose update tags are kept, so
 /// a retried write is recognised even after other writes to the chunk
@@ -183,11 +191,16 @@ impl ChunkMeta {
 
     /// The record value (without page tables; see [`ChunkMeta::segment_puts`]).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_format(FORMAT)
+    }
+
+    /// `encode` in format 4, or (tests of the upgrade path) format 3.
+    fn encode_format(&self, format: u8) -> Vec<u8> {
         let mut w = Vec::with_capacity(128);
-        w.push(FORMAT);
+        w.push(format);
         w.extend_from_slice(&self.chain_ver.to_le_bytes());
         w.extend_from_slice(&self.committed_ver.to_le_bytes());
-        encode_version(&mut w, &self.committed);
+        encode_version(&mut w, &self.committed, format);
         match &self.pending {
             None => w.extend_from_slice(&0u64.to_le_bytes()),
             Some((ver, state)) => {
@@ -195,7 +208,7 @@ impl ChunkMeta {
                 match state {
                     PendingState::Data(v) => {
                         w.push(1);
-                        encode_version(&mut w, v);
+                        encode_version(&mut w, v, format);
                     }
                     PendingState::Removed { tag } => {
                         w.push(2);
@@ -225,14 +238,22 @@ impl ChunkMeta {
     }
 
     /// Page-table segments to write with this record, given the record it
-    /// replaces: for each version, the segments holding full pages not
-    /// already persisted for its block by a version of `old` that it extends.
+    /// replaces: for each version, the complete segments not already
+    /// persisted for its block by a version of `old` that it extends.
     pub fn segment_puts(&self, old: Option<&ChunkMeta>) -> Result<Vec<([u8; 14], Vec<u8>)>> {
+        self.segment_puts_format(old, FORMAT)
+    }
+
+    /// `segment_puts` for a record of `format`: 4 writes complete segments
+    /// only; 3 (tests of the upgrade path) also the incomplete last one.
+    fn segment_puts_format(&self, old: Option<&ChunkMeta>, format: u8) -> Result<Vec<([u8; 14], Vec<u8>)>> {
         let mut puts: Vec<([u8; 14], Vec<u8>)> = Vec::new();
         for v in self.versions() {
             let Some(block) = v.block else { continue };
             let page = class_page_bytes(block.class)?;
-            let full = (v.len_bytes as u64 / page) as usize;
+            let full_pages = (v.len_bytes as u64 / page) as usize;
+            // Pages that go into segment keys.
+            let full = if format >= FORMAT { full_pages / SEGMENT_PAGES * SEGMENT_PAGES } else { full_pages };
             let persisted = old.map_or(0, |o| persisted_full_pages(o, block, v, page));
             let first_seg = persisted / SEGMENT_PAGES;
             let mut seg = first_seg;
@@ -263,25 +284,25 @@ impl ChunkMeta {
     ) -> Result<ChunkMeta> {
         let mut r = Reader { buf: bytes };
         let format = r.u8()?;
-        if format != FORMAT && format != FORMAT_V2 {
+        if ![FORMAT, FORMAT_V3, FORMAT_V2].contains(&format) {
             return Err(ChunkError::CorruptMetadata(format!("unknown chunk record format {format}")));
         }
         let chain_ver = r.u32()?;
         let committed_ver = r.u64()?;
-        let committed = decode_version(&mut r, &mut segment)?;
+        let committed = decode_version(&mut r, &mut segment, format)?;
         let pending_ver = r.u64()?;
         let pending = if pending_ver == 0 {
             None
         } else {
             let state = match r.u8()? {
-                1 => PendingState::Data(decode_version(&mut r, &mut segment)?),
+                1 => PendingState::Data(decode_version(&mut r, &mut segment, format)?),
                 2 => PendingState::Removed { tag: decode_tag(&mut r)? },
                 k => return Err(ChunkError::CorruptMetadata(format!("unknown pending kind {k}"))),
             };
             Some((pending_ver, state))
         };
         let mut recent = Vec::new();
-        if format == FORMAT {
+        if format != FORMAT_V2 {
             let count = r.u8()? as usize;
             if count > RECENT_COMMITS {
                 return Err(ChunkError::CorruptMetadata(format!("{count} recent commits (limit {RECENT_COMMITS})")));
@@ -325,7 +346,7 @@ fn encode_tag(w: &mut Vec<u8>, tag: UpdateTag) {
     w.extend_from_slice(&tag.request.to_le_bytes());
 }
 
-fn encode_version(w: &mut Vec<u8>, v: &VersionData) {
+fn encode_version(w: &mut Vec<u8>, v: &VersionData, format: u8) {
     match v.block {
         None => w.push(0),
         Some(b) => {
@@ -337,11 +358,21 @@ fn encode_version(w: &mut Vec<u8>, v: &VersionData) {
     w.extend_from_slice(&v.len_bytes.to_le_bytes());
     w.extend_from_slice(&v.crc.to_le_bytes());
     encode_tag(w, v.tag);
-    let tail = match v.block.and_then(|b| class_page_bytes(b.class).ok()) {
+    let page = v.block.and_then(|b| class_page_bytes(b.class).ok());
+    let tail = match page {
         Some(page) if !(v.len_bytes as u64).is_multiple_of(page) => v.page_crcs.last().copied().unwrap_or(0),
         _ => 0,
     };
     w.extend_from_slice(&tail.to_le_bytes());
+    if format >= FORMAT && v.block.is_some() {
+        // The open entries: full pages past the last complete segment.
+        let full = page.map_or(0, |p| (v.len_bytes as u64 / p) as usize).min(v.page_crcs.len());
+        let open = &v.page_crcs[full / SEGMENT_PAGES * SEGMENT_PAGES..full];
+        w.push(open.len() as u8);
+        for c in open {
+            w.extend_from_slice(&c.to_le_bytes());
+        }
+    }
 }
 
 fn decode_tag(r: &mut Reader) -> Result<UpdateTag> {
@@ -351,6 +382,7 @@ fn decode_tag(r: &mut Reader) -> Result<UpdateTag> {
 fn decode_version(
     r: &mut Reader,
     segment: &mut impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
+    format: u8,
 ) -> Result<VersionData> {
     let block = match r.u8()? {
         0 => None,
@@ -365,28 +397,54 @@ fn decode_version(
     let crc = r.u32()?;
     let tag = decode_tag(r)?;
     let tail = r.u32()?;
+    let open = match block {
+        Some(_) if format >= FORMAT => {
+            let n = r.u8()? as usize;
+            if n >= SEGMENT_PAGES {
+                return Err(ChunkError::CorruptMetadata(format!("{n} open page-table entries")));
+            }
+            let mut open = Vec::with_capacity(n);
+            for _ in 0..n {
+                open.push(r.u32()?);
+            }
+            Some(open)
+        }
+        _ => None,
+    };
     let page_crcs = match block {
         None => Vec::new(),
-        Some(b) => load_page_table(b, len_bytes, tail, segment)?,
+        Some(b) => load_page_table(b, len_bytes, (tail, open), segment)?,
     };
     let v = VersionData { block, len_bytes, crc, tag, page_crcs };
     check_version_shape(&v)?;
     Ok(v)
 }
 
-/// Full-page entries from the block's segments, then the tail page's CRC.
+/// Full-page entries from the block's segments (format 4: the complete
+/// ones, then the record's `open` entries; format 3: all from segments),
+/// then the tail page's CRC.
 fn load_page_table(
     block: BlockRef,
     len_bytes: u32,
-    tail: u32,
+    (tail, open): (u32, Option<Vec<u32>>),
     segment: &mut impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
 ) -> Result<Vec<u32>> {
     let page = class_page_bytes(block.class)?;
     if len_bytes as u64 > MAX_CHUNK_BYTES {
         return Err(ChunkError::CorruptMetadata(format!("length {len_bytes}")));
     }
-    let full = (len_bytes as u64 / page) as usize;
-    let mut table = Vec::with_capacity(full + 1);
+    let full_pages = (len_bytes as u64 / page) as usize;
+    let full = match &open {
+        Some(open) if open.len() != full_pages % SEGMENT_PAGES => {
+            return Err(ChunkError::CorruptMetadata(format!(
+                "{} open page-table entries for {full_pages} full pages",
+                open.len()
+            )));
+        }
+        Some(_) => full_pages / SEGMENT_PAGES * SEGMENT_PAGES,
+        None => full_pages,
+    };
+    let mut table = Vec::with_capacity(full_pages + 1);
     let mut seg = 0u32;
     while table.len() < full {
         let want = (full - table.len()).min(SEGMENT_PAGES);
@@ -403,6 +461,7 @@ fn load_page_table(
         }
         seg += 1;
     }
+    table.extend(open.unwrap_or_default());
     if !(len_bytes as u64).is_multiple_of(page) {
         table.push(tail);
     }
@@ -497,7 +556,7 @@ mod tests {
             recent: vec![RecentCommit { tag: UpdateTag { client: 1, request: 1 }, version: 2, len_bytes: 5, crc: 6 }],
         };
         let bytes = store(&meta, None, &mut segs);
-        assert_eq!(segs.len(), 2, "73 full pages = 2 segments");
+        assert_eq!(segs.len(), 1, "73 full pages = 1 complete segment + 9 entries in the record");
         assert_eq!(load(&bytes, &segs).unwrap(), meta);
         for cut in 0..bytes.len() {
             assert!(load(&bytes[..cut], &segs).is_err());
@@ -509,24 +568,72 @@ mod tests {
     }
 
     #[test]
-    fn in_place_append_writes_only_new_segments() {
+    fn in_place_append_writes_only_completed_segments() {
         let mut segs = HashMap::new();
         let committed = version(200 * 4096, 200, 0);
         let c = ChunkMeta { chain_ver: 1, committed_ver: 1, committed: committed.clone(), pending: None, recent: vec![] };
         let bytes = store(&c, None, &mut segs);
+        assert_eq!(segs.len(), 3, "segments 0..2 complete, 8 entries in the record");
         assert_eq!(load(&bytes, &segs).unwrap(), c);
-        // Pending extends the same block by 16 pages: only segment 3 changes.
+        // Pending extends the same block by 16 pages, still inside segment 3:
+        // no key besides the record.
         let mut p = version(216 * 4096, 216, 0);
         p.page_crcs[..200].copy_from_slice(&committed.page_crcs);
         let with_pending = ChunkMeta { pending: Some((2, PendingState::Data(p.clone()))), ..c.clone() };
-        let puts = with_pending.segment_puts(Some(&c)).unwrap();
-        assert_eq!(puts.len(), 1);
-        assert_eq!(puts[0].0, segment_key(BlockRef { class: 4, index: 9 }, 3));
+        assert!(with_pending.segment_puts(Some(&c)).unwrap().is_empty());
         let bytes = store(&with_pending, Some(&c), &mut segs);
-        assert!(bytes.len() < 120);
         assert_eq!(load(&bytes, &segs).unwrap(), with_pending);
         // Commit: nothing new to write.
-        let committed2 = ChunkMeta { chain_ver: 1, committed_ver: 2, committed: p, pending: None, recent: c.recent_after_commit() };
-        assert!(committed2.segment_puts(Some(&with_pending)).unwrap().is_empty());
+        let c2 = ChunkMeta { chain_ver: 1, committed_ver: 2, committed: p.clone(), pending: None, recent: c.recent_after_commit() };
+        assert!(c2.segment_puts(Some(&with_pending)).unwrap().is_empty());
+        let bytes = store(&c2, Some(&with_pending), &mut segs);
+        assert_eq!(load(&bytes, &segs).unwrap(), c2);
+        // An append that completes segment 3 writes exactly that segment.
+        let mut p3 = version(256 * 4096, 256, 0);
+        p3.page_crcs[..216].copy_from_slice(&p.page_crcs);
+        let c3 = ChunkMeta { committed_ver: 3, committed: p3, recent: c2.recent_after_commit(), ..c2.clone() };
+        let puts = c3.segment_puts(Some(&c2)).unwrap();
+        assert_eq!(puts.len(), 1);
+        assert_eq!(puts[0].0, segment_key(BlockRef { class: 4, index: 9 }, 3));
+        assert_eq!(puts[0].1.len(), 64 * 4);
+        let bytes = store(&c3, Some(&c2), &mut segs);
+        assert_eq!(load(&bytes, &segs).unwrap(), c3);
+        // Open entries that disagree with the length are refused.
+        let mut bad = c3.clone();
+        bad.committed.len_bytes = 230 * 4096;
+        bad.committed.page_crcs = (0..230).collect();
+        let bytes = bad.encode();
+        assert!(load(&bytes, &segs).is_ok());
+        let mut short = bytes.clone();
+        // Claim one open entry fewer than the length needs (and drop it).
+        let open_at = 1 + 4 + 8 + 1 + 1 + 8 + 4 + 4 + 16 + 4;
+        short[open_at] -= 1;
+        short.drain(open_at + 1..open_at + 5);
+        assert!(load(&short, &segs).is_err());
+    }
+
+    #[test]
+    fn format_3_records_and_partial_segments_are_read_and_upgraded() {
+        let mut segs = HashMap::new();
+        let v = version(100 * 4096 + 7, 101, 3);
+        let c = ChunkMeta { chain_ver: 2, committed_ver: 5, committed: v.clone(), pending: None, recent: vec![] };
+        // As the previous version wrote it: segment 1 partial (36 entries) in a key.
+        for (k, val) in c.segment_puts_format(None, FORMAT_V3).unwrap() {
+            segs.insert(k, val);
+        }
+        assert_eq!(segs.len(), 2);
+        let v3 = c.encode_format(FORMAT_V3);
+        assert_eq!(v3[0], 3);
+        let decoded = load(&v3, &segs).unwrap();
+        assert_eq!(decoded, c);
+        // The next record (an append in place) is format 4 and needs no new
+        // key: segment 0 is complete, pages 64..120 go into the record.
+        let mut p = version(120 * 4096, 120, 3);
+        p.page_crcs[..100].copy_from_slice(&v.page_crcs[..100]);
+        let next = ChunkMeta { committed_ver: 6, committed: p, ..decoded.clone() };
+        assert!(next.segment_puts(Some(&decoded)).unwrap().is_empty());
+        let v4 = next.encode();
+        assert_eq!(v4[0], 4);
+        assert_eq!(load(&v4, &segs).unwrap(), next);
     }
 }

@@ -8,7 +8,7 @@
 //! referenced by the metadata (no leak, no double allocation).
 
 use fskv_chunk_engine::{
-    ChunkEngine, ChunkError, CrashPoint, EngineConfig, PendingState, ReadMode, UpdateKind, UpdateRequest, UpdateTag,
+    ChunkEngine, ChunkError, CrashPoint, EngineConfig, PendingState, ReadMode, UpdateKind, UpdateOptions, UpdateRequest, UpdateTag,
     MAX_CHUNK_BYTES,
 };
 use fskv_types::{ChunkId, InodeId};
@@ -39,6 +39,11 @@ enum Kind {
 #[derive(Clone, Debug)]
 enum Op {
     Update { chunk: u64, kind: Kind },
+    /// The fused `update_and_commit` (one metadata batch), passing the
+    /// payload's CRC for the engine to check.
+    UpdateCommit { chunk: u64, kind: Kind },
+    /// A write whose caller-given CRC is wrong: must fail and change nothing.
+    BadCrcWrite { chunk: u64, kind: Kind, commit: bool },
     Commit { chunk: u64 },
     Read { chunk: u64 },
     /// Run `op` with a crash injected at `point` (if the op reaches it), then crash.
@@ -70,6 +75,11 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
 fn base_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..CHUNKS, kind_strategy()).prop_map(|(chunk, kind)| Op::Update { chunk, kind }),
+        2 => (0..CHUNKS, kind_strategy()).prop_map(|(chunk, kind)| Op::UpdateCommit { chunk, kind }),
+        1 => (0..CHUNKS, 0u64..70_000, 1usize..80_000, any::<bool>(), any::<bool>()).prop_map(|(chunk, offset, len, append, commit)| {
+            let kind = if append { Kind::Append { len, byte: 5 } } else { Kind::WriteAt { offset, len, byte: 6 } };
+            Op::BadCrcWrite { chunk, kind, commit }
+        }),
         3 => (0..CHUNKS).prop_map(|chunk| Op::Commit { chunk }),
         2 => (0..CHUNKS).prop_map(|chunk| Op::Read { chunk }),
     ]
@@ -129,7 +139,8 @@ fn apply_commit(s: &ChunkState) -> Option<ChunkState> {
     })
 }
 
-fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64) -> Result<(), ChunkError> {
+/// `crc_xor`: `Some(x)` passes the payload's CRC32C xor `x` as `data_crc`.
+fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64, commit: bool, crc_xor: Option<u32>) -> Result<(), ChunkError> {
     let len = e.meta(cid(chunk)).map_or(0, |m| m.committed.len_bytes as u64);
     let buf;
     let kind = match kind {
@@ -151,7 +162,15 @@ fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64) -> Result<(
         tag: UpdateTag { client: 7, request: tag },
         expected_ver: None, chunk_size_hint_bytes: None,
     };
-    e.update(&req).map(|_| ())
+    let data_crc = match (req.kind, crc_xor) {
+        (UpdateKind::Write { data, .. }, Some(x)) => Some(crc32c::crc32c(data) ^ x),
+        _ => None,
+    };
+    let out = e.update_with(&req, UpdateOptions { commit, data_crc })?;
+    if commit {
+        assert_eq!(out.pending_ver, out.committed_ver, "fused op left a pending version");
+    }
+    Ok(())
 }
 
 /// The full state of a chunk as the engine reports it.
@@ -206,7 +225,7 @@ impl Harness {
         match op {
             Op::Update { chunk, kind } => {
                 let before = self.model.get(chunk).cloned().unwrap_or_default();
-                let r = engine_update(self.engine(), *chunk, kind, tag);
+                let r = engine_update(self.engine(), *chunk, kind, tag, false, None);
                 match (apply_update(&before, kind), r) {
                     (Some(after), Ok(())) => {
                         self.model.insert(*chunk, after);
@@ -215,6 +234,29 @@ impl Harness {
                     (_, Err(ChunkError::InjectedCrash(p))) => return Err(TestCaseError::reject(format!("{p:?}"))),
                     (want, got) => prop_assert!(false, "update {:?}: model {:?}, engine {:?}", kind, want.is_some(), got),
                 }
+            }
+            Op::UpdateCommit { chunk, kind } => {
+                let before = self.model.get(chunk).cloned().unwrap_or_default();
+                let r = engine_update(self.engine(), *chunk, kind, tag, true, Some(0));
+                match (apply_update(&before, kind).as_ref().and_then(apply_commit), r) {
+                    (Some(after), Ok(())) => {
+                        // Nothing pending may be left behind.
+                        prop_assert!(self.engine().meta(cid(*chunk)).is_none_or(|m| m.pending.is_none()));
+                        self.model.insert(*chunk, after);
+                    }
+                    (None, Err(ChunkError::NotFound(_))) => {}
+                    (_, Err(ChunkError::InjectedCrash(p))) => return Err(TestCaseError::reject(format!("{p:?}"))),
+                    (want, got) => prop_assert!(false, "update+commit {:?}: model {:?}, engine {:?}", kind, want.is_some(), got),
+                }
+            }
+            Op::BadCrcWrite { chunk, kind, commit } => {
+                match engine_update(self.engine(), *chunk, kind, tag, *commit, Some(0x8000_0001)) {
+                    Err(ChunkError::ChecksumMismatch { .. }) => {}
+                    Err(ChunkError::InjectedCrash(p)) => return Err(TestCaseError::reject(format!("{p:?}"))),
+                    other => prop_assert!(false, "write with a wrong CRC gave {:?}", other),
+                }
+                let s = self.model.get(chunk).cloned().unwrap_or_default();
+                prop_assert!(engine_state(self.engine(), *chunk) == s, "a rejected write changed chunk {}", chunk);
             }
             Op::Commit { chunk } => {
                 let before = self.model.get(chunk).cloned().unwrap_or_default();
@@ -274,6 +316,10 @@ impl Harness {
             Op::Commit { chunk } => {
                 let s = model.get(chunk).cloned().unwrap_or_default();
                 model.insert(*chunk, apply_commit(&s)?);
+            }
+            Op::UpdateCommit { chunk, kind } => {
+                let s = model.get(chunk).cloned().unwrap_or_default();
+                model.insert(*chunk, apply_commit(&apply_update(&s, kind)?)?);
             }
             _ => {}
         }

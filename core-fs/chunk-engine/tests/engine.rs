@@ -494,3 +494,118 @@ fn late_retry_after_other_commits_is_still_applied_once() {
     let forgotten = write(&e, c, 0, b"AAAA", 100);
     assert!(!forgotten.duplicate, "tags older than RECENT_COMMITS versions are forgotten (documented limit)");
 }
+
+#[test]
+fn update_and_commit_is_one_committed_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    let c = cid(9, 0);
+    let fused = |off: u64, data: &[u8], t: u64| {
+        let req = UpdateRequest {
+            chunk: c,
+            chain_ver: 1,
+            kind: UpdateKind::Write { offset_bytes: off, data },
+            tag: tag(t),
+            expected_ver: None,
+            chunk_size_hint_bytes: Some(1 << 20),
+        };
+        e.update_and_commit(&req).expect("update_and_commit")
+    };
+    // First write: a new block, committed at once.
+    let out = fused(0, &[1u8; 10_000], 1);
+    assert_eq!((out.pending_ver, out.committed_ver, out.duplicate), (1, 1, false));
+    assert!(e.meta(c).unwrap().pending.is_none());
+    let block = committed_block(&e, c);
+    // An append stays in place and is readable strictly right away.
+    let out = fused(10_000, &[2u8; 70_000], 2);
+    assert_eq!((out.pending_ver, out.committed_ver, out.in_place), (2, 2, true));
+    assert_eq!(committed_block(&e, c), block);
+    let mut want = vec![1u8; 10_000];
+    want.extend_from_slice(&[2u8; 70_000]);
+    assert_eq!(read_all(&e, c), want);
+    assert_eq!(out.crc, crc32c::crc32c(&want));
+    // A retry of a committed request changes nothing.
+    let dup = fused(10_000, &[2u8; 70_000], 2);
+    assert_eq!((dup.pending_ver, dup.committed_ver, dup.duplicate), (2, 2, true));
+    assert_eq!(read_all(&e, c), want);
+    // A retry of a pending request (applied by `update`) commits it.
+    let pending = write(&e, c, 0, b"abc", 3);
+    assert_eq!(pending.pending_ver, 3);
+    let dup = fused(0, b"abc", 3);
+    assert_eq!((dup.pending_ver, dup.committed_ver, dup.duplicate), (3, 3, true));
+    assert!(e.meta(c).unwrap().pending.is_none());
+    assert_eq!(&read_all(&e, c)[..3], b"abc");
+    // The committed history keeps the tags of earlier versions (late retries).
+    let recent: Vec<u64> = e.meta(c).unwrap().recent.iter().map(|r| r.version).collect();
+    assert_eq!(recent, vec![1, 2]);
+    // An update discards another pending version (4) and commits its own
+    // version 4 in the same step.
+    write(&e, c, 0, b"zz", 4);
+    let out = fused(0, b"yy", 5);
+    assert_eq!((out.pending_ver, out.committed_ver), (4, 4));
+    assert_eq!(&read_all(&e, c)[..3], b"yyc");
+    // A full overwrite goes to a new block; the old one is freed.
+    let out = fused(0, &[7u8; 100_000], 6);
+    assert_eq!((out.committed_ver, out.in_place), (5, false));
+    assert_eq!(read_all(&e, c), vec![7u8; 100_000]);
+    // Fused remove deletes the chunk; a fused remove of nothing is NotFound.
+    let rm = UpdateRequest { chunk: c, chain_ver: 1, kind: UpdateKind::Remove, tag: tag(7), expected_ver: None, chunk_size_hint_bytes: None };
+    assert_eq!(e.update_and_commit(&rm).unwrap().committed_ver, 6);
+    assert!(e.meta(c).is_none());
+    assert!(matches!(e.update_and_commit(&UpdateRequest { tag: tag(8), ..rm }), Err(ChunkError::NotFound(_))));
+    e.check_invariants().unwrap();
+    // Everything survives a crash and reopen.
+    let d = cid(9, 1);
+    let req = UpdateRequest { chunk: d, chain_ver: 1, kind: UpdateKind::Write { offset_bytes: 0, data: b"kept" }, tag: tag(9), expected_ver: Some(1), chunk_size_hint_bytes: None };
+    e.update_and_commit(&req).unwrap();
+    e.simulate_crash();
+    let e = open(&dir);
+    e.check_invariants().unwrap();
+    assert_eq!(read_all(&e, d), b"kept");
+    assert!(e.meta(c).is_none());
+}
+
+#[test]
+fn update_with_checks_the_callers_payload_crc_without_writing_bad_data() {
+    use fskv_chunk_engine::UpdateOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    let c = cid(10, 0);
+    let apply = |off: u64, data: &[u8], crc: u32, t: u64| {
+        let req = UpdateRequest {
+            chunk: c,
+            chain_ver: 1,
+            kind: UpdateKind::Write { offset_bytes: off, data },
+            tag: tag(t),
+            expected_ver: None,
+            chunk_size_hint_bytes: Some(1 << 20),
+        };
+        e.update_with(&req, UpdateOptions { commit: true, data_crc: Some(crc) })
+    };
+    let first: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+    let appended: Vec<u8> = (0..70_001u32).map(|i| (i % 241) as u8).collect();
+    let middle = vec![9u8; 5000];
+    // Each path: new block (whole write), in-place append (unaligned start),
+    // copy-on-write into the middle. A wrong CRC fails and changes nothing.
+    for (off, data) in [(0u64, &first[..]), (10_000, &appended[..]), (3000, &middle[..])] {
+        let before = e.meta(c);
+        let pools = e.pool_stats();
+        let bad = apply(off, data, crc32c::crc32c(data) ^ 1, 100 + off);
+        assert!(matches!(bad, Err(ChunkError::ChecksumMismatch { .. })), "{bad:?}");
+        assert_eq!(e.meta(c), before);
+        assert_eq!(e.pool_stats(), pools);
+        e.check_invariants().unwrap();
+        let good = apply(off, data, crc32c::crc32c(data), 200 + off).expect("good crc");
+        assert_eq!(good.committed_ver, good.pending_ver);
+    }
+    let mut want = first.clone();
+    want.extend_from_slice(&appended);
+    want[3000..8000].copy_from_slice(&middle);
+    assert_eq!(read_all(&e, c), want);
+    // The bad attempt of the append wrote nothing past the committed end:
+    // a reopen finds the same content.
+    e.simulate_crash();
+    let e = open(&dir);
+    e.check_invariants().unwrap();
+    assert_eq!(read_all(&e, c), want);
+}

@@ -8,7 +8,7 @@ use crate::error::{Result, StorageError};
 use crate::locks::ChunkLocks;
 use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::{Bytes, BytesMut};
-use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag};
+use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateOptions, UpdateRequest, UpdateTag};
 use fskv_client::storage::{
     BatchRead, CommitChunk, CopyRange, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo,
     StorageClient, StorageClientConfig, SyncDone, SyncStart, WriteChunk,
@@ -215,10 +215,18 @@ fn check_copy_bounds(req: &CopyRangeReq) -> Result<()> {
     Ok(())
 }
 
-fn check_payload(chunk: ChunkId, payload: &[u8], len_bytes: u32, crc: u32) -> Result<()> {
+/// The length half of `check_payload`, for an update's payload: the chunk
+/// engine checks its CRC in the checksum pass it makes anyway
+/// (`UpdateOptions::data_crc`), so the payload is not read twice.
+fn check_payload_len(chunk: ChunkId, payload: &[u8], len_bytes: u32) -> Result<()> {
     if payload.len() != len_bytes as usize {
         return Err(StorageError::Invalid(format!("{chunk}: payload of {} bytes, header says {len_bytes}", payload.len())));
     }
+    Ok(())
+}
+
+fn check_payload(chunk: ChunkId, payload: &[u8], len_bytes: u32, crc: u32) -> Result<()> {
+    check_payload_len(chunk, payload, len_bytes)?;
     let actual = crc32c::crc32c(payload);
     if actual != crc {
         return Err(StorageError::Checksum { chunk, expected: crc, actual });
@@ -447,8 +455,8 @@ impl StorageService {
         let target = self.target(req.target)?;
         // Stale chain version first (before touching data or locks).
         self.check_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
-        if let UpdateOp::Write { len_bytes, crc, .. } = req.op {
-            check_payload(req.chunk, &payload, len_bytes, crc)?;
+        if let UpdateOp::Write { len_bytes, .. } = req.op {
+            check_payload_len(req.chunk, &payload, len_bytes)?;
         }
         let fwd = ForwardReq {
             chain_id: req.chain_id,
@@ -536,8 +544,8 @@ impl StorageService {
             self.check_write(req.chain_id, req.to, req.chain_ver, origin)?;
             let version = match req.mode {
                 ForwardMode::Update { .. } => {
-                    if let UpdateOp::Write { len_bytes, crc, .. } = req.op {
-                        check_payload(req.chunk, &payload, len_bytes, crc)?;
+                    if let UpdateOp::Write { len_bytes, .. } = req.op {
+                        check_payload_len(req.chunk, &payload, len_bytes)?;
                     }
                     self.apply_update(&target, origin, &req, payload).await?.version
                 }
@@ -566,22 +574,27 @@ impl StorageService {
             (Origin::Predecessor(_), ForwardMode::Update { version }) => Some(version),
             _ => None,
         };
+        // The tail (or a one-target chain) commits right after applying:
+        // one engine call, one metadata batch.
+        let commit_now = pos.successor.is_none();
         let outcome = {
             let (engine, req, payload) = (target.engine.clone(), req.clone(), payload.clone());
             self.blocking(move || {
-                let kind = match req.op {
-                    UpdateOp::Write { offset_bytes, .. } => UpdateKind::Write { offset_bytes, data: &payload },
-                    UpdateOp::Truncate { len_bytes } => UpdateKind::Truncate { len_bytes },
-                    UpdateOp::Remove => UpdateKind::Remove,
+                let (kind, data_crc) = match req.op {
+                    UpdateOp::Write { offset_bytes, crc, .. } => (UpdateKind::Write { offset_bytes, data: &payload }, Some(crc)),
+                    UpdateOp::Truncate { len_bytes } => (UpdateKind::Truncate { len_bytes }, None),
+                    UpdateOp::Remove => (UpdateKind::Remove, None),
                 };
-                Ok(engine.update(&UpdateRequest {
+                let update = UpdateRequest {
                     chunk: req.chunk,
                     chain_ver: req.chain_ver,
                     kind,
                     tag: engine_tag(req.tag),
                     expected_ver,
                     chunk_size_hint_bytes: req.chunk_size_hint_bytes,
-                })?)
+                };
+                // The engine verifies the payload's CRC (see check_payload_len).
+                Ok(engine.update_with(&update, UpdateOptions { commit: commit_now, data_crc })?)
             })
             .await?
         };
@@ -608,9 +621,11 @@ impl StorageService {
                 }
             }
         }
-        let engine = target.engine.clone();
-        let chunk = req.chunk;
-        self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+        if !commit_now {
+            let engine = target.engine.clone();
+            let chunk = req.chunk;
+            self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+        }
         debug!(version, duplicate = outcome.duplicate, "committed");
         Ok(Applied { version, len_bytes: outcome.len_bytes, crc: outcome.crc, duplicate: outcome.duplicate })
     }
@@ -1062,7 +1077,7 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
                 engine.replace(chunk, meta.chain_ver, 1, &[], tag)?;
             }
             let committed = engine.meta(chunk).map_or(0, |m| m.committed_ver);
-            let out = engine.update(&UpdateRequest {
+            engine.update_and_commit(&UpdateRequest {
                 chunk,
                 chain_ver: meta.chain_ver,
                 kind: UpdateKind::Remove,
@@ -1070,7 +1085,6 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
                 expected_ver: None,
                 chunk_size_hint_bytes: None,
             })?;
-            engine.commit(chunk, out.pending_ver)?;
             debug_assert!(engine.meta(chunk).is_none(), "{chunk} still present after remove");
             Ok(committed + 1)
         }
