@@ -495,22 +495,25 @@ fn late_retry_after_other_commits_is_still_applied_once() {
     assert!(!forgotten.duplicate, "tags older than RECENT_COMMITS versions are forgotten (documented limit)");
 }
 
+/// A write of `data` at `off` into chunk `c` (chain version 1, tag `t`,
+/// 1 MiB layout chunks).
+fn write_req(c: ChunkId, off: u64, data: &[u8], t: u64) -> UpdateRequest<'_> {
+    UpdateRequest {
+        chunk: c,
+        chain_ver: 1,
+        kind: UpdateKind::Write { offset_bytes: off, data },
+        tag: tag(t),
+        expected_ver: None,
+        chunk_size_hint_bytes: Some(1 << 20),
+    }
+}
+
 #[test]
 fn update_and_commit_is_one_committed_step() {
     let dir = tempfile::tempdir().unwrap();
     let e = open(&dir);
     let c = cid(9, 0);
-    let fused = |off: u64, data: &[u8], t: u64| {
-        let req = UpdateRequest {
-            chunk: c,
-            chain_ver: 1,
-            kind: UpdateKind::Write { offset_bytes: off, data },
-            tag: tag(t),
-            expected_ver: None,
-            chunk_size_hint_bytes: Some(1 << 20),
-        };
-        e.update_and_commit(&req).expect("update_and_commit")
-    };
+    let fused = |off: u64, data: &[u8], t: u64| e.update_and_commit(&write_req(c, off, data, t)).expect("update_and_commit");
     // First write: a new block, committed at once.
     let out = fused(0, &[1u8; 10_000], 1);
     assert_eq!((out.pending_ver, out.committed_ver, out.duplicate), (1, 1, false));
@@ -572,15 +575,7 @@ fn update_with_checks_the_callers_payload_crc_without_writing_bad_data() {
     let e = open(&dir);
     let c = cid(10, 0);
     let apply = |off: u64, data: &[u8], crc: u32, t: u64| {
-        let req = UpdateRequest {
-            chunk: c,
-            chain_ver: 1,
-            kind: UpdateKind::Write { offset_bytes: off, data },
-            tag: tag(t),
-            expected_ver: None,
-            chunk_size_hint_bytes: Some(1 << 20),
-        };
-        e.update_with(&req, UpdateOptions { commit: true, data_crc: Some(crc) })
+        e.update_with(&write_req(c, off, data, t), UpdateOptions { commit: true, data_crc: Some(crc) })
     };
     let first: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
     let appended: Vec<u8> = (0..70_001u32).map(|i| (i % 241) as u8).collect();

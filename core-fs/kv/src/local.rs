@@ -214,6 +214,25 @@ impl<S: Store> LocalTransaction<S> {
         grow_transaction(&mut self.size_bytes, bytes)
     }
 
+    /// Records atomic `op` (`Add` or `Max`) on `key`: folded into a value
+    /// this transaction set or cleared, merged with a pending op of the
+    /// same kind, refused next to one of the other kind.
+    fn atomic(&mut self, key: &[u8], op: OverlayOp) -> KvResult<()> {
+        check_key(key)?;
+        self.grow(key.len() + 8)?;
+        let next = match (self.overlay.get(key), &op) {
+            (Some(OverlayOp::Set(v)), _) => OverlayOp::Set(resolve_own(&op, Some(v)).unwrap_or_default()),
+            (Some(OverlayOp::Clear), _) => OverlayOp::Set(resolve_own(&op, None).unwrap_or_default()),
+            (None, _) if self.is_cleared(key) => OverlayOp::Set(resolve_own(&op, None).unwrap_or_default()),
+            (Some(OverlayOp::Add(a)), OverlayOp::Add(d)) => OverlayOp::Add(a.wrapping_add(*d)),
+            (Some(OverlayOp::Max(a)), OverlayOp::Max(m)) => OverlayOp::Max((*a).max(*m)),
+            (Some(_), _) => return Err(mixed_atomics(key)),
+            (None, _) => op.clone(),
+        };
+        self.overlay.insert(Bytes::copy_from_slice(key), next);
+        Ok(())
+    }
+
     fn is_cleared(&self, key: &[u8]) -> bool {
         self.cleared.iter().any(|(b, e)| &b[..] <= key && key < &e[..])
     }
@@ -416,33 +435,11 @@ impl<S: Store> Transaction for LocalTransaction<S> {
     }
 
     fn atomic_add(&mut self, key: &[u8], delta: i64) -> KvResult<()> {
-        check_key(key)?;
-        self.grow(key.len() + 8)?;
-        let next = match self.overlay.get(key) {
-            Some(OverlayOp::Set(v)) => OverlayOp::Set(add_le(Some(v), delta)),
-            Some(OverlayOp::Clear) => OverlayOp::Set(add_le(None, delta)),
-            Some(OverlayOp::Add(d)) => OverlayOp::Add(d.wrapping_add(delta)),
-            Some(OverlayOp::Max(_)) => return Err(mixed_atomics(key)),
-            None if self.is_cleared(key) => OverlayOp::Set(add_le(None, delta)),
-            None => OverlayOp::Add(delta),
-        };
-        self.overlay.insert(Bytes::copy_from_slice(key), next);
-        Ok(())
+        self.atomic(key, OverlayOp::Add(delta))
     }
 
     fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()> {
-        check_key(key)?;
-        self.grow(key.len() + 8)?;
-        let next = match self.overlay.get(key) {
-            Some(OverlayOp::Set(v)) => OverlayOp::Set(max_le(Some(v), value)),
-            Some(OverlayOp::Clear) => OverlayOp::Set(max_le(None, value)),
-            Some(OverlayOp::Max(m)) => OverlayOp::Max((*m).max(value)),
-            Some(OverlayOp::Add(_)) => return Err(mixed_atomics(key)),
-            None if self.is_cleared(key) => OverlayOp::Set(max_le(None, value)),
-            None => OverlayOp::Max(value),
-        };
-        self.overlay.insert(Bytes::copy_from_slice(key), next);
-        Ok(())
+        self.atomic(key, OverlayOp::Max(value))
     }
 
     fn add_read_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()> {

@@ -23,6 +23,7 @@
 
 use crate::error::{MetaError, MetaResult};
 use crate::schema::*;
+use bytes::Bytes;
 use fskv_kv::{key_after, KeyValue, KvEngine, KvError, RangeRequest, Transaction};
 use fskv_types::meta::{
     FsckProblem, FsckProblemKind, FsckReply, Inode, InodeKind, DEFAULT_FSCK_PROBLEMS, MAX_FSCK_INODES,
@@ -116,6 +117,20 @@ impl<'a> Scanner<'a> {
         Ok(Scanner { engine, txn, transactions: 1, page_keys: page_keys.clamp(1, MAX_PAGE_KEYS), keys_read: 0, started: Instant::now() })
     }
 
+    /// Calls `f` on every key and value under `prefix`, a page at a time.
+    async fn for_each(&mut self, prefix: &[u8], mut f: impl FnMut(Bytes, Bytes) -> MetaResult<()>) -> MetaResult<()> {
+        let (mut begin, end) = prefix_bounds(prefix);
+        loop {
+            let page = self.page(&mut begin, &end).await?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            for (k, v) in page {
+                f(k, v)?;
+            }
+        }
+    }
+
     /// The next page of `[*begin, end)`; advances `begin`; empty at the end.
     async fn page(&mut self, begin: &mut Vec<u8>, end: &[u8]) -> MetaResult<Vec<KeyValue>> {
         if begin.as_slice() >= end {
@@ -158,129 +173,109 @@ pub async fn run(engine: &dyn KvEngine, opts: &FsckOptions) -> MetaResult<FsckRe
     // 1. Inodes.
     let mut nodes: HashMap<InodeId, Node> = HashMap::new();
     let mut undecodable: HashSet<InodeId> = HashSet::new();
-    let (mut begin, end) = prefix_bounds(PREFIX_INODE);
-    loop {
-        let page = scan.page(&mut begin, &end).await?;
-        if page.is_empty() {
-            break;
-        }
-        for (k, v) in page {
-            let id = match id_from_key(&k) {
-                Ok(id) => id,
-                Err(e) => {
-                    p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string());
-                    continue;
-                }
-            };
-            let inode: Inode = match decode(&k, &v) {
-                Ok(i) => i,
-                Err(e) => {
-                    undecodable.insert(id);
-                    p.push(FsckProblemKind::Undecodable, id, e.to_string());
-                    continue;
-                }
-            };
-            if nodes.len() as u64 >= opts.max_inodes {
-                return Err(MetaError::TooLarge(format!("fsck holds at most {} inodes in memory; the namespace has more", opts.max_inodes)));
+    scan.for_each(PREFIX_INODE, |k, v| {
+        let id = match id_from_key(&k) {
+            Ok(id) => id,
+            Err(e) => {
+                p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string());
+                return Ok(());
             }
-            let dir = inode.dir().map(|d| (d.parent, d.name.clone()));
-            nodes.insert(id, Node { kind: inode.kind(), nlink: inode.nlink, dir });
+        };
+        let inode: Inode = match decode(&k, &v) {
+            Ok(i) => i,
+            Err(e) => {
+                undecodable.insert(id);
+                p.push(FsckProblemKind::Undecodable, id, e.to_string());
+                return Ok(());
+            }
+        };
+        if nodes.len() as u64 >= opts.max_inodes {
+            return Err(MetaError::TooLarge(format!("fsck holds at most {} inodes in memory; the namespace has more", opts.max_inodes)));
         }
-    }
+        let dir = inode.dir().map(|d| (d.parent, d.name.clone()));
+        nodes.insert(id, Node { kind: inode.kind(), nlink: inode.nlink, dir });
+        Ok(())
+    })
+    .await?;
 
     // 2. GC queue.
     let mut gc: HashSet<InodeId> = HashSet::new();
-    let (mut begin, end) = prefix_bounds(PREFIX_GC);
-    loop {
-        let page = scan.page(&mut begin, &end).await?;
-        if page.is_empty() {
-            break;
-        }
-        for (k, _) in page {
-            match id_from_key(&k) {
-                Ok(id) => {
-                    if gc.len() as u64 >= opts.max_inodes {
-                        return Err(MetaError::TooLarge(format!("fsck holds at most {} GC entries in memory", opts.max_inodes)));
-                    }
-                    gc.insert(id);
+    scan.for_each(PREFIX_GC, |k, _| {
+        match id_from_key(&k) {
+            Ok(id) => {
+                if gc.len() as u64 >= opts.max_inodes {
+                    return Err(MetaError::TooLarge(format!("fsck holds at most {} GC entries in memory", opts.max_inodes)));
                 }
-                Err(e) => p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string()),
+                gc.insert(id);
             }
+            Err(e) => p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string()),
         }
-    }
+        Ok(())
+    })
+    .await?;
 
     // 3. Entries, streamed: checked against the inodes, links counted.
     let mut entries: u64 = 0;
     let mut links: HashMap<InodeId, u32> = HashMap::new();
     let mut subdirs: HashMap<InodeId, i64> = HashMap::new();
-    let (mut begin, end) = prefix_bounds(PREFIX_DENTRY);
-    loop {
-        let page = scan.page(&mut begin, &end).await?;
-        if page.is_empty() {
-            break;
+    scan.for_each(PREFIX_DENTRY, |k, v| {
+        entries += 1;
+        let (parent, name, e) = match (id_from_key(&k), name_from_key(&k)) {
+            (Ok(parent), Ok(name)) => match decode::<DentryValue>(&k, &v) {
+                Ok(e) => (parent, name, e),
+                Err(err) => {
+                    p.push(FsckProblemKind::Undecodable, parent, err.to_string());
+                    return Ok(());
+                }
+            },
+            (Err(err), _) | (_, Err(err)) => {
+                p.push(FsckProblemKind::Undecodable, InodeId(0), err.to_string());
+                return Ok(());
+            }
+        };
+        let count = links.entry(e.inode).or_default();
+        *count = count.saturating_add(1);
+        if e.kind == InodeKind::Directory {
+            *subdirs.entry(parent).or_default() += 1;
         }
-        for (k, v) in page {
-            entries += 1;
-            let (parent, name, e) = match (id_from_key(&k), name_from_key(&k)) {
-                (Ok(parent), Ok(name)) => match decode::<DentryValue>(&k, &v) {
-                    Ok(e) => (parent, name, e),
-                    Err(err) => {
-                        p.push(FsckProblemKind::Undecodable, parent, err.to_string());
-                        continue;
-                    }
-                },
-                (Err(err), _) | (_, Err(err)) => {
-                    p.push(FsckProblemKind::Undecodable, InodeId(0), err.to_string());
-                    continue;
-                }
-            };
-            let count = links.entry(e.inode).or_default();
-            *count = count.saturating_add(1);
-            if e.kind == InodeKind::Directory {
-                *subdirs.entry(parent).or_default() += 1;
+        match nodes.get(&parent) {
+            Some(pn) if pn.kind == InodeKind::Directory => {}
+            _ if undecodable.contains(&parent) => {}
+            _ => p.push(FsckProblemKind::ParentNotDirectory, parent, format!("entry {parent}/{name}: parent is not a directory inode")),
+        }
+        let Some(node) = nodes.get(&e.inode) else {
+            if !undecodable.contains(&e.inode) {
+                p.push(FsckProblemKind::DanglingEntry, parent, format!("entry {parent}/{name} -> {}: no such inode", e.inode));
             }
-            match nodes.get(&parent) {
-                Some(pn) if pn.kind == InodeKind::Directory => {}
-                _ if undecodable.contains(&parent) => {}
-                _ => p.push(FsckProblemKind::ParentNotDirectory, parent, format!("entry {parent}/{name}: parent is not a directory inode")),
-            }
-            let Some(node) = nodes.get(&e.inode) else {
-                if !undecodable.contains(&e.inode) {
-                    p.push(FsckProblemKind::DanglingEntry, parent, format!("entry {parent}/{name} -> {}: no such inode", e.inode));
-                }
-                continue;
-            };
-            if node.kind != e.kind {
-                p.push(FsckProblemKind::KindMismatch, e.inode, format!("entry {parent}/{name}: kind {:?} but inode is {:?}", e.kind, node.kind));
-            }
-            if let Some((dp, dn)) = &node.dir {
-                if *dp != parent || *dn != name {
-                    p.push(FsckProblemKind::DirectoryNameMismatch, e.inode, format!("dir {} named {parent}/{name} records {dp}/{dn}", e.inode));
-                }
+            return Ok(());
+        };
+        if node.kind != e.kind {
+            p.push(FsckProblemKind::KindMismatch, e.inode, format!("entry {parent}/{name}: kind {:?} but inode is {:?}", e.kind, node.kind));
+        }
+        if let Some((dp, dn)) = &node.dir {
+            if *dp != parent || *dn != name {
+                p.push(FsckProblemKind::DirectoryNameMismatch, e.inode, format!("dir {} named {parent}/{name} records {dp}/{dn}", e.inode));
             }
         }
-    }
+        Ok(())
+    })
+    .await?;
 
     // 3b. Subdirectory counters (directory nlink) against the entries.
     let mut counted: HashMap<InodeId, i64> = HashMap::new();
-    let (mut begin, end) = prefix_bounds(PREFIX_DIR_SUBDIRS);
-    loop {
-        let page = scan.page(&mut begin, &end).await?;
-        if page.is_empty() {
-            break;
-        }
-        for (k, v) in page {
-            match (id_from_key(&k), decode_i64(&k, &v)) {
-                (Ok(id), Ok(n)) => {
-                    if counted.len() as u64 >= opts.max_inodes {
-                        return Err(MetaError::TooLarge(format!("fsck holds at most {} counters in memory", opts.max_inodes)));
-                    }
-                    counted.insert(id, n);
+    scan.for_each(PREFIX_DIR_SUBDIRS, |k, v| {
+        match (id_from_key(&k), decode_i64(&k, &v)) {
+            (Ok(id), Ok(n)) => {
+                if counted.len() as u64 >= opts.max_inodes {
+                    return Err(MetaError::TooLarge(format!("fsck holds at most {} counters in memory", opts.max_inodes)));
                 }
-                (Err(e), _) | (_, Err(e)) => p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string()),
+                counted.insert(id, n);
             }
+            (Err(e), _) | (_, Err(e)) => p.push(FsckProblemKind::Undecodable, InodeId(0), e.to_string()),
         }
-    }
+        Ok(())
+    })
+    .await?;
     let mut dirs: Vec<(InodeId, &Node)> =
         nodes.iter().filter(|(_, n)| n.kind == InodeKind::Directory && n.nlink > 0).map(|(id, n)| (*id, n)).collect();
     dirs.sort_unstable_by_key(|(id, _)| *id);

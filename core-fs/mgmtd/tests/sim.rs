@@ -126,6 +126,17 @@ impl SimTxn {
         }
     }
 
+    /// The 8-byte little-endian operand at `key` (absent = 0; shorter
+    /// zero-extended, longer truncated), as FoundationDB's atomic ops read it.
+    fn le8(&mut self, key: &[u8]) -> [u8; 8] {
+        let mut cur = [0u8; 8];
+        if let Some(v) = self.view().get(key) {
+            let n = v.len().min(8);
+            cur[..n].copy_from_slice(&v[..n]);
+        }
+        cur
+    }
+
     fn push(&mut self, op: Op) {
         Self::apply(self.view(), &op);
         self.ops.push(op);
@@ -200,22 +211,12 @@ impl Transaction for SimTxn {
         Ok(())
     }
     fn atomic_add(&mut self, key: &[u8], delta: i64) -> KvResult<()> {
-        let mut cur = [0u8; 8];
-        if let Some(v) = self.view().get(key) {
-            let n = v.len().min(8);
-            cur[..n].copy_from_slice(&v[..n]);
-        }
-        let next = i64::from_le_bytes(cur).wrapping_add(delta);
+        let next = i64::from_le_bytes(self.le8(key)).wrapping_add(delta);
         self.push(Op::Set(Bytes::copy_from_slice(key), Bytes::copy_from_slice(&next.to_le_bytes())));
         Ok(())
     }
     fn atomic_max(&mut self, key: &[u8], value: u64) -> KvResult<()> {
-        let mut cur = [0u8; 8];
-        if let Some(v) = self.view().get(key) {
-            let n = v.len().min(8);
-            cur[..n].copy_from_slice(&v[..n]);
-        }
-        let next = u64::from_le_bytes(cur).max(value);
+        let next = u64::from_le_bytes(self.le8(key)).max(value);
         self.push(Op::Set(Bytes::copy_from_slice(key), Bytes::copy_from_slice(&next.to_le_bytes())));
         Ok(())
     }
