@@ -119,10 +119,22 @@ pub async fn load_inode_opt(txn: &mut dyn Transaction, id: InodeId) -> MetaResul
 /// its mtime and ctime become at least `now_ns`. A blind atomic max on the
 /// directory's `DTIM` key, so concurrent creates in one directory do not
 /// conflict (the directory's inode record is only read).
-fn touch_dir(txn: &mut dyn Transaction, dir: InodeId, now_ns: u64) -> MetaResult<()> {
-    txn.atomic_max(&dir_time_key(dir), now_ns)?;
+/// `dir` is the directory as this transaction loaded it (times folded in):
+/// when both its mtime and ctime are already within
+/// [`DIR_TIME_GRANULARITY_NS`] of `now_ns`, nothing is written (Linux's
+/// own file times move at the coarse clock's granularity, 1–4 ms).
+fn touch_dir(txn: &mut dyn Transaction, dir: &Inode, now_ns: u64) -> MetaResult<()> {
+    let oldest = dir.mtime_ns.min(dir.ctime_ns);
+    if oldest <= now_ns && now_ns - oldest < DIR_TIME_GRANULARITY_NS {
+        return Ok(());
+    }
+    txn.atomic_max(&dir_time_key(dir.id), now_ns)?;
     Ok(())
 }
+
+/// How stale a directory's mtime/ctime may be left by a namespace change
+/// (see [`touch_dir`]): saves a write per create in a busy directory.
+pub const DIR_TIME_GRANULARITY_NS: u64 = 1_000_000;
 
 /// Folds a directory's `DTIM` time into its inode's mtime and ctime (a
 /// snapshot read: reading a directory's times never conflicts with creates).
@@ -403,10 +415,11 @@ async fn dir_for_new_entry(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: I
 
 /// Stores a new inode and names it `parent/name`: the entry, the parent's
 /// times (and subdirectory count), the inode count.
-fn add_new_inode(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str, inode: &Inode) -> MetaResult<()> {
+fn add_new_inode(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, dir: &Inode, name: &str, inode: &Inode) -> MetaResult<()> {
+    let parent = dir.id;
     save_inode(txn, inode)?;
     set_entry(txn, parent, name, DentryValue { inode: inode.id, kind: inode.kind() })?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    touch_dir(txn, dir, ctx.prep.now_ns)?;
     if inode.dir().is_some() {
         count_subdir(txn, parent, 1)?;
     }
@@ -438,7 +451,7 @@ pub async fn create(
     }
     let data = InodeData::File(new_file_data(ctx, &dir, None));
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
-    add_new_inode(txn, ctx, parent, name, &inode)?;
+    add_new_inode(txn, ctx, &dir, name, &inode)?;
     if write {
         let session = open_session(txn, ctx, inode.id)?;
         return Ok(MetaReply::Opened { inode, session });
@@ -528,7 +541,7 @@ pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
         mode |= 0o2000;
     }
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
-    add_new_inode(txn, ctx, parent, name, &inode)?;
+    add_new_inode(txn, ctx, &dir, name, &inode)?;
     Ok(inode)
 }
 
@@ -550,7 +563,7 @@ async fn victim(
 }
 
 pub async fn rmdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str) -> MetaResult<()> {
-    let (_, entry, inode) = victim(txn, ctx, parent, name).await?;
+    let (dir, entry, inode) = victim(txn, ctx, parent, name).await?;
     if entry.kind != InodeKind::Directory {
         return Err(MetaError::NotDirectory(entry.inode));
     }
@@ -558,7 +571,7 @@ pub async fn rmdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
         return Err(MetaError::NotEmpty(inode.id));
     }
     txn.clear(&dentry_key(parent, name))?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    touch_dir(txn, &dir, ctx.prep.now_ns)?;
     count_subdir(txn, parent, -1)?;
     delete_inode(txn, inode.id)?;
     tracing::debug!(parent = %parent, inode = %inode.id, name, "rmdir");
@@ -566,12 +579,12 @@ pub async fn rmdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
 }
 
 pub async fn unlink(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str) -> MetaResult<()> {
-    let (_, entry, _) = victim(txn, ctx, parent, name).await?;
+    let (dir, entry, _) = victim(txn, ctx, parent, name).await?;
     if entry.kind == InodeKind::Directory {
         return Err(MetaError::IsDirectory(entry.inode));
     }
     txn.clear(&dentry_key(parent, name))?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    touch_dir(txn, &dir, ctx.prep.now_ns)?;
     drop_link(txn, entry.inode, ctx.prep.now_ns).await?;
     tracing::debug!(parent = %parent, inode = %entry.inode, name, "unlink");
     Ok(())
@@ -603,7 +616,7 @@ pub async fn rename(
     dst_name: &str,
 ) -> MetaResult<()> {
     check_name(dst_name)?;
-    let (_, src, mut src_inode) = victim(txn, ctx, src_parent, src_name).await?;
+    let (sdir, src, mut src_inode) = victim(txn, ctx, src_parent, src_name).await?;
     let ddir = load_dir(txn, dst_parent).await?;
     perm::check(&ddir, ctx.user, WRITE | EXEC)?;
     if src_parent == dst_parent && src_name == dst_name {
@@ -635,8 +648,8 @@ pub async fn rename(
     }
     txn.clear(&dentry_key(src_parent, src_name))?;
     set_entry(txn, dst_parent, dst_name, src)?;
-    touch_dir(txn, src_parent, ctx.prep.now_ns)?;
-    touch_dir(txn, dst_parent, ctx.prep.now_ns)?;
+    touch_dir(txn, &sdir, ctx.prep.now_ns)?;
+    touch_dir(txn, &ddir, ctx.prep.now_ns)?;
     if is_dir && src_parent != dst_parent {
         count_subdir(txn, src_parent, -1)?;
         count_subdir(txn, dst_parent, 1)?;
@@ -668,7 +681,7 @@ pub async fn symlink(
     }
     let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let inode = new_inode(ctx, InodeData::Symlink { target: target.to_string() }, 0o777, 1, &dir)?;
-    add_new_inode(txn, ctx, parent, name, &inode)?;
+    add_new_inode(txn, ctx, &dir, name, &inode)?;
     Ok(inode)
 }
 
@@ -690,7 +703,7 @@ pub async fn mknod(
     let rdev = if kind.is_device() { rdev } else { 0 };
     let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let inode = new_inode(ctx, InodeData::Special { kind, rdev }, mode, 1, &dir)?;
-    add_new_inode(txn, ctx, parent, name, &inode)?;
+    add_new_inode(txn, ctx, &dir, name, &inode)?;
     Ok(inode)
 }
 
@@ -716,7 +729,7 @@ pub async fn link(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, paren
     bump(&mut inode, ctx.prep.now_ns);
     save_inode(txn, &inode)?;
     set_entry(txn, parent, name, DentryValue { inode: id, kind: inode.kind() })?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    touch_dir(txn, &dir, ctx.prep.now_ns)?;
     Ok(inode)
 }
 
@@ -944,9 +957,9 @@ pub async fn statfs(txn: &mut dyn Transaction, ctx: &OpCtx<'_>) -> MetaResult<St
 /// directory's inode gets nlink 0 (no new entries can be created in it) and
 /// a `Tree` GC entry; the GC task empties it in the background.
 pub async fn remove_tree(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str) -> MetaResult<()> {
-    let (_, entry, mut inode) = victim(txn, ctx, parent, name).await?;
+    let (dir, entry, mut inode) = victim(txn, ctx, parent, name).await?;
     txn.clear(&dentry_key(parent, name))?;
-    touch_dir(txn, parent, ctx.prep.now_ns)?;
+    touch_dir(txn, &dir, ctx.prep.now_ns)?;
     if entry.kind == InodeKind::Directory {
         perm::check(&inode, ctx.user, WRITE | EXEC)?;
         count_subdir(txn, parent, -1)?;
@@ -1068,7 +1081,7 @@ async fn publish(
         perm::check_sticky(dir, &old_inode, ctx.user)?;
         drop_link(txn, old.inode, ctx.prep.now_ns).await?;
     }
-    touch_dir(txn, dir.id, ctx.prep.now_ns)?;
+    touch_dir(txn, dir, ctx.prep.now_ns)?;
     set_entry(txn, dir.id, name, DentryValue { inode: new.id, kind: InodeKind::File })
 }
 
