@@ -382,8 +382,53 @@ impl Mgmtd {
         MgmtdError::NotPrimary { primary }
     }
 
-    /// The Heartbeat RPC.
-    pub fn heartbeat(&self, req: &HeartbeatReq) -> Result<HeartbeatResp> {
+    /// The Heartbeat RPC. The first heartbeat of a new node generation (or
+    /// address) is persisted before it is acknowledged, so a primary dying
+    /// right after still leaves the next one fencing the old process.
+    pub async fn heartbeat(&self, req: &HeartbeatReq) -> Result<HeartbeatResp> {
+        if self.is_unpersisted_generation(req) {
+            let _step = self.inner.step.lock().await;
+            self.persist_node(req).await?;
+        }
+        self.apply_heartbeat(req)
+    }
+
+    /// Whether `req` names a generation (or address) of its node newer than
+    /// what this primary persisted, and not older than the one it knows.
+    fn is_unpersisted_generation(&self, req: &HeartbeatReq) -> bool {
+        let guard = self.inner.primary.lock();
+        let Some(p) = guard.as_ref() else { return false };
+        // Only nodes of the layout (their targets are placed): a stray node
+        // id is rejected by the heartbeat itself, unpersisted.
+        if !p.cluster.placement().values().any(|t| t.node == req.node_id) {
+            return false;
+        }
+        let known = p.cluster.nodes().get(&req.node_id).map_or(0, |n| n.generation);
+        let persisted = p.persisted_nodes.get(&req.node_id);
+        req.generation >= known
+            && persisted.is_none_or(|r| r.generation < req.generation || (r.generation == req.generation && r.address != req.address))
+    }
+
+    /// Writes `req`'s node record (lease-checked) and remembers it as persisted.
+    async fn persist_node(&self, req: &HeartbeatReq) -> Result<()> {
+        if !self.is_unpersisted_generation(req) {
+            return Ok(()); // persisted meanwhile (by a tick or a concurrent heartbeat)
+        }
+        let now = self.inner.clock.now_ms();
+        let rec = NodeRecordKv { address: req.address.clone(), generation: req.generation };
+        let changes = Changes { nodes: vec![(req.node_id, rec.clone())], ..Default::default() };
+        if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, now, &changes).await {
+            error!(node = %req.node_id, generation = req.generation, error = %e, "persisting a new node generation failed; standing by");
+            *self.inner.primary.lock() = None;
+            return Err(e);
+        }
+        if let Some(p) = self.inner.primary.lock().as_mut() {
+            p.persisted_nodes.insert(req.node_id, rec);
+        }
+        Ok(())
+    }
+
+    fn apply_heartbeat(&self, req: &HeartbeatReq) -> Result<HeartbeatResp> {
         let now = self.inner.clock.now_ms();
         let mut guard = self.inner.primary.lock();
         let Some(p) = guard.as_mut() else { return Err(self.not_primary()) };
@@ -470,7 +515,7 @@ impl Mgmtd {
         let m = self.clone();
         let router = Router::new().route::<HeartbeatMethod, _, _>(move |_ctx, req: HeartbeatReq, _payload| {
             let m = m.clone();
-            async move { m.heartbeat(&req).map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move { m.heartbeat(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
         });
         let m = self.clone();
         let router = router.route::<GetRouting, _, _>(move |_ctx, req: GetRoutingReq, _payload| {

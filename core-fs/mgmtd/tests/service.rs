@@ -40,7 +40,7 @@ async fn run_for(m: &Mgmtd, clock: &ManualClock, ms: u64, nodes: &[u32]) {
         left -= step;
         assert!(m.renew_lease_once().await.unwrap());
         for n in nodes {
-            m.heartbeat(&hb(*n, 1, LocalTargetState::UpToDate)).unwrap();
+            m.heartbeat(&hb(*n, 1, LocalTargetState::UpToDate)).await.unwrap();
         }
     }
 }
@@ -81,11 +81,11 @@ async fn standby_takes_over_within_the_lease_and_keeps_versions_monotonic() {
     let b = Mgmtd::new(config("b", 3_000, 1_000), LAYOUT, engine.clone(), clock.clone()).unwrap();
     assert!(a.renew_lease_once().await.unwrap());
     assert!(!b.renew_lease_once().await.unwrap());
-    let err = b.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).unwrap_err();
+    let err = b.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotPrimary);
     assert!(err.to_string().contains('a'), "names the primary: {err}");
     for n in 1..=3 {
-        a.heartbeat(&hb(n, 1, LocalTargetState::UpToDate)).unwrap();
+        a.heartbeat(&hb(n, 1, LocalTargetState::UpToDate)).await.unwrap();
     }
     a.tick_once().await.unwrap();
     // Node 3 goes silent past T: its target moves to the end, offline.
@@ -108,10 +108,10 @@ async fn standby_takes_over_within_the_lease_and_keeps_versions_monotonic() {
     // The deposed primary finds out at its next round and stops acting.
     assert!(!a.renew_lease_once().await.unwrap());
     assert!(!a.is_primary());
-    assert_eq!(a.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).unwrap_err().code(), ErrorCode::NotPrimary);
+    assert_eq!(a.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).await.unwrap_err().code(), ErrorCode::NotPrimary);
     // Node 3's generation was persisted: fencing survives the takeover.
-    b.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).unwrap();
-    assert_eq!(b.heartbeat(&hb(1, 0, LocalTargetState::UpToDate)).unwrap_err().code(), ErrorCode::StaleNodeGeneration);
+    b.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).await.unwrap();
+    assert_eq!(b.heartbeat(&hb(1, 0, LocalTargetState::UpToDate)).await.unwrap_err().code(), ErrorCode::StaleNodeGeneration);
     // The takeover grace: nothing changes at b's first tick.
     assert!(!b.tick_once().await.unwrap() || b.routing().chains[0].chain_version == chain_ver_a);
 }
@@ -145,4 +145,29 @@ async fn a_restarted_mgmtd_on_rocksdb_keeps_chain_versions() {
     let other = Layout { nodes: 4, targets_per_node: 3, replicas: 3 };
     let m3 = Mgmtd::new(config("m3", 1_000, 1_000), other, engine, clock.clone()).unwrap();
     assert!(m3.renew_lease_once().await.is_err());
+}
+
+/// A node restarted with a new generation is fenced by the next primary even
+/// when the old primary dies before its next tick: the first heartbeat of a
+/// generation is persisted before it is acknowledged.
+#[tokio::test]
+async fn a_new_generation_is_persisted_by_its_first_heartbeat() {
+    let engine: Arc<dyn KvEngine> = Arc::new(fskv_kv::MemoryEngine::new());
+    let clock = Arc::new(ManualClock::new(2_000_000));
+    let a = Mgmtd::new(config("a", 3_000, 1_000), LAYOUT, engine.clone(), clock.clone()).unwrap();
+    let b = Mgmtd::new(config("b", 3_000, 1_000), LAYOUT, engine.clone(), clock.clone()).unwrap();
+    assert!(a.renew_lease_once().await.unwrap());
+    for n in 1..=3 {
+        a.heartbeat(&hb(n, 1, LocalTargetState::UpToDate)).await.unwrap();
+    }
+    a.tick_once().await.unwrap();
+    // Node 2 restarts as generation 2; a acknowledges it and dies, no tick.
+    a.heartbeat(&hb(2, 2, LocalTargetState::Online)).await.unwrap();
+    clock.advance(1_100);
+    assert!(b.renew_lease_once().await.unwrap());
+    // The old process of node 2 (generation 1) is refused by b.
+    assert_eq!(b.heartbeat(&hb(2, 1, LocalTargetState::UpToDate)).await.unwrap_err().code(), ErrorCode::StaleNodeGeneration);
+    b.heartbeat(&hb(2, 2, LocalTargetState::Online)).await.unwrap();
+    // A node the layout does not have is refused and not recorded.
+    assert!(b.heartbeat(&hb(9, 1, LocalTargetState::UpToDate)).await.is_err());
 }
