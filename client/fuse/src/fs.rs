@@ -199,15 +199,10 @@ impl Ctx {
     async fn create(&self, parent: InodeId, name: &str, mode: u32, flags: i32) -> FsResult<(Inode, u64)> {
         let exclusive = flags & libc::O_EXCL != 0;
         let handle = self.client.create_at(parent, name, mode & 0o7777, exclusive).await?;
-        let inode_id = handle.inode();
-        let fh = self.insert_handle(inode_id, true, handle).await?;
-        match self.meta().stat(inode_id).await {
-            Ok(inode) => Ok((inode, fh)),
-            Err(e) => {
-                let _ = self.release(fh).await;
-                Err(e.into())
-            }
-        }
+        // The create's reply carries the attributes: no stat round trip.
+        let inode = handle.opened_inode().clone();
+        let fh = self.insert_handle(inode.id, true, handle).await?;
+        Ok((inode, fh))
     }
 
     async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {

@@ -388,7 +388,8 @@ pub struct FileHandle {
     shared: Arc<Shared>,
     reporter: Mutex<Option<tokio::task::JoinHandle<()>>>,
     closed: bool,
-    opened_version: u64,
+    /// The inode as meta returned it when this handle was opened.
+    opened: Box<Inode>,
 }
 
 /// One piece of a range inside one chunk.
@@ -491,7 +492,7 @@ impl FileHandle {
             state: Mutex::new(state),
             writes: tokio::sync::RwLock::new(()),
         });
-        Ok(FileHandle { shared, reporter: Mutex::new(None), closed: false, opened_version: inode.version })
+        Ok(FileHandle { shared, reporter: Mutex::new(None), closed: false, opened: Box::new(inode) })
     }
 
     pub fn inode(&self) -> InodeId {
@@ -502,7 +503,13 @@ impl FileHandle {
     /// every change of the inode, including a close after writes): equal
     /// versions at two opens mean the file did not change in between.
     pub fn opened_version(&self) -> u64 {
-        self.opened_version
+        self.opened.version
+    }
+
+    /// The inode (attributes included) as meta returned it at open or
+    /// create: what a stat right after the open would return.
+    pub fn opened_inode(&self) -> &Inode {
+        &self.opened
     }
 
     pub fn path(&self) -> &str {
