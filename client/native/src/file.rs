@@ -666,6 +666,13 @@ impl FileHandle {
         let _writing = self.shared.writes.read().await;
         let span = tracing::debug_span!("write_at", inode = %self.shared.inode, offset, len = data.len());
         self.write_chunks(offset, data).instrument(span).await?;
+        self.note_written(end);
+        Ok(())
+    }
+
+    /// Data up to `end` is written through this handle: the length and the
+    /// written end grow, and the periodic length report runs.
+    fn note_written(&self, end: u64) {
         {
             let mut st = self.shared.state.lock();
             st.written_end = st.written_end.max(end);
@@ -673,7 +680,6 @@ impl FileHandle {
             st.wrote = true;
         }
         self.start_reporter();
-        Ok(())
     }
 
     async fn write_chunks(&self, offset: u64, data: Bytes) -> Result<()> {
@@ -740,13 +746,7 @@ impl FileHandle {
         let _writing = self.shared.writes.read().await;
         let span = tracing::debug_span!("copy_from", inode = %self.shared.inode, src_inode = %src.shared.inode, src_offset, dst_offset, len);
         self.copy_chunks(src, src_offset, dst_offset, len).instrument(span).await?;
-        {
-            let mut st = self.shared.state.lock();
-            st.written_end = st.written_end.max(dst_end);
-            st.length = st.length.max(dst_end);
-            st.wrote = true;
-        }
-        self.start_reporter();
+        self.note_written(dst_end);
         Ok(())
     }
 

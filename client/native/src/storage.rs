@@ -24,7 +24,7 @@
 //! post an announce and the client would answer with a grant.
 
 use bytes::Bytes;
-use fskv_rpc::{CallOptions, RpcClient, RpcError};
+use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};
 use fskv_types::routing::{ChainInfo, RoutingInfo};
 use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, Status, TargetId};
@@ -365,26 +365,16 @@ impl StorageClient {
         chunk_size_hint_bytes: Option<u64>,
     ) -> Result<WriteResp> {
         let span = tracing::debug_span!("storage_write", %chain, %chunk, request = tag.request);
-        let _e = span.enter();
-        self.with_retries(|attempt| {
-            let data = data.clone();
-            async move {
-                let route = self.head_route(chain)?;
-                let req = WriteReq {
-                    chain_id: chain,
-                    chain_ver: route.chain_ver,
-                    target: route.target,
-                    chunk,
-                    op,
-                    tag,
-                    chunk_size_hint_bytes,
-                };
-                tracing::trace!(attempt, target = %route.target, "write attempt");
-                let r = self.inner.rpc.call::<WriteChunk>(&route.addr, &req, data, self.call_opts()).await;
-                r.map(|(resp, _)| resp).map_err(|e| (StorageClientError::from(e), route.routing_version))
-            }
-        })
-        .await
+        let build = |route: &Route| WriteReq {
+            chain_id: chain,
+            chain_ver: route.chain_ver,
+            target: route.target,
+            chunk,
+            op,
+            tag,
+            chunk_size_hint_bytes,
+        };
+        tracing::Instrument::instrument(self.call_head::<WriteChunk>(chain, data, build), span).await
     }
 
     /// Copies `src` to `offset_bytes` of `chunk` on `chain` inside the
@@ -416,23 +406,35 @@ impl StorageClient {
         tag: RequestTag,
     ) -> Result<CopyRangeResp> {
         let span = tracing::debug_span!("storage_copy", %chain, %chunk, src_chain = %src.chain_id, src_chunk = %src.chunk, request = tag.request);
-        let attempts = self.with_retries(|attempt| async move {
-            let route = self.head_route(chain)?;
-            let req = CopyRangeReq {
-                chain_id: chain,
-                chain_ver: route.chain_ver,
-                target: route.target,
-                chunk,
-                offset_bytes,
-                src,
-                tag,
-                chunk_size_hint_bytes,
-            };
-            tracing::trace!(attempt, target = %route.target, "copy attempt");
-            let r = self.inner.rpc.call::<CopyRange>(&route.addr, &req, Bytes::new(), self.call_opts()).await;
-            r.map(|(resp, _)| resp).map_err(|e| (StorageClientError::from(e), route.routing_version))
-        });
-        tracing::Instrument::instrument(attempts, span).await
+        let build = |route: &Route| CopyRangeReq {
+            chain_id: chain,
+            chain_ver: route.chain_ver,
+            target: route.target,
+            chunk,
+            offset_bytes,
+            src,
+            tag,
+            chunk_size_hint_bytes,
+        };
+        tracing::Instrument::instrument(self.call_head::<CopyRange>(chain, Bytes::new(), build), span).await
+    }
+
+    /// Sends `M` (built by `build` for the current head of `chain`, with
+    /// `payload`) to that head, retried by [`Self::with_retries`]: a stale
+    /// chain version refreshes the routing and rebuilds the request.
+    async fn call_head<M: Method>(&self, chain: ChainId, payload: Bytes, build: impl Fn(&Route) -> M::Req) -> Result<M::Resp> {
+        let build = &build;
+        self.with_retries(|attempt| {
+            let payload = payload.clone();
+            async move {
+                let route = self.head_route(chain)?;
+                let req = build(&route);
+                tracing::trace!(attempt, target = %route.target, method = M::NAME, "attempt at the head");
+                let r = self.inner.rpc.call::<M>(&route.addr, &req, payload, self.call_opts()).await;
+                r.map(|(resp, _)| resp).map_err(|e| (StorageClientError::from(e), route.routing_version))
+            }
+        })
+        .await
     }
 
     /// Reads `len_bytes` at `offset_bytes` (short at the chunk end) from a

@@ -118,6 +118,18 @@ struct ReadConditions<'a> {
     if_unmodified_since: Option<&'a Timestamp>,
 }
 
+/// The read preconditions of a HeadObject or GetObject input (same fields).
+macro_rules! read_conditions {
+    ($input:expr) => {
+        ReadConditions {
+            if_match: $input.if_match.as_ref(),
+            if_none_match: $input.if_none_match.as_ref(),
+            if_modified_since: $input.if_modified_since.as_ref(),
+            if_unmodified_since: $input.if_unmodified_since.as_ref(),
+        }
+    };
+}
+
 /// Read-side preconditions (RFC 9110 order, as S3 applies them).
 pub fn check_read_conditions(
     meta: &ObjectMeta,
@@ -271,12 +283,7 @@ impl Gateway {
     }
 
     pub async fn head(&self, input: &HeadObjectInput) -> Result<HeadObjectOutput, S3Error> {
-        let conds = ReadConditions {
-            if_match: input.if_match.as_ref(),
-            if_none_match: input.if_none_match.as_ref(),
-            if_modified_since: input.if_modified_since.as_ref(),
-            if_unmodified_since: input.if_unmodified_since.as_ref(),
-        };
+        let conds = read_conditions!(input);
         let obj = self.read_target(&input.bucket, &input.key, &conds).await?;
         let m = &obj.meta;
         let want_sums = input.checksum_mode.as_ref().is_some_and(|c| c.as_str() == ChecksumMode::ENABLED);
@@ -298,12 +305,7 @@ impl Gateway {
     }
 
     pub async fn get(&self, input: &GetObjectInput) -> Result<GetObjectOutput, S3Error> {
-        let conds = ReadConditions {
-            if_match: input.if_match.as_ref(),
-            if_none_match: input.if_none_match.as_ref(),
-            if_modified_since: input.if_modified_since.as_ref(),
-            if_unmodified_since: input.if_unmodified_since.as_ref(),
-        };
+        let conds = read_conditions!(input);
         let obj = self.read_target(&input.bucket, &input.key, &conds).await?;
         let m = &obj.meta;
         let (start, end, ranged) = match (&input.range, part_range(m, input.part_number)?) {
