@@ -39,7 +39,7 @@ impl Env {
     async fn start(config: FsClientConfig, lagging_routing: bool) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let chains = common::chain_placement(STRIPE, 3);
-        let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
+        let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() });
         let cluster = LocalCluster::start(dir.path(), 3, &chains, options).await.expect("storage cluster");
         let client_config = StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() };
         let backend = Arc::new(ChainStorage::new(cluster.client(client_config.clone())));

@@ -44,7 +44,7 @@ impl Env {
         let dir = tempfile::tempdir().expect("tempdir");
         // Chain c: targets c*10+1.. on the three nodes, heads rotated.
         let chains = common::chain_placement(stripe, replicas);
-        let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
+        let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() });
         let cluster = LocalCluster::start(dir.path(), 3, &chains, options).await.expect("storage cluster");
         let storage = cluster.client(StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() });
         let backend = Arc::new(ChainStorage::new(storage.clone()));

@@ -10,6 +10,7 @@
 use crate::alloc::{Allocator, BlockHandle, PoolStats};
 use crate::checksum;
 use crate::error::{ChunkError, Result};
+use crate::journal::{AppendDelta, DeltaKind, Journal};
 use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
 use crate::meta::{chunk_from_key, chunk_key, segment_key, BlockRef, ChunkMeta, PendingState, UpdateTag, VersionData, CHUNK_KEY_PREFIX};
 use fskv_types::{ChunkId, InodeId};
@@ -24,6 +25,12 @@ use std::sync::Arc;
 const CACHE_SHARDS: usize = 64;
 const LOCK_STRIPES: usize = 1024;
 const ENGINE_CONFIG_KEY: &[u8] = b"e";
+/// The journal LSN current at the last checkpoint batch (u64 LE): new
+/// journal records get larger LSNs even if the journal file is lost.
+const JOURNAL_FLOOR_KEY: &[u8] = b"j";
+/// Chunks whose records one checkpoint batch writes (their locks are held
+/// while it is built and written).
+const CHECKPOINT_BATCH_CHUNKS: usize = 64;
 
 /// Engine settings.
 #[derive(Clone, Debug)]
@@ -37,11 +44,20 @@ pub struct EngineConfig {
     /// (page cache and WAL survive) but a power loss may lose recent
     /// operations.
     pub sync_writes: bool,
+    /// Size of each of the append journal's two regions (`journal.rs`):
+    /// how many in-place appends are recorded before a checkpoint writes
+    /// their chunks' records to RocksDB. A multiple of 512 in
+    /// [[`crate::journal::MIN_JOURNAL_REGION_BYTES`], 1 GiB].
+    pub journal_region_bytes: u64,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { blocks_per_grow: crate::layout::DEFAULT_BLOCKS_PER_GROW, sync_writes: true }
+        EngineConfig {
+            blocks_per_grow: crate::layout::DEFAULT_BLOCKS_PER_GROW,
+            sync_writes: true,
+            journal_region_bytes: crate::journal::DEFAULT_JOURNAL_REGION_BYTES,
+        }
     }
 }
 
@@ -152,6 +168,10 @@ struct Cached {
     committed_block: Option<Arc<BlockHandle>>,
     /// May be the same handle as `committed_block` (in-place append).
     pending_block: Option<Arc<BlockHandle>>,
+    /// `meta` has changes recorded only in the append journal: its RocksDB
+    /// record and page-table segments are older, so the next RocksDB write
+    /// of the chunk writes every segment.
+    journaled: bool,
 }
 
 impl Cached {
@@ -185,6 +205,14 @@ struct NewContent {
     in_place: bool,
 }
 
+/// Outcome of [`ChunkEngine::append_in_journal`].
+enum Journaled {
+    /// Recorded; maybe with a full journal region to checkpoint.
+    Done(UpdateOutcome, Option<usize>),
+    /// No room in the journal: go through RocksDB (content handed back).
+    NoRoom(NewContent, Option<usize>),
+}
+
 /// The chunk engine of one storage target. `Send + Sync`; all methods are
 /// blocking (call them from `spawn_blocking` in async code).
 pub struct ChunkEngine {
@@ -192,6 +220,7 @@ pub struct ChunkEngine {
     config: EngineConfig,
     db: Arc<DB>,
     alloc: Arc<Allocator>,
+    journal: Journal,
     cache: Vec<RwLock<ChunkMap<Arc<Cached>>>>,
     locks: Vec<Mutex<()>>,
     crash_point: Mutex<Option<CrashPoint>>,
@@ -246,36 +275,140 @@ impl ChunkEngine {
         let db = Arc::new(DB::open(&opts, dir.join("meta"))?);
         check_engine_config(&db, &config)?;
         let alloc = Arc::new(Allocator::open(&dir.join("blocks"), Arc::clone(&db), config.blocks_per_grow)?);
+        let floor = match db.get(JOURNAL_FLOOR_KEY)? {
+            Some(v) => u64::from_le_bytes(
+                v.as_slice().try_into().map_err(|_| ChunkError::CorruptMetadata(format!("journal floor of {} bytes", v.len())))?,
+            ),
+            None => 0,
+        };
+        let (journal, deltas) = Journal::open(&dir, config.journal_region_bytes, config.sync_writes, floor)?;
         let engine = ChunkEngine {
             dir,
             config,
             db,
             alloc,
+            journal,
             cache: (0..CACHE_SHARDS).map(|_| RwLock::new(ChunkMap::default())).collect(),
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             crash_point: Mutex::new(None),
             poisoned: AtomicBool::new(false),
         };
-        let n = engine.load_all()?;
-        tracing::info!(dir = ?engine.dir, chunks = n, "chunk engine opened");
+        let lsns = engine.load_all()?;
+        let n = lsns.len();
+        engine.journal.raise_floor(lsns.values().copied().max().unwrap_or(0));
+        let replayed = engine.replay(deltas, lsns)?;
+        // The journal starts empty: what it held must be in RocksDB first.
+        engine.checkpoint_chunks(&replayed)?;
+        tracing::info!(dir = ?engine.dir, chunks = n, replayed_chunks = replayed.len(), "chunk engine opened");
         Ok(engine)
     }
 
     /// Loads every chunk record into the cache and marks its blocks used.
-    fn load_all(&self) -> Result<usize> {
-        let mut n = 0;
+    /// Returns each chunk's record journal LSN.
+    fn load_all(&self) -> Result<ChunkMap<u64>> {
+        let mut lsns = ChunkMap::default();
         for item in self.db.prefix_iterator([CHUNK_KEY_PREFIX]) {
             let (key, value) = item?;
             if key.first() != Some(&CHUNK_KEY_PREFIX) {
                 break;
             }
             let id = chunk_from_key(&key)?;
-            let meta = self.decode_record(&value)?;
+            let (meta, lsn) = ChunkMeta::decode_record(&value, |block, seg| Ok(self.db.get(segment_key(block, seg))?))?;
             let cached = self.adopt(meta)?;
             self.cache[shard_of(id, CACHE_SHARDS)].write().insert(id, Arc::new(cached));
-            n += 1;
+            lsns.insert(id, lsn);
         }
-        Ok(n)
+        Ok(lsns)
+    }
+
+    /// Applies the journal's records newer than their chunks' RocksDB
+    /// records, in LSN order. Returns the chunks changed.
+    fn replay(&self, deltas: Vec<AppendDelta>, mut lsns: ChunkMap<u64>) -> Result<Vec<ChunkId>> {
+        let mut touched = Vec::new();
+        for d in deltas {
+            // No record: the chunk was removed after the append.
+            let Some(record_lsn) = lsns.get_mut(&d.chunk) else { continue };
+            if d.lsn <= *record_lsn {
+                continue;
+            }
+            let old = self.cached(d.chunk).ok_or(ChunkError::NotFound(d.chunk))?;
+            let new = apply_delta(&old, &d)?;
+            self.cache[shard_of(d.chunk, CACHE_SHARDS)].write().insert(d.chunk, Arc::new(new));
+            *record_lsn = d.lsn;
+            touched.push(d.chunk);
+            self.journal.count_replayed(1);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        Ok(touched)
+    }
+
+    /// Writes the current record of each of `chunks` that has journal-only
+    /// changes to RocksDB (with every page-table segment), in batches of
+    /// [`CHECKPOINT_BATCH_CHUNKS`] whose chunk locks are held meanwhile.
+    /// The caller holds no chunk lock.
+    fn checkpoint_chunks(&self, chunks: &[ChunkId]) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.config.sync_writes);
+        for group in chunks.chunks(CHECKPOINT_BATCH_CHUNKS) {
+            self.check_alive()?;
+            let mut stripes: Vec<usize> = group.iter().map(|c| shard_of(*c, LOCK_STRIPES)).collect();
+            stripes.sort_unstable();
+            stripes.dedup();
+            // Sorted order: two checkpoints never deadlock; updates hold one stripe.
+            let _guards: Vec<_> = stripes.iter().map(|&s| self.locks[s].lock()).collect();
+            let lsn = self.journal.head_lsn();
+            let mut batch = WriteBatch::default();
+            let mut written = Vec::new();
+            for &chunk in group {
+                // Gone (its delete is in RocksDB) or rewritten through RocksDB since.
+                let Some(c) = self.cached(chunk).filter(|c| c.journaled) else { continue };
+                for (key, value) in c.meta.segment_puts(None)? {
+                    batch.put(key, value);
+                }
+                batch.put(chunk_key(chunk), c.meta.encode_record(lsn));
+                written.push((chunk, c));
+            }
+            batch.put(JOURNAL_FLOOR_KEY, lsn.to_le_bytes());
+            self.db.write_opt(batch, &wo)?;
+            for (chunk, c) in written {
+                let persisted = Cached {
+                    meta: c.meta.clone(),
+                    committed_block: c.committed_block.clone(),
+                    pending_block: c.pending_block.clone(),
+                    journaled: false,
+                };
+                self.cache[shard_of(chunk, CACHE_SHARDS)].write().insert(chunk, Arc::new(persisted));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checkpoints journal region `region` (the caller holds no chunk
+    /// lock). A failure is logged here and leaves the region busy; appends
+    /// then go through RocksDB until a later checkpoint succeeds.
+    fn checkpoint_region(&self, region: usize) {
+        let Some(chunks) = self.journal.take_region(region) else { return };
+        let result = self.checkpoint_chunks(&chunks);
+        if let Err(e) = &result {
+            if !matches!(e, ChunkError::Poisoned) {
+                tracing::error!(error = %e, region, chunks = chunks.len(), "append journal checkpoint failed");
+            }
+        }
+        self.journal.region_done(region, result.is_ok());
+    }
+
+    /// Checkpoints every journal region holding records, so the journal is
+    /// empty (tests, graceful close). The caller holds no chunk lock, and
+    /// no update runs concurrently.
+    pub fn checkpoint_journal(&self) -> Result<()> {
+        for region in self.journal.busy_regions() {
+            let Some(chunks) = self.journal.take_region(region) else { continue };
+            let result = self.checkpoint_chunks(&chunks);
+            self.journal.region_done(region, result.is_ok());
+            result?;
+        }
+        Ok(())
     }
 
     fn adopt(&self, meta: ChunkMeta) -> Result<Cached> {
@@ -288,12 +421,14 @@ impl ChunkEngine {
             Some(b) => Some(self.alloc.adopt(class_of(b)?, b.index)?),
             None => None,
         };
-        Ok(Cached { meta, committed_block, pending_block })
+        Ok(Cached { meta, committed_block, pending_block, journaled: false })
     }
 
-    /// Ends the engine gracefully: flushes RocksDB memtables. Dropping the
-    /// engine without this is a valid (simulated) crash.
+    /// Ends the engine gracefully: checkpoints the append journal and
+    /// flushes RocksDB memtables. Dropping the engine without this is a
+    /// valid (simulated) crash.
     pub fn close(self) -> Result<()> {
+        self.checkpoint_journal()?;
         self.db.flush()?;
         Ok(())
     }
@@ -353,6 +488,22 @@ impl ChunkEngine {
     /// it (`opts.data_crc`, see `UpdateOptions`).
     pub fn update_with(&self, req: &UpdateRequest<'_>, opts: UpdateOptions) -> Result<UpdateOutcome> {
         let _span = tracing::debug_span!("chunk_update", chunk = %req.chunk, commit = opts.commit).entered();
+        let (out, checkpoint) = self.update_locked(req, opts)?;
+        self.after_unlock(checkpoint);
+        Ok(out)
+    }
+
+    /// A journal region filled up: checkpoint it now that the chunk's lock
+    /// is released.
+    fn after_unlock(&self, checkpoint: Option<usize>) {
+        if let Some(region) = checkpoint {
+            self.checkpoint_region(region);
+        }
+    }
+
+    /// `update_with` under the chunk's lock; also returns a journal region
+    /// the caller must checkpoint once the lock is released.
+    fn update_locked(&self, req: &UpdateRequest<'_>, opts: UpdateOptions) -> Result<(UpdateOutcome, Option<usize>)> {
         let commit = opts.commit;
         self.check_alive()?;
         let _guard = self.lock(req.chunk);
@@ -366,10 +517,11 @@ impl ChunkEngine {
                 });
             }
             if let Some(mut out) = duplicate_outcome(&old.meta, req.tag) {
+                let mut checkpoint = None;
                 if commit && out.pending_ver > out.committed_ver {
-                    out.committed_ver = self.commit_locked(req.chunk, out.pending_ver)?;
+                    (out.committed_ver, checkpoint) = self.commit_locked(req.chunk, out.pending_ver)?;
                 }
-                return Ok(out);
+                return Ok((out, checkpoint));
             }
         }
         let committed_ver = old.as_ref().map_or(0, |c| c.meta.committed_ver);
@@ -382,6 +534,7 @@ impl ChunkEngine {
                 });
             }
         }
+        let mut to_checkpoint = None;
         let (state, handle, in_place) = match req.kind {
             UpdateKind::Remove => {
                 if !matches!(old.as_deref(), Some(c) if c.meta.committed_ver > 0) {
@@ -391,7 +544,18 @@ impl ChunkEngine {
             }
             kind => {
                 let min_block = req.chunk_size_hint_bytes.unwrap_or(0).min(MAX_CHUNK_BYTES);
-                let nc = self.new_content(req.chunk, old.as_deref(), kind, req.tag, (min_block, opts.data_crc))?;
+                let mut nc = self.new_content(req.chunk, old.as_deref(), kind, req.tag, (min_block, opts.data_crc))?;
+                // An in-place append over a chunk with nothing pending:
+                // its metadata goes to the journal.
+                if let Some(base) = old.as_deref().filter(|o| nc.in_place && o.meta.pending.is_none()) {
+                    match self.append_in_journal(req.chunk, req.chain_ver, base, nc, commit)? {
+                        Journaled::Done(out, checkpoint) => return Ok((out, checkpoint)),
+                        Journaled::NoRoom(back, checkpoint) => {
+                            to_checkpoint = checkpoint;
+                            nc = back;
+                        }
+                    }
+                }
                 (PendingState::Data(nc.data), nc.handle, nc.in_place)
             }
         };
@@ -413,6 +577,7 @@ impl ChunkEngine {
                     },
                     committed_block: handle,
                     pending_block: None,
+                    journaled: false,
                 }),
             }
         } else {
@@ -424,11 +589,53 @@ impl ChunkEngine {
                 recent: old.as_ref().map(|c| c.meta.recent.clone()).unwrap_or_default(),
             };
             let committed_block = old.as_ref().and_then(|c| c.committed_block.clone());
-            Some(Cached { meta, committed_block, pending_block: handle })
+            Some(Cached { meta, committed_block, pending_block: handle, journaled: false })
         };
         self.persist_and_swap(req.chunk, old.as_deref(), new, true)?;
         let committed_ver = if commit { pending_ver } else { committed_ver };
-        Ok(UpdateOutcome { pending_ver, committed_ver, len_bytes, crc, in_place, duplicate: false })
+        Ok((UpdateOutcome { pending_ver, committed_ver, len_bytes, crc, in_place, duplicate: false }, to_checkpoint))
+    }
+
+    /// Records an in-place append (`nc`, already written to the block) by
+    /// a journal record instead of a RocksDB batch — as the committed
+    /// version (`commit`: the chain tail) or as the pending one (a head or
+    /// middle target) — then swaps the cache entry. `base`: the chunk's
+    /// state, with nothing pending.
+    fn append_in_journal(&self, chunk: ChunkId, chain_ver: u32, base: &Cached, nc: NewContent, commit: bool) -> Result<Journaled> {
+        let (Some(block), Some(handle)) = (nc.data.block, nc.handle.as_ref()) else { return Ok(Journaled::NoRoom(nc, None)) };
+        let first_page = (base.meta.committed.len_bytes as u64 / handle.class().crc_page_bytes()) as usize;
+        let new_ver = base.meta.committed_ver + 1;
+        let mut delta = AppendDelta {
+            lsn: 0,
+            kind: if commit { DeltaKind::Append } else { DeltaKind::PendingAppend },
+            chunk,
+            chain_ver,
+            block,
+            new_ver,
+            base_len: base.meta.committed.len_bytes,
+            base_crc: base.meta.committed.crc,
+            new_len: nc.data.len_bytes,
+            new_crc: nc.data.crc,
+            tag: nc.data.tag,
+            pages: nc.data.page_crcs.get(first_page..).unwrap_or_default().to_vec(),
+        };
+        let appended = self.journal.append(&mut delta)?;
+        if appended.lsn.is_none() {
+            return Ok(Journaled::NoRoom(nc, appended.checkpoint));
+        }
+        self.crash_at(CrashPoint::UpdateAfterMetaWrite)?;
+        let out = UpdateOutcome {
+            pending_ver: new_ver,
+            committed_ver: if commit { new_ver } else { base.meta.committed_ver },
+            len_bytes: nc.data.len_bytes,
+            crc: nc.data.crc,
+            in_place: true,
+            duplicate: false,
+        };
+        let new = with_append(base, chain_ver, new_ver, nc.data, commit);
+        debug_assert!(new.committed_block.as_ref().zip(nc.handle.as_ref()).is_some_and(|(a, b)| Arc::ptr_eq(a, b)));
+        self.cache[shard_of(chunk, CACHE_SHARDS)].write().insert(chunk, Arc::new(new));
+        Ok(Journaled::Done(out, appended.checkpoint))
     }
 
     /// Builds the pending content of a write or truncate on top of the
@@ -545,7 +752,7 @@ impl ChunkEngine {
         // Otherwise the new content's checksums do not give the payload's:
         // one pass over the payload (what a caller would otherwise do).
         if data_crc.is_some() {
-            check_data_crc(chunk, data_crc, crc32c::crc32c(data))?;
+            check_data_crc(chunk, data_crc, checksum::crc32c(data))?;
         }
         let mut buf = match base_handle {
             Some(h) => read_range(chunk, base, Some(h), 0, base.len_bytes as u64)?,
@@ -604,16 +811,21 @@ impl ChunkEngine {
     pub fn commit(&self, chunk: ChunkId, version: u64) -> Result<u64> {
         let _span = tracing::debug_span!("chunk_commit", chunk = %chunk, version).entered();
         self.check_alive()?;
-        let _guard = self.lock(chunk);
-        self.commit_locked(chunk, version)
+        let (committed, checkpoint) = {
+            let _guard = self.lock(chunk);
+            self.commit_locked(chunk, version)?
+        };
+        self.after_unlock(checkpoint);
+        Ok(committed)
     }
 
-    /// `commit` with the chunk's stripe lock held.
-    fn commit_locked(&self, chunk: ChunkId, version: u64) -> Result<u64> {
+    /// `commit` with the chunk's stripe lock held; also returns a journal
+    /// region the caller must checkpoint once the lock is released.
+    fn commit_locked(&self, chunk: ChunkId, version: u64) -> Result<(u64, Option<usize>)> {
         let old = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
         let Some((pending_ver, state)) = old.meta.pending.as_ref().filter(|(v, _)| *v == version) else {
             if old.meta.committed_ver >= version && version > 0 {
-                return Ok(old.meta.committed_ver);
+                return Ok((old.meta.committed_ver, None));
             }
             return Err(ChunkError::VersionMismatch {
                 chunk,
@@ -624,23 +836,42 @@ impl ChunkEngine {
                 ),
             });
         };
+        let mut checkpoint = None;
+        if let PendingState::Data(v) = state {
+            // An in-place pending append: the commit is a journal record.
+            if let Some(block) = v.block.filter(|b| old.meta.committed.block == Some(*b)) {
+                self.crash_at(CrashPoint::CommitBeforeMetaWrite)?;
+                let mut delta = AppendDelta {
+                    lsn: 0,
+                    kind: DeltaKind::Commit,
+                    chunk,
+                    chain_ver: old.meta.chain_ver,
+                    block,
+                    new_ver: *pending_ver,
+                    base_len: old.meta.committed.len_bytes,
+                    base_crc: old.meta.committed.crc,
+                    new_len: v.len_bytes,
+                    new_crc: v.crc,
+                    tag: v.tag,
+                    pages: Vec::new(),
+                };
+                let appended = self.journal.append(&mut delta)?;
+                if appended.lsn.is_some() {
+                    self.crash_at(CrashPoint::CommitAfterMetaWrite)?;
+                    let new = committed_pending(&old, true)?;
+                    self.cache[shard_of(chunk, CACHE_SHARDS)].write().insert(chunk, Arc::new(new));
+                    return Ok((*pending_ver, appended.checkpoint));
+                }
+                checkpoint = appended.checkpoint;
+            }
+        }
         let new = match state {
             PendingState::Removed { .. } => None,
-            PendingState::Data(v) => Some(Cached {
-                meta: ChunkMeta {
-                    chain_ver: old.meta.chain_ver,
-                    committed_ver: *pending_ver,
-                    committed: v.clone(),
-                    pending: None,
-                    recent: old.meta.recent_after_commit(),
-                },
-                committed_block: old.pending_block.clone(),
-                pending_block: None,
-            }),
+            PendingState::Data(_) => Some(committed_pending(&old, false)?),
         };
         self.crash_at(CrashPoint::CommitBeforeMetaWrite)?;
         self.persist_and_swap(chunk, Some(&old), new, false)?;
-        Ok(*pending_ver)
+        Ok((*pending_ver, checkpoint))
     }
 
     // ----- full-chunk replace (recovery) -----
@@ -661,7 +892,7 @@ impl ChunkEngine {
         // Recovery replaces the whole history: tags of versions this target
         // never applied are unknown, so none are kept.
         let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None, recent: Vec::new() };
-        let new = Cached { meta, committed_block: nc.handle, pending_block: None };
+        let new = Cached { meta, committed_block: nc.handle, pending_block: None, journaled: false };
         self.persist_and_swap(chunk, old.as_deref(), Some(new), true)
     }
 
@@ -671,10 +902,13 @@ impl ChunkEngine {
         let mut batch = WriteBatch::default();
         match &new {
             Some(c) => {
-                for (key, value) in c.meta.segment_puts(old.map(|o| &o.meta))? {
+                // After journal-only changes the old record's segments are
+                // not all in RocksDB: write every segment.
+                let persisted = old.filter(|o| !o.journaled).map(|o| &o.meta);
+                for (key, value) in c.meta.segment_puts(persisted)? {
                     batch.put(key, value);
                 }
-                batch.put(chunk_key(chunk), c.meta.encode());
+                batch.put(chunk_key(chunk), c.meta.encode_record(self.journal.head_lsn()));
             }
             None => batch.delete(chunk_key(chunk)),
         }
@@ -735,6 +969,10 @@ impl ChunkEngine {
         if id.inode != inode {
             return Ok(None);
         }
+        // The cache, not the record: journal-only changes are newer.
+        if let Some(meta) = self.meta(id) {
+            return Ok(Some((id, meta)));
+        }
         let value = it.value().ok_or_else(|| ChunkError::CorruptMetadata("record without value".into()))?;
         Ok(Some((id, self.decode_record(value)?)))
     }
@@ -751,6 +989,11 @@ impl ChunkEngine {
         }
         out.sort_unstable_by_key(|(id, _)| *id);
         Ok(out)
+    }
+
+    /// Counters of the append journal since open.
+    pub fn journal_stats(&self) -> crate::journal::JournalStats {
+        self.journal.stats()
     }
 
     /// Occupancy of every pool.
@@ -978,7 +1221,7 @@ fn read_range(chunk: ChunkId, v: &VersionData, handle: Option<&Arc<BlockHandle>>
         let expected = *v.page_crcs.get(page_no).ok_or_else(|| {
             ChunkError::CorruptMetadata(format!("{chunk}: no checksum for page {page_no}"))
         })?;
-        let actual = crc32c::crc32c(piece);
+        let actual = checksum::crc32c(piece);
         if actual != expected {
             tracing::error!(%chunk, page_no, "checksum mismatch");
             return Err(ChunkError::ChecksumMismatch {
@@ -1011,6 +1254,89 @@ fn check_data_crc(chunk: ChunkId, want: Option<u32>, got: u32) -> Result<()> {
     }
 }
 
+/// `base` (nothing pending) after an in-place append of `data` as version
+/// `new_ver`: committed (`commit`) or pending in the same block.
+fn with_append(base: &Cached, chain_ver: u32, new_ver: u64, data: VersionData, commit: bool) -> Cached {
+    let meta = if commit {
+        ChunkMeta { chain_ver, committed_ver: new_ver, committed: data, pending: None, recent: base.meta.recent_after_commit() }
+    } else {
+        ChunkMeta {
+            chain_ver,
+            committed_ver: base.meta.committed_ver,
+            committed: base.meta.committed.clone(),
+            pending: Some((new_ver, PendingState::Data(data))),
+            recent: base.meta.recent.clone(),
+        }
+    };
+    let pending_block = if commit { None } else { base.committed_block.clone() };
+    Cached { meta, committed_block: base.committed_block.clone(), pending_block, journaled: true }
+}
+
+/// `old` with its pending data version committed; `journaled`: by a
+/// journal record (else by the RocksDB record being written).
+fn committed_pending(old: &Cached, journaled: bool) -> Result<Cached> {
+    let Some((ver, PendingState::Data(v))) = &old.meta.pending else {
+        return Err(ChunkError::CorruptMetadata("commit of a chunk without pending data".into()));
+    };
+    Ok(Cached {
+        meta: ChunkMeta {
+            chain_ver: old.meta.chain_ver,
+            committed_ver: *ver,
+            committed: v.clone(),
+            pending: None,
+            recent: old.meta.recent_after_commit(),
+        },
+        committed_block: old.pending_block.clone(),
+        pending_block: None,
+        journaled,
+    })
+}
+
+/// `old` with a journal record applied (replay at open). The record must
+/// follow exactly from `old`: an append extends its committed content in
+/// its block with nothing pending; a commit promotes the matching in-place
+/// pending version.
+fn apply_delta(old: &Cached, d: &AppendDelta) -> Result<Cached> {
+    let c = &old.meta.committed;
+    let base_matches = c.block == Some(d.block) && c.len_bytes == d.base_len && c.crc == d.base_crc && d.new_len >= d.base_len;
+    let mismatch = || {
+        ChunkError::CorruptMetadata(format!(
+            "{}: journal record {} ({:?} v{} len {} in {:?}) does not follow from the chunk (v{} len {} in {:?}, pending {:?})",
+            d.chunk,
+            d.lsn,
+            d.kind,
+            d.new_ver,
+            d.new_len,
+            d.block,
+            old.meta.committed_ver,
+            c.len_bytes,
+            c.block,
+            old.meta.pending_ver()
+        ))
+    };
+    if d.kind == DeltaKind::Commit {
+        let pending_matches = matches!(&old.meta.pending, Some((ver, PendingState::Data(v)))
+            if *ver == d.new_ver && v.block == Some(d.block) && v.len_bytes == d.new_len && v.crc == d.new_crc);
+        if !(base_matches && pending_matches) {
+            return Err(mismatch());
+        }
+        return committed_pending(old, true);
+    }
+    let class = SizeClass::new(d.block.class);
+    let (Some(class), true) = (class, base_matches && old.meta.pending.is_none() && old.meta.committed_ver + 1 == d.new_ver) else {
+        return Err(mismatch());
+    };
+    let page = class.crc_page_bytes();
+    let first_page = (d.base_len as u64 / page) as usize;
+    let mut page_crcs = c.page_crcs.get(..first_page).unwrap_or_default().to_vec();
+    page_crcs.extend_from_slice(&d.pages);
+    if page_crcs.len() as u64 != (d.new_len as u64).div_ceil(page) || d.new_len as u64 > class.block_bytes() {
+        return Err(ChunkError::CorruptMetadata(format!("{}: journal record {} has a bad page table", d.chunk, d.lsn)));
+    }
+    let data = VersionData { block: Some(d.block), len_bytes: d.new_len, crc: d.new_crc, tag: d.tag, page_crcs };
+    Ok(with_append(old, d.chain_ver, d.new_ver, data, d.kind == DeltaKind::Append))
+}
+
 /// Retires every handle of `old` whose block `keep` no longer references.
 fn retire_unreferenced(old: &Cached, keep: &HashSet<BlockRef>) {
     let mut seen = HashSet::new();
@@ -1029,7 +1355,7 @@ mod tests {
     #[test]
     fn old_block_is_freed_only_when_the_last_reader_lets_go() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = ChunkEngine::open(dir.path(), EngineConfig { blocks_per_grow: 4, sync_writes: false }).expect("open");
+        let e = ChunkEngine::open(dir.path(), EngineConfig { blocks_per_grow: 4, sync_writes: false, ..EngineConfig::default() }).expect("open");
         let c = ChunkId::new(InodeId(1), 0);
         let write = |off: u64, data: &[u8], request: u64| {
             let req = UpdateRequest {

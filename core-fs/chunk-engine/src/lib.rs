@@ -12,6 +12,7 @@ pub mod bench;
 pub mod checksum;
 pub mod engine;
 pub mod error;
+pub mod journal;
 pub mod layout;
 pub mod meta;
 
@@ -20,6 +21,7 @@ pub use engine::{
     ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest,
 };
 pub use error::{ChunkError, Result};
+pub use journal::JournalStats;
 pub use layout::{SizeClass, MAX_CHUNK_BYTES, MIN_BLOCK_BYTES, NUM_CLASSES};
 pub use meta::{BlockRef, ChunkMeta, PendingState, RecentCommit, UpdateTag, VersionData, RECENT_COMMITS};
 

@@ -4,11 +4,12 @@
 //! big-endian), so all chunks of a file are adjacent and the last one is a
 //! single `seek_for_prev`.
 //!
-//! Value (little-endian, format 4; formats 3 and 2 are still read: format 3
-//! is format 4 without the `open` entries of a Version, format 2 is format 3
-//! without the trailing `recent` list):
+//! Value (little-endian, format 5; formats 4, 3 and 2 are still read: format
+//! 4 is format 5 without the trailing `journal_lsn`, format 3 is format 4
+//! without the `open` entries of a Version, format 2 is format 3 without the
+//! trailing `recent` list):
 //! ```text
-//! u8  format = 4
+//! u8  format = 5
 //! u32 chain_ver
 //! u64 committed_ver            0 = never committed (chunk only pending)
 //! Version committed
@@ -20,6 +21,7 @@
 //!            [only if has_block] u8 open_count, open_count × u32 open entries
 //! u8  recent_count            (≤ RECENT_COMMITS) then per entry:
 //!     Tag, u64 version, u32 len, u32 crc   older committed versions' tags
+//! u64 journal_lsn             the append journal's newest LSN at write time
 //! Tag := u64 client, u64 request
 //! ```
 //!
@@ -43,7 +45,8 @@ use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
 use fskv_types::ChunkId;
 use serde::Serialize;
 
-const FORMAT: u8 = 4;
+const FORMAT: u8 = 5;
+const FORMAT_V4: u8 = 4;
 const FORMAT_V3: u8 = 3;
 const FORMAT_V2: u8 = 2;
 /// Committed versions before the current one whose update tags are kept, so
@@ -189,12 +192,23 @@ impl ChunkMeta {
         out
     }
 
-    /// The record value (without page tables; see [`ChunkMeta::segment_puts`]).
+    /// The record value (without page tables; see [`ChunkMeta::segment_puts`]),
+    /// with journal LSN 0.
     pub fn encode(&self) -> Vec<u8> {
-        self.encode_format(FORMAT)
+        self.encode_record(0)
     }
 
-    /// `encode` in format 4, or (tests of the upgrade path) format 3.
+    /// The record value stamped with `journal_lsn`: the append journal's
+    /// newest LSN when the record is written, so journal records of this
+    /// chunk up to it are known to be superseded (see `journal.rs`).
+    pub fn encode_record(&self, journal_lsn: u64) -> Vec<u8> {
+        let mut w = self.encode_format(FORMAT);
+        w.extend_from_slice(&journal_lsn.to_le_bytes());
+        w
+    }
+
+    /// The record body in format 5 (without its trailing LSN), 4, or (tests
+    /// of the upgrade path) 3.
     fn encode_format(&self, format: u8) -> Vec<u8> {
         let mut w = Vec::with_capacity(128);
         w.push(format);
@@ -253,7 +267,7 @@ impl ChunkMeta {
             let page = class_page_bytes(block.class)?;
             let full_pages = (v.len_bytes as u64 / page) as usize;
             // Pages that go into segment keys.
-            let full = if format >= FORMAT { full_pages / SEGMENT_PAGES * SEGMENT_PAGES } else { full_pages };
+            let full = if format >= FORMAT_V4 { full_pages / SEGMENT_PAGES * SEGMENT_PAGES } else { full_pages };
             let persisted = old.map_or(0, |o| persisted_full_pages(o, block, v, page));
             let first_seg = persisted / SEGMENT_PAGES;
             let mut seg = first_seg;
@@ -278,13 +292,18 @@ impl ChunkMeta {
     }
 
     /// Decodes a record, reading its page-table segments with `segment`.
-    pub fn decode(
+    pub fn decode(bytes: &[u8], segment: impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>) -> Result<ChunkMeta> {
+        Ok(Self::decode_record(bytes, segment)?.0)
+    }
+
+    /// `decode`, also returning the record's journal LSN (0 before format 5).
+    pub fn decode_record(
         bytes: &[u8],
         mut segment: impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
-    ) -> Result<ChunkMeta> {
+    ) -> Result<(ChunkMeta, u64)> {
         let mut r = Reader { buf: bytes };
         let format = r.u8()?;
-        if ![FORMAT, FORMAT_V3, FORMAT_V2].contains(&format) {
+        if ![FORMAT, FORMAT_V4, FORMAT_V3, FORMAT_V2].contains(&format) {
             return Err(ChunkError::CorruptMetadata(format!("unknown chunk record format {format}")));
         }
         let chain_ver = r.u32()?;
@@ -311,10 +330,11 @@ impl ChunkMeta {
                 recent.push(RecentCommit { tag: decode_tag(&mut r)?, version: r.u64()?, len_bytes: r.u32()?, crc: r.u32()? });
             }
         }
+        let journal_lsn = if format >= FORMAT { r.u64()? } else { 0 };
         if !r.buf.is_empty() {
             return Err(ChunkError::CorruptMetadata(format!("{} trailing bytes in chunk record", r.buf.len())));
         }
-        Ok(ChunkMeta { chain_ver, committed_ver, committed, pending, recent })
+        Ok((ChunkMeta { chain_ver, committed_ver, committed, pending, recent }, journal_lsn))
     }
 }
 
@@ -364,7 +384,7 @@ fn encode_version(w: &mut Vec<u8>, v: &VersionData, format: u8) {
         _ => 0,
     };
     w.extend_from_slice(&tail.to_le_bytes());
-    if format >= FORMAT && v.block.is_some() {
+    if format >= FORMAT_V4 && v.block.is_some() {
         // The open entries: full pages past the last complete segment.
         let full = page.map_or(0, |p| (v.len_bytes as u64 / p) as usize).min(v.page_crcs.len());
         let open = &v.page_crcs[full / SEGMENT_PAGES * SEGMENT_PAGES..full];
@@ -398,7 +418,7 @@ fn decode_version(
     let tag = decode_tag(r)?;
     let tail = r.u32()?;
     let open = match block {
-        Some(_) if format >= FORMAT => {
+        Some(_) if format >= FORMAT_V4 => {
             let n = r.u8()? as usize;
             if n >= SEGMENT_PAGES {
                 return Err(ChunkError::CorruptMetadata(format!("{n} open page-table entries")));
@@ -626,14 +646,20 @@ mod tests {
         assert_eq!(v3[0], 3);
         let decoded = load(&v3, &segs).unwrap();
         assert_eq!(decoded, c);
-        // The next record (an append in place) is format 4 and needs no new
+        // The next record (an append in place) is format 5 and needs no new
         // key: segment 0 is complete, pages 64..120 go into the record.
         let mut p = version(120 * 4096, 120, 3);
         p.page_crcs[..100].copy_from_slice(&v.page_crcs[..100]);
         let next = ChunkMeta { committed_ver: 6, committed: p, ..decoded.clone() };
         assert!(next.segment_puts(Some(&decoded)).unwrap().is_empty());
-        let v4 = next.encode();
-        assert_eq!(v4[0], 4);
-        assert_eq!(load(&v4, &segs).unwrap(), next);
+        let v5 = next.encode_record(77);
+        assert_eq!(v5[0], 5);
+        assert_eq!(load(&v5, &segs).unwrap(), next);
+        let (_, lsn) = ChunkMeta::decode_record(&v5, |b, s| Ok(segs.get(&segment_key(b, s)).cloned())).unwrap();
+        assert_eq!(lsn, 77);
+        // Format 4 (no journal LSN) is still read, as LSN 0.
+        let v4 = next.encode_format(FORMAT_V4);
+        let (again, lsn) = ChunkMeta::decode_record(&v4, |b, s| Ok(segs.get(&segment_key(b, s)).cloned())).unwrap();
+        assert_eq!((again, lsn), (next, 0));
     }
 }

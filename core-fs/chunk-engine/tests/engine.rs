@@ -8,7 +8,7 @@ use fskv_types::{ChunkId, ErrorCode, InodeId};
 use std::io::{Read, Seek, SeekFrom, Write};
 
 fn config() -> EngineConfig {
-    EngineConfig { blocks_per_grow: 256, sync_writes: false }
+    EngineConfig { blocks_per_grow: 256, sync_writes: false, ..EngineConfig::default() }
 }
 
 fn open(dir: &tempfile::TempDir) -> ChunkEngine {
@@ -349,7 +349,7 @@ fn concurrent_updates_on_many_chunks() {
 #[test]
 fn sync_writes_mode_round_trips_and_reopens() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = EngineConfig { blocks_per_grow: 256, sync_writes: true };
+    let cfg = EngineConfig { blocks_per_grow: 256, sync_writes: true, ..EngineConfig::default() };
     let e = ChunkEngine::open(dir.path(), cfg.clone()).unwrap();
     let c = cid(40, 0);
     write_commit(&e, c, 0, b"durable", 1);
@@ -360,7 +360,7 @@ fn sync_writes_mode_round_trips_and_reopens() {
     e.check_invariants().unwrap();
     drop(e);
     // Reopening with another growth step is refused rather than misreading blocks.
-    let other = EngineConfig { blocks_per_grow: 16, sync_writes: true };
+    let other = EngineConfig { blocks_per_grow: 16, sync_writes: true, ..EngineConfig::default() };
     assert!(matches!(ChunkEngine::open(dir.path(), other), Err(ChunkError::InvalidArgument(_))));
 }
 

@@ -30,7 +30,7 @@ fn chunks_on(cluster: &LocalCluster, target: TargetId, inode: InodeId) -> Vec<(u
 async fn lengths_truncate_and_gc_go_through_the_storage_service() {
     let dir = tempfile::tempdir().unwrap();
     let chain = vec![(TargetId(1), 0), (TargetId(2), 1), (TargetId(3), 2)];
-    let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
+    let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() });
     let cluster = LocalCluster::start(dir.path(), 3, &[chain], options).await.expect("storage cluster");
     let storage_client = cluster.client(StorageClientConfig { max_attempts: 20, retry_backoff_ms: 2, ..Default::default() });
     let backend = Arc::new(ChainStorage::new(storage_client.clone()));

@@ -486,7 +486,7 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
 }
 
 fn sim_engine_config() -> EngineConfig {
-    EngineConfig { sync_writes: false, blocks_per_grow: 4 }
+    EngineConfig { sync_writes: false, blocks_per_grow: 4, ..EngineConfig::default() }
 }
 
 /// A replica's committed state: chunk → (committed version, bytes).

@@ -166,7 +166,7 @@ pub async fn run(opts: StorageBenchOptions) -> anyhow::Result<StorageBenchReport
 
 async fn bench_chain(root: &std::path::Path, len: usize, opts: &StorageBenchOptions) -> anyhow::Result<ChainResult> {
     let spec: Vec<(TargetId, usize)> = (0..len).map(|i| (TargetId(i as u64 + 1), i)).collect();
-    let engine = EngineConfig { blocks_per_grow: 256, sync_writes: false };
+    let engine = EngineConfig { blocks_per_grow: 256, sync_writes: false, ..EngineConfig::default() };
     let cluster = LocalCluster::start(root, len, &[spec], ClusterOptions::new(engine)).await?;
     let client = cluster.client(StorageClientConfig { max_concurrent_senders: 16, ..Default::default() });
     let limit = Duration::from_secs_f64(opts.seconds_per_workload.max(0.2));

@@ -1150,7 +1150,7 @@ mod tests {
         let (_publisher, handle) = RoutingPublisher::new(routing);
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let config = StorageConfig { inline_engine_io: true, ..StorageConfig::new(NodeId(1)) };
-        let engine_config = EngineConfig { sync_writes: false, blocks_per_grow: 4 };
+        let engine_config = EngineConfig { sync_writes: false, blocks_per_grow: 4, ..EngineConfig::default() };
         let service = StorageService::open(config, dir.path(), &[TargetId(101)], engine_config, handle, rpc).unwrap();
 
         let chunk = ChunkId::new(InodeId(5), 0);

@@ -24,7 +24,7 @@ const TEST_TIMEOUT_SECS: u64 = 120;
 async fn cluster(dir: &std::path::Path) -> LocalCluster {
     let dst = vec![(TargetId(1), 0), (TargetId(2), 1), (TargetId(3), 2)];
     let src = vec![(TargetId(4), 1), (TargetId(5), 2), (TargetId(6), 0)];
-    let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false });
+    let options = ClusterOptions::new(EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() });
     LocalCluster::start(dir, 3, &[dst, src], options).await.expect("cluster")
 }
 

@@ -1,0 +1,582 @@
+//! The append journal: where in-place appends record their metadata
+//! instead of a RocksDB batch.
+//!
+//! An in-place append over a chunk with nothing pending changes only the
+//! chunk's length, CRCs, version and tag; the block stays the same. Three
+//! kinds of record cover the CRAQ write path ([`DeltaKind`]): the chain
+//! tail's append committed at once (`update_and_commit`), a head's or
+//! middle's append left pending (`update`), and the later commit of such a
+//! pending append (`commit`). A record is a fixed layout ([`AppendDelta`])
+//! copied into a memory-mapped file (`MAP_SHARED`, so the bytes are in the
+//! page cache the moment the copy ends and survive a process crash exactly
+//! like a `write(2)` would) — no system call and no memtable insert. With
+//! `sync_writes` the record's pages are `msync`ed before the call returns.
+//! Everything else (copy-on-write, truncate, remove, recovery writes, a
+//! commit of a copied version) writes a RocksDB batch as before.
+//!
+//! Layout: the file is two regions of `region_bytes`; records are written
+//! one after another into the active region, each carrying the next LSN
+//! (log sequence number), so a region holds one run of consecutive LSNs
+//! from its start. When the active region is full, writing switches to the
+//! other one (if it is free) and the full region is **checkpointed**: the
+//! current record of every chunk it touched is written to RocksDB, after
+//! which the region is free again. If the other region is not free yet, the
+//! append falls back to a RocksDB batch (always correct, only slower).
+//!
+//! Every RocksDB chunk record carries the journal LSN current when it was
+//! written (`journal_lsn`); a journal record for a chunk applies at open
+//! only if its LSN is larger, i.e. it is newer than the chunk's RocksDB
+//! record. That makes a record superseded by any later RocksDB write of the
+//! chunk (a checkpoint, a copy-on-write, a remove and re-create) harmless.
+//!
+//! Record (little-endian): `u32 crc32c` of the rest · `u32 len` (whole
+//! record) · `u64 lsn` · `u8 kind` · chunk id (16) · `u32 chain_ver` · block (`u8`
+//! class, `u64` index) · `u64 new_ver` · `u32 base_len` · `u32 base_crc` ·
+//! `u32 new_len` · `u32 new_crc` · tag (`u64` client, `u64` request) ·
+//! `u32 n` · `n × u32` page CRCs (from page `base_len / page` to the end).
+//! A scan of a region stops at the first record whose CRC or LSN does not
+//! follow: a torn record or an older run left from before the region was
+//! reused.
+
+use crate::error::{ChunkError, Result};
+use crate::meta::{BlockRef, UpdateTag};
+use fskv_types::ChunkId;
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) const JOURNAL_FILE: &str = "journal";
+/// Default size of each of the two regions (≈ 50 000 records of a 64 KiB append).
+pub const DEFAULT_JOURNAL_REGION_BYTES: u64 = 8 << 20;
+/// Smallest region accepted (tests use it to force frequent checkpoints).
+pub const MIN_JOURNAL_REGION_BYTES: u64 = 512;
+const MAX_JOURNAL_REGION_BYTES: u64 = 1 << 30;
+const REGIONS: usize = 2;
+const FIXED_BYTES: usize = 4 + 4 + 8 + 1 + 16 + 4 + 1 + 8 + 8 + 4 * 4 + 16 + 4;
+/// Appends whose record would carry more page CRCs go through RocksDB.
+pub(crate) const MAX_DELTA_PAGES: usize = 1024;
+
+/// What a journal record does to its chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeltaKind {
+    /// An in-place append committed at once (chain tail): the committed
+    /// content grows, nothing pending before or after.
+    Append = 1,
+    /// An in-place append left pending (head or middle target): the
+    /// pending version is the committed content grown in the same block.
+    PendingAppend = 2,
+    /// The commit of such an in-place pending version (no page CRCs).
+    Commit = 3,
+}
+
+impl DeltaKind {
+    fn from_u8(v: u8) -> Option<DeltaKind> {
+        match v {
+            1 => Some(DeltaKind::Append),
+            2 => Some(DeltaKind::PendingAppend),
+            3 => Some(DeltaKind::Commit),
+            _ => None,
+        }
+    }
+}
+
+/// One journal record: an in-place append (committed or pending) or the
+/// commit of a pending one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct AppendDelta {
+    pub lsn: u64,
+    pub kind: DeltaKind,
+    pub chunk: ChunkId,
+    pub chain_ver: u32,
+    pub block: BlockRef,
+    /// The version the append creates (the committed one + 1), or the one
+    /// a commit commits.
+    pub new_ver: u64,
+    /// Committed length and CRC before the record.
+    pub base_len: u32,
+    pub base_crc: u32,
+    /// Length and CRC of the new (or committed pending) content.
+    pub new_len: u32,
+    pub new_crc: u32,
+    pub tag: UpdateTag,
+    /// Page CRCs from page `base_len / page_bytes` to the end of the content.
+    pub pages: Vec<u32>,
+}
+
+impl AppendDelta {
+    fn encoded_len(&self) -> usize {
+        FIXED_BYTES + 4 * self.pages.len()
+    }
+
+    /// Writes the record into `out` (exactly `encoded_len` bytes), CRC last.
+    fn encode_into(&self, out: &mut [u8]) {
+        let mut w = Writer { buf: out, at: 4 };
+        w.put(&(self.encoded_len() as u32).to_le_bytes());
+        w.put(&self.lsn.to_le_bytes());
+        w.put(&[self.kind as u8]);
+        w.put(&self.chunk.to_bytes());
+        w.put(&self.chain_ver.to_le_bytes());
+        w.put(&[self.block.class]);
+        w.put(&self.block.index.to_le_bytes());
+        w.put(&self.new_ver.to_le_bytes());
+        for v in [self.base_len, self.base_crc, self.new_len, self.new_crc] {
+            w.put(&v.to_le_bytes());
+        }
+        w.put(&self.tag.client.to_le_bytes());
+        w.put(&self.tag.request.to_le_bytes());
+        w.put(&(self.pages.len() as u32).to_le_bytes());
+        for c in &self.pages {
+            w.put(&c.to_le_bytes());
+        }
+        debug_assert_eq!(w.at, self.encoded_len());
+        let crc = crate::checksum::crc32c(&w.buf[4..w.at]);
+        w.buf[..4].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes the record at the start of `buf`; `None` if there is no
+    /// valid record there (torn, garbage or zeroes).
+    fn decode(buf: &[u8]) -> Option<AppendDelta> {
+        let len = u32::from_le_bytes(buf.get(4..8)?.try_into().ok()?) as usize;
+        if len < FIXED_BYTES || len > buf.len() || (len - FIXED_BYTES) % 4 != 0 {
+            return None;
+        }
+        let crc = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
+        if crate::checksum::crc32c(&buf[4..len]) != crc {
+            return None;
+        }
+        let mut r = Reader { buf: &buf[8..len] };
+        let lsn = r.u64()?;
+        let kind = DeltaKind::from_u8(r.take(1)?[0])?;
+        let chunk = ChunkId::from_bytes(r.take(16)?)?;
+        let chain_ver = r.u32()?;
+        let block = BlockRef { class: r.take(1)?[0], index: r.u64()? };
+        let new_ver = r.u64()?;
+        let (base_len, base_crc, new_len, new_crc) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let tag = UpdateTag { client: r.u64()?, request: r.u64()? };
+        let n = r.u32()? as usize;
+        if n != (len - FIXED_BYTES) / 4 {
+            return None;
+        }
+        let pages = (0..n).map(|_| r.u32()).collect::<Option<Vec<u32>>>()?;
+        Some(AppendDelta { lsn, kind, chunk, chain_ver, block, new_ver, base_len, base_crc, new_len, new_crc, tag, pages })
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.buf.len() < n {
+            return None;
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Some(head)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// A shared writable mapping of the whole journal file.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this struct; all access goes
+// through `&mut Mapping` behind the journal's mutex.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; a shared reference gives no access to the bytes.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(file: &File, len: usize) -> Result<Mapping> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: maps `len` bytes of a file we hold open and have sized to
+        // at least `len`; the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(ChunkError::io("mapping the append journal", std::io::Error::last_os_error()));
+        }
+        Ok(Mapping { ptr: ptr.cast(), len })
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` bytes for the life of `self`, and
+        // `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// `msync(MS_SYNC)` of the pages holding `[start, end)`.
+    fn sync_range(&self, start: usize, end: usize) -> Result<()> {
+        let page = 4096;
+        let first = start / page * page;
+        // SAFETY: the range lies inside the mapping and starts page-aligned.
+        let rc = unsafe { libc::msync(self.ptr.add(first).cast(), end - first, libc::MS_SYNC) };
+        if rc != 0 {
+            return Err(ChunkError::io("msync of the append journal", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped; nothing refers to it after drop.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+struct State {
+    map: Mapping,
+    region_bytes: usize,
+    active: usize,
+    /// Write position inside the active region.
+    offset: usize,
+    next_lsn: u64,
+    /// Chunks with records in each region.
+    dirty: [HashSet<ChunkId>; REGIONS],
+    /// The region holds records that are not checkpointed yet.
+    busy: [bool; REGIONS],
+    /// Somebody took the region's dirty set to checkpoint it.
+    checkpointing: [bool; REGIONS],
+}
+
+/// Result of [`Journal::append`].
+pub(crate) struct Appended {
+    /// `None`: no room (both regions hold records not yet checkpointed);
+    /// the caller writes the record to RocksDB instead.
+    pub lsn: Option<u64>,
+    /// A full region whose checkpoint the caller must run (after releasing
+    /// its chunk lock): [`Journal::take_region`], write, [`Journal::region_done`].
+    pub checkpoint: Option<usize>,
+}
+
+/// Counters of the append journal since the engine opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JournalStats {
+    /// Appends committed by a journal record.
+    pub records: u64,
+    /// Appends that found no room and were committed through RocksDB.
+    pub fallbacks: u64,
+    /// Regions checkpointed (and so freed).
+    pub checkpoints: u64,
+    /// Records found valid and newer than their chunk's record at open.
+    pub replayed: u64,
+}
+
+/// The append journal of one engine. Thread-safe.
+pub(crate) struct Journal {
+    state: Mutex<State>,
+    stats: Mutex<JournalStats>,
+    /// LSN of the newest record written (or the floor found at open).
+    head_lsn: AtomicU64,
+    sync: bool,
+    _file: File,
+}
+
+impl Journal {
+    /// Opens the journal in `dir`, returning it (empty, ready for appends
+    /// once the caller has checkpointed what it replays) and every valid
+    /// record found, in LSN order. `lsn_floor`: the largest LSN the caller
+    /// knows was used (from RocksDB); new records get larger ones.
+    pub fn open(dir: &Path, region_bytes: u64, sync: bool, lsn_floor: u64) -> Result<(Journal, Vec<AppendDelta>)> {
+        if !(MIN_JOURNAL_REGION_BYTES..=MAX_JOURNAL_REGION_BYTES).contains(&region_bytes) || region_bytes % 512 != 0 {
+            return Err(ChunkError::InvalidArgument(format!(
+                "journal_region_bytes {region_bytes}: must be a multiple of 512 in \
+                 [{MIN_JOURNAL_REGION_BYTES}, {MAX_JOURNAL_REGION_BYTES}]"
+            )));
+        }
+        let path = dir.join(JOURNAL_FILE);
+        let records = match std::fs::read(&path) {
+            Ok(bytes) => scan(&bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(ChunkError::io(format!("reading {path:?}"), e)),
+        };
+        let total = region_bytes as usize * REGIONS;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| ChunkError::io(format!("opening {path:?}"), e))?;
+        // Allocated, not sparse: a store into a hole of a shared mapping
+        // would allocate in the page fault, and no space there is SIGBUS.
+        let len = file.metadata().map_err(|e| ChunkError::io(format!("stat {path:?}"), e))?.len();
+        if len != total as u64 {
+            file.set_len(0).map_err(|e| ChunkError::io(format!("truncating {path:?}"), e))?;
+            allocate(&file, total).map_err(|e| ChunkError::io(format!("allocating {total} bytes for {path:?}"), e))?;
+            file.sync_all().map_err(|e| ChunkError::io(format!("fsync of {path:?}"), e))?;
+        }
+        let map = Mapping::new(&file, total)?;
+        let max_lsn = records.iter().map(|d| d.lsn).max().unwrap_or(0).max(lsn_floor);
+        let state = State {
+            map,
+            region_bytes: region_bytes as usize,
+            active: 0,
+            offset: 0,
+            next_lsn: max_lsn + 1,
+            dirty: [HashSet::new(), HashSet::new()],
+            busy: [false; REGIONS],
+            checkpointing: [false; REGIONS],
+        };
+        let journal = Journal {
+            state: Mutex::new(state),
+            stats: Mutex::new(JournalStats::default()),
+            head_lsn: AtomicU64::new(max_lsn),
+            sync,
+            _file: file,
+        };
+        Ok((journal, records))
+    }
+
+    /// LSN of the newest record written; a RocksDB chunk record written now
+    /// supersedes every journal record of that chunk up to this LSN.
+    pub fn head_lsn(&self) -> u64 {
+        self.head_lsn.load(Ordering::Acquire)
+    }
+
+    /// Makes new records get LSNs above `lsn` (an LSN found in RocksDB).
+    pub fn raise_floor(&self, lsn: u64) {
+        let mut st = self.state.lock();
+        if st.next_lsn <= lsn {
+            st.next_lsn = lsn + 1;
+            self.head_lsn.store(lsn, Ordering::Release);
+        }
+    }
+
+    /// Appends `delta` (its `lsn` is assigned here) for a chunk whose lock
+    /// the caller holds.
+    pub fn append(&self, delta: &mut AppendDelta) -> Result<Appended> {
+        let len = delta.encoded_len();
+        let mut st = self.state.lock();
+        if delta.pages.len() > MAX_DELTA_PAGES || len > st.region_bytes / 4 {
+            self.stats.lock().fallbacks += 1;
+            return Ok(Appended { lsn: None, checkpoint: None });
+        }
+        let mut checkpoint = None;
+        if st.offset + len > st.region_bytes {
+            let other = 1 - st.active;
+            if st.busy[other] {
+                // Still being checkpointed, or its checkpoint failed: ask
+                // for (another) one unless one is running.
+                let retry = (!st.checkpointing[other]).then_some(other);
+                self.stats.lock().fallbacks += 1;
+                return Ok(Appended { lsn: None, checkpoint: retry });
+            }
+            checkpoint = Some(st.active);
+            st.active = other;
+            st.offset = 0;
+        }
+        delta.lsn = st.next_lsn;
+        let start = st.active * st.region_bytes + st.offset;
+        delta.encode_into(&mut st.map.bytes_mut()[start..start + len]);
+        if self.sync {
+            st.map.sync_range(start, start + len)?;
+        }
+        st.offset += len;
+        st.next_lsn += 1;
+        let active = st.active;
+        st.busy[active] = true;
+        st.dirty[active].insert(delta.chunk);
+        self.head_lsn.store(delta.lsn, Ordering::Release);
+        drop(st);
+        self.stats.lock().records += 1;
+        Ok(Appended { lsn: Some(delta.lsn), checkpoint })
+    }
+
+    /// Takes the set of chunks with records in `region` for a checkpoint.
+    /// `None` if another caller is already checkpointing it.
+    pub fn take_region(&self, region: usize) -> Option<Vec<ChunkId>> {
+        let mut st = self.state.lock();
+        if st.checkpointing[region] || !st.busy[region] {
+            return None;
+        }
+        st.checkpointing[region] = true;
+        let mut chunks: Vec<ChunkId> = st.dirty[region].iter().copied().collect();
+        chunks.sort_unstable();
+        Some(chunks)
+    }
+
+    /// Ends a checkpoint of `region`: on success the region is free for
+    /// reuse; on failure it stays busy and a later append retries.
+    pub fn region_done(&self, region: usize, ok: bool) {
+        let mut st = self.state.lock();
+        st.checkpointing[region] = false;
+        if ok {
+            self.stats.lock().checkpoints += 1;
+            st.busy[region] = false;
+            st.dirty[region].clear();
+            if st.active == region {
+                st.offset = 0;
+            }
+        }
+    }
+
+    pub fn stats(&self) -> JournalStats {
+        *self.stats.lock()
+    }
+
+    pub fn count_replayed(&self, n: u64) {
+        self.stats.lock().replayed += n;
+    }
+
+    /// Regions holding records not yet checkpointed.
+    pub fn busy_regions(&self) -> Vec<usize> {
+        let st = self.state.lock();
+        (0..REGIONS).filter(|&r| st.busy[r]).collect()
+    }
+}
+
+/// `fallocate`s `len` bytes (zeroes when read), or writes zeroes where the
+/// filesystem cannot.
+fn allocate(file: &File, len: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on a descriptor we own.
+    if unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(err);
+    }
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = zeros.len().min(len - at);
+        file.write_all_at(&zeros[..n], at as u64)?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Every valid record of both regions of a journal file's bytes, in LSN order.
+fn scan(bytes: &[u8]) -> Vec<AppendDelta> {
+    let region = bytes.len() / REGIONS;
+    let mut out = Vec::new();
+    for r in 0..REGIONS {
+        let buf = &bytes[r * region..(r + 1) * region];
+        let mut at = 0;
+        let mut prev: Option<u64> = None;
+        while let Some(d) = buf.get(at..).and_then(AppendDelta::decode) {
+            if prev.is_some_and(|p| d.lsn != p + 1) {
+                break;
+            }
+            prev = Some(d.lsn);
+            at += d.encoded_len();
+            out.push(d);
+        }
+    }
+    out.sort_by_key(|d| d.lsn);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fskv_types::InodeId;
+
+    fn delta(chunk: u64, pages: usize) -> AppendDelta {
+        AppendDelta {
+            lsn: 0,
+            kind: DeltaKind::Append,
+            chunk: ChunkId::new(InodeId(9), chunk),
+            chain_ver: 3,
+            block: BlockRef { class: 6, index: 77 },
+            new_ver: 5,
+            base_len: 65536,
+            base_crc: 0xdead_beef,
+            new_len: 131072,
+            new_crc: 0x1234_5678,
+            tag: UpdateTag { client: 1, request: 2 },
+            pages: (0..pages as u32).collect(),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_one_is_not_read() {
+        let d = delta(1, 17);
+        let mut buf = vec![0u8; d.encoded_len() + 8];
+        d.encode_into(&mut buf);
+        assert_eq!(AppendDelta::decode(&buf), Some(d.clone()));
+        for i in [0, 5, 40, d.encoded_len() - 1] {
+            let mut torn = buf.clone();
+            torn[i] ^= 0x40;
+            assert_eq!(AppendDelta::decode(&torn), None, "flipped byte {i}");
+        }
+        assert_eq!(AppendDelta::decode(&[0u8; 200]), None);
+    }
+
+    #[test]
+    fn regions_switch_and_a_scan_stops_at_an_older_run() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (j, found) = Journal::open(dir.path(), 4096, false, 10).expect("open");
+        assert!(found.is_empty());
+        let mut lsns = Vec::new();
+        let mut switched = None;
+        // 90 + 68 = 158-byte records: 25 fit in a 4 KiB region.
+        for i in 0..30 {
+            let mut d = delta(i, 17);
+            let a = j.append(&mut d).expect("append");
+            lsns.push(a.lsn.expect("room"));
+            if a.checkpoint.is_some() {
+                switched = a.checkpoint;
+            }
+        }
+        assert_eq!(lsns.first(), Some(&11));
+        assert_eq!(switched, Some(0));
+        // Region 0 is not checkpointed: once region 1 is full, no room.
+        let mut full = None;
+        for i in 30..60 {
+            let a = j.append(&mut delta(i, 17)).expect("append");
+            if a.lsn.is_none() {
+                full = Some(a.checkpoint);
+                break;
+            }
+        }
+        assert_eq!(full, Some(Some(0)), "asks for region 0's checkpoint");
+        let chunks = j.take_region(0).expect("take");
+        assert_eq!(chunks.len(), 25);
+        assert!(j.take_region(0).is_none(), "taken twice");
+        j.region_done(0, true);
+        drop(j);
+        let (j2, found) = Journal::open(dir.path(), 4096, false, 0).expect("reopen");
+        // Both regions still hold their runs (region 0 was freed, not erased).
+        let got: Vec<u64> = found.iter().map(|d| d.lsn).collect();
+        assert_eq!(got, (11..=60).collect::<Vec<_>>());
+        assert_eq!(j2.head_lsn(), 60);
+        // A new run at the start of region 0 hides the older one after it.
+        let mut d = delta(99, 17);
+        assert_eq!(j2.append(&mut d).expect("append").lsn, Some(61));
+        drop(j2);
+        let (_, found) = Journal::open(dir.path(), 4096, false, 0).expect("reopen");
+        let got: Vec<u64> = found.iter().map(|d| d.lsn).collect();
+        assert_eq!(got, (36..=61).collect::<Vec<_>>());
+    }
+}
