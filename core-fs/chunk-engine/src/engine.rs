@@ -299,6 +299,7 @@ impl ChunkEngine {
         let replayed = engine.replay(deltas, lsns)?;
         // The journal starts empty: what it held must be in RocksDB first.
         engine.checkpoint_chunks(&replayed)?;
+        engine.journal.finish_open()?;
         tracing::info!(dir = ?engine.dir, chunks = n, replayed_chunks = replayed.len(), "chunk engine opened");
         Ok(engine)
     }
@@ -399,9 +400,8 @@ impl ChunkEngine {
     }
 
     /// Checkpoints every journal region holding records, so the journal is
-    /// empty (tests, graceful close). The caller holds no chunk lock, and
-    /// no update runs concurrently.
-    pub fn checkpoint_journal(&self) -> Result<()> {
+    /// empty (graceful close: no update runs concurrently).
+    fn checkpoint_journal(&self) -> Result<()> {
         for region in self.journal.busy_regions() {
             let Some(chunks) = self.journal.take_region(region) else { continue };
             let result = self.checkpoint_chunks(&chunks);

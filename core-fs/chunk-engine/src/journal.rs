@@ -49,6 +49,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) const JOURNAL_FILE: &str = "journal";
+const OLD_JOURNAL_FILE: &str = "journal.old";
 /// Default size of each of the two regions (≈ 50 000 records of a 64 KiB append).
 pub const DEFAULT_JOURNAL_REGION_BYTES: u64 = 8 << 20;
 /// Smallest region accepted (tests use it to force frequent checkpoints).
@@ -298,6 +299,7 @@ pub(crate) struct Journal {
     head_lsn: AtomicU64,
     sync: bool,
     _file: File,
+    old_path: std::path::PathBuf,
 }
 
 impl Journal {
@@ -313,26 +315,39 @@ impl Journal {
             )));
         }
         let path = dir.join(JOURNAL_FILE);
-        let records = match std::fs::read(&path) {
-            Ok(bytes) => scan(&bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(ChunkError::io(format!("reading {path:?}"), e)),
-        };
+        let old_path = dir.join(OLD_JOURNAL_FILE);
+        // A journal of another size set aside by an earlier open whose
+        // replay did not finish: its records count too.
+        let mut records = read_records(&old_path)?;
+        records.extend(read_records(&path)?);
+        records.sort_by_key(|d| d.lsn);
+        records.dedup_by_key(|d| d.lsn);
         let total = region_bytes as usize * REGIONS;
+        let io = |what: &str, e: std::io::Error| ChunkError::io(format!("{what} {path:?}"), e);
+        let existing = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if existing > 0 && existing != total as u64 {
+            // Resized: set the old file aside (its records, read above, are
+            // not in RocksDB yet) until `finish_open`.
+            if old_path.exists() {
+                std::fs::remove_file(&path).map_err(|e| io("removing", e))?;
+            } else {
+                std::fs::rename(&path, &old_path).map_err(|e| io("setting aside", e))?;
+            }
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("fsync of the directory of", e))?;
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|e| ChunkError::io(format!("opening {path:?}"), e))?;
+            .map_err(|e| io("opening", e))?;
         // Allocated, not sparse: a store into a hole of a shared mapping
         // would allocate in the page fault, and no space there is SIGBUS.
-        let len = file.metadata().map_err(|e| ChunkError::io(format!("stat {path:?}"), e))?.len();
+        let len = file.metadata().map_err(|e| io("stat", e))?.len();
         if len != total as u64 {
-            file.set_len(0).map_err(|e| ChunkError::io(format!("truncating {path:?}"), e))?;
-            allocate(&file, total).map_err(|e| ChunkError::io(format!("allocating {total} bytes for {path:?}"), e))?;
-            file.sync_all().map_err(|e| ChunkError::io(format!("fsync of {path:?}"), e))?;
+            allocate(&file, total).map_err(|e| io("allocating", e))?;
+            file.sync_all().map_err(|e| io("fsync of", e))?;
         }
         let map = Mapping::new(&file, total)?;
         let max_lsn = records.iter().map(|d| d.lsn).max().unwrap_or(0).max(lsn_floor);
@@ -352,8 +367,19 @@ impl Journal {
             head_lsn: AtomicU64::new(max_lsn),
             sync,
             _file: file,
+            old_path,
         };
         Ok((journal, records))
+    }
+
+    /// Called once the records `open` returned are in RocksDB: drops a
+    /// journal file of an earlier size kept until then.
+    pub fn finish_open(&self) -> Result<()> {
+        match std::fs::remove_file(&self.old_path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(ChunkError::io(format!("removing {:?}", self.old_path), e)),
+        }
     }
 
     /// LSN of the newest record written; a RocksDB chunk record written now
@@ -474,6 +500,15 @@ fn allocate(file: &File, len: usize) -> std::io::Result<()> {
         at += n;
     }
     Ok(())
+}
+
+/// The valid records of the journal file at `path` (none if it is missing).
+fn read_records(path: &Path) -> Result<Vec<AppendDelta>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(scan(&bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(ChunkError::io(format!("reading {path:?}"), e)),
+    }
 }
 
 /// Every valid record of both regions of a journal file's bytes, in LSN order.

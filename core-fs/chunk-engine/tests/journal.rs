@@ -246,3 +246,24 @@ fn bad_journal_sizes_are_refused() {
         assert!(r.is_err(), "region {region} accepted");
     }
 }
+
+#[test]
+fn a_resized_journal_keeps_its_records_until_they_are_in_rocksdb() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = ChunkEngine::open(dir.path(), config(4096, false)).expect("open");
+    let c = cid(65, 0);
+    tail_append(&e, c, b"one", 1);
+    tail_append(&e, c, b"+two", 2);
+    e.simulate_crash();
+    // Reopen with a larger journal: the old records replay, the file grows.
+    let e = ChunkEngine::open(dir.path(), config(8192, false)).expect("reopen larger");
+    assert_eq!(e.journal_stats().replayed, 1);
+    assert_eq!(read_all(&e, c, ReadMode::Strict), b"one+two");
+    assert_eq!(std::fs::metadata(dir.path().join("journal")).expect("journal").len(), 2 * 8192);
+    assert!(!dir.path().join("journal.old").exists());
+    tail_append(&e, c, b"+three", 3);
+    e.simulate_crash();
+    let e = ChunkEngine::open(dir.path(), config(4096, false)).expect("reopen smaller");
+    assert_eq!(read_all(&e, c, ReadMode::Strict), b"one+two+three");
+    assert_eq!(e.meta(c).expect("meta").committed_ver, 3);
+}
