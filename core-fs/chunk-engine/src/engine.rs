@@ -619,7 +619,7 @@ impl ChunkEngine {
             tag: nc.data.tag,
             pages: nc.data.page_crcs.get(first_page..).unwrap_or_default().to_vec(),
         };
-        let appended = self.journal.append(&mut delta)?;
+        let appended = self.journal_append(&mut delta)?;
         if appended.lsn.is_none() {
             return Ok(Journaled::NoRoom(nc, appended.checkpoint));
         }
@@ -855,7 +855,7 @@ impl ChunkEngine {
                     tag: v.tag,
                     pages: Vec::new(),
                 };
-                let appended = self.journal.append(&mut delta)?;
+                let appended = self.journal_append(&mut delta)?;
                 if appended.lsn.is_some() {
                     self.crash_at(CrashPoint::CommitAfterMetaWrite)?;
                     let new = committed_pending(&old, true)?;
@@ -1100,6 +1100,17 @@ impl ChunkEngine {
 
     fn lock(&self, chunk: ChunkId) -> parking_lot::MutexGuard<'_, ()> {
         self.locks[shard_of(chunk, LOCK_STRIPES)].lock()
+    }
+
+    /// `Journal::append`; a failure (a failed `fdatasync` of a record that
+    /// is already in the page cache) poisons the engine, as RocksDB stops
+    /// taking writes after a failed WAL write: the state after a reopen is
+    /// the one to trust.
+    fn journal_append(&self, delta: &mut AppendDelta) -> Result<crate::journal::Appended> {
+        self.journal.append(delta).inspect_err(|e| {
+            tracing::error!(error = %e, chunk = %delta.chunk, "append journal write failed; the engine takes no more updates until reopened");
+            self.poisoned.store(true, Ordering::SeqCst);
+        })
     }
 
     fn sync_data(&self, handle: &BlockHandle) -> Result<()> {

@@ -27,7 +27,7 @@ pub enum ChunkError {
     NoSpace(String),
     #[error("injected crash at {0:?}")]
     InjectedCrash(crate::engine::CrashPoint),
-    #[error("engine is poisoned after an injected crash; drop and reopen it")]
+    #[error("engine is poisoned after a failed metadata write or an injected crash; drop and reopen it")]
     Poisoned,
 }
 

@@ -10,7 +10,9 @@
 //! copied into a memory-mapped file (`MAP_SHARED`, so the bytes are in the
 //! page cache the moment the copy ends and survive a process crash exactly
 //! like a `write(2)` would) — no system call and no memtable insert. With
-//! `sync_writes` the record's pages are `msync`ed before the call returns.
+//! `sync_writes` an `fdatasync` of the journal file (which writes the
+//! mapping's dirty pages) runs before the call returns, shared by every
+//! record copied before it (group commit, as RocksDB's synced WAL does).
 //! Everything else (copy-on-write, truncate, remove, recovery writes, a
 //! commit of a copied version) writes a RocksDB batch as before.
 //!
@@ -232,18 +234,6 @@ impl Mapping {
         // `&mut self` makes this the only access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
-
-    /// `msync(MS_SYNC)` of the pages holding `[start, end)`.
-    fn sync_range(&self, start: usize, end: usize) -> Result<()> {
-        let page = 4096;
-        let first = start / page * page;
-        // SAFETY: the range lies inside the mapping and starts page-aligned.
-        let rc = unsafe { libc::msync(self.ptr.add(first).cast(), end - first, libc::MS_SYNC) };
-        if rc != 0 {
-            return Err(ChunkError::io("msync of the append journal", std::io::Error::last_os_error()));
-        }
-        Ok(())
-    }
 }
 
 impl Drop for Mapping {
@@ -298,7 +288,11 @@ pub(crate) struct Journal {
     /// LSN of the newest record written (or the floor found at open).
     head_lsn: AtomicU64,
     sync: bool,
-    _file: File,
+    file: File,
+    /// Newest LSN known durable (`sync_writes`); its lock serializes the
+    /// `fdatasync`s, so one call makes every record copied before it
+    /// durable for all waiters (group commit).
+    synced_lsn: Mutex<u64>,
     old_path: std::path::PathBuf,
 }
 
@@ -366,7 +360,8 @@ impl Journal {
             stats: Mutex::new(JournalStats::default()),
             head_lsn: AtomicU64::new(max_lsn),
             sync,
-            _file: file,
+            file,
+            synced_lsn: Mutex::new(max_lsn),
             old_path,
         };
         Ok((journal, records))
@@ -423,9 +418,6 @@ impl Journal {
         delta.lsn = st.next_lsn;
         let start = st.active * st.region_bytes + st.offset;
         delta.encode_into(&mut st.map.bytes_mut()[start..start + len]);
-        if self.sync {
-            st.map.sync_range(start, start + len)?;
-        }
         st.offset += len;
         st.next_lsn += 1;
         let active = st.active;
@@ -434,7 +426,27 @@ impl Journal {
         self.head_lsn.store(delta.lsn, Ordering::Release);
         drop(st);
         self.stats.lock().records += 1;
+        if self.sync {
+            self.make_durable(delta.lsn)?;
+        }
         Ok(Appended { lsn: Some(delta.lsn), checkpoint })
+    }
+
+    /// Returns once record `lsn` is on disk: `fdatasync` of the journal file
+    /// (it writes the mapping's dirty pages), shared by every record copied
+    /// before the call. An error leaves the record in the page cache, where
+    /// a later open may still find it: the caller must stop using the engine.
+    fn make_durable(&self, lsn: u64) -> Result<()> {
+        let mut synced = self.synced_lsn.lock();
+        if *synced >= lsn {
+            return Ok(());
+        }
+        // Every record up to the head is completely copied (the head moves
+        // after the copy, under the state lock).
+        let upto = self.head_lsn();
+        self.file.sync_data().map_err(|e| ChunkError::io("fdatasync of the append journal", e))?;
+        *synced = upto;
+        Ok(())
     }
 
     /// Takes the set of chunks with records in `region` for a checkpoint.
