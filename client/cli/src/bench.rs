@@ -31,7 +31,7 @@ pub struct ChunkArgs {
     /// MiB written (and read) per workload.
     #[arg(long, default_value_t = 48)]
     mib: u64,
-    /// Rounds; the report gives medians.
+    /// Rounds; the report gives the median of the per-round ratios.
     #[arg(long, default_value_t = 3)]
     rounds: u64,
     /// Durable writes (engine sync_writes, fio fdatasync=1).

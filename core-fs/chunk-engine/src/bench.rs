@@ -86,6 +86,13 @@ pub struct WorkloadResult {
     /// median engine IOPS / median fio IOPS (the figure reported before;
     /// mixes rounds when their speeds are bimodal).
     pub ratio_of_medians: Option<f64>,
+    /// The median of the per-round ratios over the rounds where fio ran at
+    /// least half as fast as in its best round. On this VM buffered writes
+    /// switch for minutes between page-cache speed and a writeback-throttled
+    /// regime where both sides crawl at the disk's pace (ratio ≈ 1 whatever
+    /// the engine's overhead); this is the figure of the fast rounds.
+    pub ratio_fast_rounds: Option<f64>,
+    pub fast_rounds: usize,
     /// engine / fio per round, for judging the noise.
     pub round_ratios: Vec<f64>,
     /// Per-round IOPS of each side (tells page-cache-speed rounds from
@@ -120,20 +127,21 @@ impl fmt::Display for ChunkBenchReport {
         )?;
         writeln!(
             f,
-            "{:<16} {:>12} {:>12} {:>12} {:>12} {:>7}  per-round ratios",
-            "workload", "engine IOPS", "engine MiB/s", "fio IOPS", "fio MiB/s", "ratio"
+            "{:<16} {:>12} {:>12} {:>12} {:>12} {:>7} {:>10}  per-round ratios",
+            "workload", "engine IOPS", "engine MiB/s", "fio IOPS", "fio MiB/s", "ratio", "fast rnds"
         )?;
         for w in &self.workloads {
             let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
             writeln!(
                 f,
-                "{:<16} {:>12.0} {:>12.1} {:>12} {:>12} {:>7}  {:?}",
+                "{:<16} {:>12.0} {:>12.1} {:>12} {:>12} {:>7} {:>10}  {:?}",
                 w.name,
                 w.engine_iops,
                 w.engine_mib_s,
                 opt(w.fio_iops),
                 w.fio_mib_s.map_or("-".to_string(), |v| format!("{v:.1}")),
                 w.ratio.map_or("-".to_string(), |v| format!("{v:.2}")),
+                w.ratio_fast_rounds.map_or("-".to_string(), |v| format!("{v:.2} ({})", w.fast_rounds)),
                 w.round_ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>()
             )?;
         }
@@ -233,10 +241,16 @@ struct Samples {
     engine_ops: u64,
 }
 
+/// The median (the mean of the two middle values for an even count).
 fn median(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 impl Samples {
@@ -245,6 +259,9 @@ impl Samples {
         let fio_iops = median(&self.fio);
         let to_mib_s = |iops: f64| iops * block_bytes as f64 / MIB as f64;
         let round_ratios: Vec<f64> = self.engine.iter().zip(&self.fio).map(|(e, f)| e / f.max(1e-9)).collect();
+        let best_fio = self.fio.iter().copied().fold(0.0, f64::max);
+        let fast: Vec<f64> =
+            round_ratios.iter().zip(&self.fio).filter(|(_, f)| **f >= best_fio / 2.0).map(|(r, _)| *r).collect();
         WorkloadResult {
             name: name.into(),
             block_bytes,
@@ -253,6 +270,8 @@ impl Samples {
             engine_mib_s: to_mib_s(engine_iops),
             fio_iops,
             fio_mib_s: fio_iops.map(to_mib_s),
+            ratio_fast_rounds: median(&fast),
+            fast_rounds: fast.len(),
             ratio: median(&round_ratios),
             ratio_of_medians: fio_iops.filter(|f| *f > 0.0).map(|f| engine_iops / f),
             round_ratios,
@@ -483,6 +502,19 @@ mod tests {
         let f = parse_fio(s, "read").expect("parse");
         assert_eq!(f.iops, 1000.5);
         assert!(parse_fio("{}", "read").is_err());
+    }
+
+    #[test]
+    fn medians_and_fast_rounds() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        // fio's third round was throttled (a tenth of its best): left out.
+        let s = Samples { engine: vec![80.0, 90.0, 10.0, 85.0], fio: vec![100.0, 100.0, 10.0, 100.0], engine_ops: 4 };
+        let r = s.result("w", 4096);
+        assert_eq!(r.fast_rounds, 3);
+        assert!((r.ratio_fast_rounds.expect("fast") - 0.85).abs() < 1e-9);
+        assert!((r.ratio.expect("ratio") - 0.875).abs() < 1e-9);
     }
 
     #[test]
