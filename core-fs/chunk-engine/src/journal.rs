@@ -323,6 +323,9 @@ impl Journal {
             // Resized: set the old file aside (its records, read above, are
             // not in RocksDB yet) until `finish_open`.
             if old_path.exists() {
+                // An earlier open set a file aside and stopped before
+                // `finish_open`, so it wrote no record into this one (appends
+                // start after open returns): the set-aside file holds them.
                 std::fs::remove_file(&path).map_err(|e| io("removing", e))?;
             } else {
                 std::fs::rename(&path, &old_path).map_err(|e| io("setting aside", e))?;
