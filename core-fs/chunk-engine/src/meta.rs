@@ -28,7 +28,7 @@
 //! Page checksums of **full** pages live per block, not per record, in
 //! segments of 64 entries: key `b'b' ‖ class ‖ block_idx (u64 BE) ‖ segment
 //! (u32 BE)`, value 64 × u32 LE. Only **complete** segments are stored as
-//! keys (format 4); the entries of the version's last, incomplete segment
+//! keys (format 4 and later); the entries of the version's last, incomplete segment
 //! (`full pages % 64` of them, the "open" entries) are in the record. A full
 //! page of a block never changes while a version that covers it references
 //! the block (in-place writes only go past the committed length), so the
@@ -440,7 +440,7 @@ fn decode_version(
     Ok(v)
 }
 
-/// Full-page entries from the block's segments (format 4: the complete
+/// Full-page entries from the block's segments (format 4 and later: the complete
 /// ones, then the record's `open` entries; format 3: all from segments),
 /// then the tail page's CRC.
 fn load_page_table(
