@@ -281,7 +281,7 @@ impl ChunkEngine {
             ),
             None => 0,
         };
-        let (journal, deltas) = Journal::open(&dir, config.journal_region_bytes, config.sync_writes, floor)?;
+        let (journal, deltas) = Journal::open(&dir, config.journal_region_bytes, config.sync_writes)?;
         let engine = ChunkEngine {
             dir,
             config,
@@ -295,7 +295,7 @@ impl ChunkEngine {
         };
         let lsns = engine.load_all()?;
         let n = lsns.len();
-        engine.journal.raise_floor(lsns.values().copied().max().unwrap_or(0));
+        engine.journal.raise_floor(lsns.values().copied().fold(floor, u64::max));
         let replayed = engine.replay(deltas, lsns)?;
         // The journal starts empty: what it held must be in RocksDB first.
         engine.checkpoint_chunks(&replayed)?;
@@ -386,27 +386,21 @@ impl ChunkEngine {
     }
 
     /// Checkpoints journal region `region` (the caller holds no chunk
-    /// lock). A failure is logged here and leaves the region busy; appends
-    /// then go through RocksDB until a later checkpoint succeeds.
-    fn checkpoint_region(&self, region: usize) {
-        let Some(chunks) = self.journal.take_region(region) else { return };
+    /// lock), unless someone else is at it. A failure leaves the region
+    /// busy; appends then go through RocksDB until a later checkpoint
+    /// succeeds.
+    fn checkpoint_region(&self, region: usize) -> Result<()> {
+        let Some(chunks) = self.journal.take_region(region) else { return Ok(()) };
         let result = self.checkpoint_chunks(&chunks);
-        if let Err(e) = &result {
-            if !matches!(e, ChunkError::Poisoned) {
-                tracing::error!(error = %e, region, chunks = chunks.len(), "append journal checkpoint failed");
-            }
-        }
         self.journal.region_done(region, result.is_ok());
+        result
     }
 
     /// Checkpoints every journal region holding records, so the journal is
     /// empty (graceful close: no update runs concurrently).
     fn checkpoint_journal(&self) -> Result<()> {
         for region in self.journal.busy_regions() {
-            let Some(chunks) = self.journal.take_region(region) else { continue };
-            let result = self.checkpoint_chunks(&chunks);
-            self.journal.region_done(region, result.is_ok());
-            result?;
+            self.checkpoint_region(region)?;
         }
         Ok(())
     }
@@ -496,8 +490,10 @@ impl ChunkEngine {
     /// A journal region filled up: checkpoint it now that the chunk's lock
     /// is released.
     fn after_unlock(&self, checkpoint: Option<usize>) {
-        if let Some(region) = checkpoint {
-            self.checkpoint_region(region);
+        let Some(region) = checkpoint else { return };
+        match self.checkpoint_region(region) {
+            Ok(()) | Err(ChunkError::Poisoned) => {}
+            Err(e) => tracing::error!(error = %e, region, "append journal checkpoint failed"),
         }
     }
 
@@ -836,11 +832,11 @@ impl ChunkEngine {
                 ),
             });
         };
+        self.crash_at(CrashPoint::CommitBeforeMetaWrite)?;
         let mut checkpoint = None;
         if let PendingState::Data(v) = state {
             // An in-place pending append: the commit is a journal record.
             if let Some(block) = v.block.filter(|b| old.meta.committed.block == Some(*b)) {
-                self.crash_at(CrashPoint::CommitBeforeMetaWrite)?;
                 let mut delta = AppendDelta {
                     lsn: 0,
                     kind: DeltaKind::Commit,
@@ -869,7 +865,6 @@ impl ChunkEngine {
             PendingState::Removed { .. } => None,
             PendingState::Data(_) => Some(committed_pending(&old, false)?),
         };
-        self.crash_at(CrashPoint::CommitBeforeMetaWrite)?;
         self.persist_and_swap(chunk, Some(&old), new, false)?;
         Ok((*pending_ver, checkpoint))
     }
@@ -969,12 +964,9 @@ impl ChunkEngine {
         if id.inode != inode {
             return Ok(None);
         }
-        // The cache, not the record: journal-only changes are newer.
-        if let Some(meta) = self.meta(id) {
-            return Ok(Some((id, meta)));
-        }
-        let value = it.value().ok_or_else(|| ChunkError::CorruptMetadata("record without value".into()))?;
-        Ok(Some((id, self.decode_record(value)?)))
+        // The cache, not the record: journal-only changes are newer. (Not
+        // cached: removed since the seek.)
+        Ok(self.meta(id).map(|meta| (id, meta)))
     }
 
     /// All chunk records in id order (recovery compares them with a peer's).
@@ -1089,10 +1081,6 @@ impl ChunkEngine {
     }
 
     // ----- helpers -----
-
-    fn decode_record(&self, value: &[u8]) -> Result<ChunkMeta> {
-        ChunkMeta::decode(value, |block, seg| Ok(self.db.get(segment_key(block, seg))?))
-    }
 
     fn cached(&self, chunk: ChunkId) -> Option<Arc<Cached>> {
         self.cache[shard_of(chunk, CACHE_SHARDS)].read().get(&chunk).cloned()

@@ -250,12 +250,12 @@ struct State {
     /// Write position inside the active region.
     offset: usize,
     next_lsn: u64,
-    /// Chunks with records in each region.
+    /// Chunks with records in each region; a region with any holds
+    /// records not checkpointed yet ("busy").
     dirty: [HashSet<ChunkId>; REGIONS],
-    /// The region holds records that are not checkpointed yet.
-    busy: [bool; REGIONS],
     /// Somebody took the region's dirty set to checkpoint it.
     checkpointing: [bool; REGIONS],
+    stats: JournalStats,
 }
 
 /// Result of [`Journal::append`].
@@ -284,7 +284,6 @@ pub struct JournalStats {
 /// The append journal of one engine. Thread-safe.
 pub(crate) struct Journal {
     state: Mutex<State>,
-    stats: Mutex<JournalStats>,
     /// LSN of the newest record written (or the floor found at open).
     head_lsn: AtomicU64,
     sync: bool,
@@ -299,9 +298,9 @@ pub(crate) struct Journal {
 impl Journal {
     /// Opens the journal in `dir`, returning it (empty, ready for appends
     /// once the caller has checkpointed what it replays) and every valid
-    /// record found, in LSN order. `lsn_floor`: the largest LSN the caller
-    /// knows was used (from RocksDB); new records get larger ones.
-    pub fn open(dir: &Path, region_bytes: u64, sync: bool, lsn_floor: u64) -> Result<(Journal, Vec<AppendDelta>)> {
+    /// record found, in LSN order. New records get LSNs above those found;
+    /// [`Journal::raise_floor`] adds what the caller knows from RocksDB.
+    pub fn open(dir: &Path, region_bytes: u64, sync: bool) -> Result<(Journal, Vec<AppendDelta>)> {
         if !(MIN_JOURNAL_REGION_BYTES..=MAX_JOURNAL_REGION_BYTES).contains(&region_bytes) || region_bytes % 512 != 0 {
             return Err(ChunkError::InvalidArgument(format!(
                 "journal_region_bytes {region_bytes}: must be a multiple of 512 in \
@@ -347,7 +346,7 @@ impl Journal {
             file.sync_all().map_err(|e| io("fsync of", e))?;
         }
         let map = Mapping::new(&file, total)?;
-        let max_lsn = records.iter().map(|d| d.lsn).max().unwrap_or(0).max(lsn_floor);
+        let max_lsn = records.iter().map(|d| d.lsn).max().unwrap_or(0);
         let state = State {
             map,
             region_bytes: region_bytes as usize,
@@ -355,12 +354,11 @@ impl Journal {
             offset: 0,
             next_lsn: max_lsn + 1,
             dirty: [HashSet::new(), HashSet::new()],
-            busy: [false; REGIONS],
             checkpointing: [false; REGIONS],
+            stats: JournalStats::default(),
         };
         let journal = Journal {
             state: Mutex::new(state),
-            stats: Mutex::new(JournalStats::default()),
             head_lsn: AtomicU64::new(max_lsn),
             sync,
             file,
@@ -401,17 +399,17 @@ impl Journal {
         let len = delta.encoded_len();
         let mut st = self.state.lock();
         if delta.pages.len() > MAX_DELTA_PAGES || len > st.region_bytes / 4 {
-            self.stats.lock().fallbacks += 1;
+            st.stats.fallbacks += 1;
             return Ok(Appended { lsn: None, checkpoint: None });
         }
         let mut checkpoint = None;
         if st.offset + len > st.region_bytes {
             let other = 1 - st.active;
-            if st.busy[other] {
+            if !st.dirty[other].is_empty() {
                 // Still being checkpointed, or its checkpoint failed: ask
                 // for (another) one unless one is running.
                 let retry = (!st.checkpointing[other]).then_some(other);
-                self.stats.lock().fallbacks += 1;
+                st.stats.fallbacks += 1;
                 return Ok(Appended { lsn: None, checkpoint: retry });
             }
             checkpoint = Some(st.active);
@@ -424,11 +422,10 @@ impl Journal {
         st.offset += len;
         st.next_lsn += 1;
         let active = st.active;
-        st.busy[active] = true;
         st.dirty[active].insert(delta.chunk);
+        st.stats.records += 1;
         self.head_lsn.store(delta.lsn, Ordering::Release);
         drop(st);
-        self.stats.lock().records += 1;
         if self.sync {
             self.make_durable(delta.lsn)?;
         }
@@ -456,7 +453,7 @@ impl Journal {
     /// `None` if another caller is already checkpointing it.
     pub fn take_region(&self, region: usize) -> Option<Vec<ChunkId>> {
         let mut st = self.state.lock();
-        if st.checkpointing[region] || !st.busy[region] {
+        if st.checkpointing[region] || st.dirty[region].is_empty() {
             return None;
         }
         st.checkpointing[region] = true;
@@ -471,8 +468,7 @@ impl Journal {
         let mut st = self.state.lock();
         st.checkpointing[region] = false;
         if ok {
-            self.stats.lock().checkpoints += 1;
-            st.busy[region] = false;
+            st.stats.checkpoints += 1;
             st.dirty[region].clear();
             if st.active == region {
                 st.offset = 0;
@@ -481,17 +477,17 @@ impl Journal {
     }
 
     pub fn stats(&self) -> JournalStats {
-        *self.stats.lock()
+        self.state.lock().stats
     }
 
     pub fn count_replayed(&self, n: u64) {
-        self.stats.lock().replayed += n;
+        self.state.lock().stats.replayed += n;
     }
 
     /// Regions holding records not yet checkpointed.
     pub fn busy_regions(&self) -> Vec<usize> {
         let st = self.state.lock();
-        (0..REGIONS).filter(|&r| st.busy[r]).collect()
+        (0..REGIONS).filter(|&r| !st.dirty[r].is_empty()).collect()
     }
 }
 
@@ -586,7 +582,8 @@ mod tests {
     #[test]
     fn regions_switch_and_a_scan_stops_at_an_older_run() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (j, found) = Journal::open(dir.path(), 4096, false, 10).expect("open");
+        let (j, found) = Journal::open(dir.path(), 4096, false).expect("open");
+        j.raise_floor(10);
         assert!(found.is_empty());
         let mut lsns = Vec::new();
         let mut switched = None;
@@ -616,7 +613,7 @@ mod tests {
         assert!(j.take_region(0).is_none(), "taken twice");
         j.region_done(0, true);
         drop(j);
-        let (j2, found) = Journal::open(dir.path(), 4096, false, 0).expect("reopen");
+        let (j2, found) = Journal::open(dir.path(), 4096, false).expect("reopen");
         // Both regions still hold their runs (region 0 was freed, not erased).
         let got: Vec<u64> = found.iter().map(|d| d.lsn).collect();
         assert_eq!(got, (11..=60).collect::<Vec<_>>());
@@ -625,7 +622,7 @@ mod tests {
         let mut d = delta(99, 17);
         assert_eq!(j2.append(&mut d).expect("append").lsn, Some(61));
         drop(j2);
-        let (_, found) = Journal::open(dir.path(), 4096, false, 0).expect("reopen");
+        let (_, found) = Journal::open(dir.path(), 4096, false).expect("reopen");
         let got: Vec<u64> = found.iter().map(|d| d.lsn).collect();
         assert_eq!(got, (36..=61).collect::<Vec<_>>());
     }
