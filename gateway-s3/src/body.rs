@@ -106,21 +106,14 @@ pub fn verify(headers: &HeaderMap, trailers: Option<&HeaderMap>, md5: &[u8; 16],
             None => return Err(S3Error::with_message(s3s::S3ErrorCode::InvalidDigest, "Content-MD5 is not base64 of 16 bytes")),
         }
     }
-    for (alg, got) in [
-        ("crc32", &sums.crc32),
-        ("crc32c", &sums.crc32c),
-        ("crc64nvme", &sums.crc64nvme),
-        ("sha1", &sums.sha1),
-        ("sha256", &sums.sha256),
-    ] {
+    for (alg, got) in
+        [("crc32", &sums.crc32), ("crc32c", &sums.crc32c), ("crc64nvme", &sums.crc64nvme), ("sha1", &sums.sha1), ("sha256", &sums.sha256)]
+    {
         let name = format!("x-amz-checksum-{alg}");
         let sent = headers.get(name.as_str()).or_else(|| trailers.and_then(|t| t.get(name.as_str())));
         let Some(sent) = sent.and_then(|v| v.to_str().ok()) else { continue };
         if got.as_deref() != Some(sent.trim()) {
-            return Err(error::bad_digest(format!(
-                "the {} you specified did not match the calculated checksum",
-                alg.to_ascii_uppercase()
-            )));
+            return Err(error::bad_digest(format!("the {} you specified did not match the calculated checksum", alg.to_ascii_uppercase())));
         }
     }
     Ok(())

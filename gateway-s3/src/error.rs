@@ -22,7 +22,11 @@ fn custom(code: &'static str, status: http::StatusCode, msg: String) -> S3Error 
 }
 
 pub fn parent_is_object(key: &str, parent: &str) -> S3Error {
-    custom(PARENT_IS_OBJECT, http::StatusCode::CONFLICT, format!("cannot store {key:?}: {parent:?} is an object, so it cannot also be a prefix"))
+    custom(
+        PARENT_IS_OBJECT,
+        http::StatusCode::CONFLICT,
+        format!("cannot store {key:?}: {parent:?} is an object, so it cannot also be a prefix"),
+    )
 }
 
 pub fn exists_as_prefix(key: &str) -> S3Error {

@@ -179,7 +179,8 @@ pub async fn list(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<L
         match item {
             Item::Prefix(p) => page.common_prefixes.push(p),
             Item::Object { key, inode, record, dir } => {
-                let meta = if dir { objmeta::effective_dir(&inode, record.as_deref()) } else { objmeta::effective(&inode, record.as_deref()) };
+                let meta =
+                    if dir { objmeta::effective_dir(&inode, record.as_deref()) } else { objmeta::effective(&inode, record.as_deref()) };
                 page.objects.push(ListedObject { key, meta });
             }
         }
@@ -225,12 +226,8 @@ async fn resolve_dir(fs: &FsClient, bucket: InodeId, path: &str) -> Result<Optio
 
 /// Reads the `user.s3.meta` records of the page's files in batches.
 async fn fill_records(fs: &FsClient, items: &mut [Item]) -> Result<(), S3Error> {
-    let wanted: Vec<usize> = items
-        .iter()
-        .enumerate()
-        .filter(|(_, i)| matches!(i, Item::Object { record: None, dir: false, .. }))
-        .map(|(n, _)| n)
-        .collect();
+    let wanted: Vec<usize> =
+        items.iter().enumerate().filter(|(_, i)| matches!(i, Item::Object { record: None, dir: false, .. })).map(|(n, _)| n).collect();
     for batch in wanted.chunks(MAX_BATCH_OPS.min(256)) {
         let ops = batch
             .iter()
@@ -252,6 +249,7 @@ async fn fill_records(fs: &FsClient, items: &mut [Item]) -> Result<(), S3Error> 
 /// S3's `encoding-type=url` form of a key: every byte but unreserved
 /// characters and `/` percent-encoded.
 pub fn url_encode_key(key: &str) -> String {
-    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
     percent_encoding::utf8_percent_encode(key, SET).to_string()
 }

@@ -176,7 +176,10 @@ pub fn parse_tagging_header(h: &str) -> Result<TagList, String> {
     for pair in h.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let dec = |s: &str| {
-            percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8().map(|c| c.into_owned()).map_err(|_| format!("tag {s:?} is not UTF-8"))
+            percent_encoding::percent_decode_str(&s.replace('+', " "))
+                .decode_utf8()
+                .map(|c| c.into_owned())
+                .map_err(|_| format!("tag {s:?} is not UTF-8"))
         };
         tags.push((dec(k)?, dec(v)?));
     }

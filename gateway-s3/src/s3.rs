@@ -16,7 +16,13 @@ fn ok<T>(v: T) -> S3Result<S3Response<T>> {
 /// requests by any configured key have full control.
 fn owner_acl() -> (Option<Owner>, Option<Grants>) {
     let owner = Owner { display_name: Some("fskv".into()), id: Some("fskv".into()) };
-    let grantee = Grantee { display_name: owner.display_name.clone(), id: owner.id.clone(), type_: Type::from_static(Type::CANONICAL_USER), email_address: None, uri: None };
+    let grantee = Grantee {
+        display_name: owner.display_name.clone(),
+        id: owner.id.clone(),
+        type_: Type::from_static(Type::CANONICAL_USER),
+        email_address: None,
+        uri: None,
+    };
     let grant = Grant { grantee: Some(grantee), permission: Some(Permission::from_static(Permission::FULL_CONTROL)) };
     (Some(owner), Some(vec![grant]))
 }
@@ -106,7 +112,11 @@ impl S3 for Gateway {
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let objects = &req.input.delete.objects;
         if objects.len() > self.cfg.limits.max_delete_keys {
-            return Err(error::invalid_argument(format!("{} keys in one DeleteObjects (at most {})", objects.len(), self.cfg.limits.max_delete_keys)));
+            return Err(error::invalid_argument(format!(
+                "{} keys in one DeleteObjects (at most {})",
+                objects.len(),
+                self.cfg.limits.max_delete_keys
+            )));
         }
         self.store.bucket(&req.input.bucket).await?;
         let quiet = req.input.delete.quiet.unwrap_or(false);
@@ -143,7 +153,10 @@ impl S3 for Gateway {
         ok(self.list_versions(&req.input).await?)
     }
 
-    async fn create_multipart_upload(&self, req: S3Request<CreateMultipartUploadInput>) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         ok(self.create_upload(&req.input).await?)
     }
 
@@ -156,7 +169,10 @@ impl S3 for Gateway {
         ok(Gateway::upload_part_copy(self, &req.input).await?)
     }
 
-    async fn complete_multipart_upload(&self, req: S3Request<CompleteMultipartUploadInput>) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         ok(self.complete_upload(&req.input).await?)
     }
 

@@ -104,7 +104,8 @@ impl Store {
         let mut out = Vec::new();
         let mut cursor = String::new();
         loop {
-            let (entries, more) = self.fs.meta().readdir(self.root, &cursor, 1000, true).await.map_err(|e| error::from_meta(e, "buckets"))?;
+            let (entries, more) =
+                self.fs.meta().readdir(self.root, &cursor, 1000, true).await.map_err(|e| error::from_meta(e, "buckets"))?;
             for e in &entries {
                 if e.kind == InodeKind::Directory && paths::is_bucket_name(&e.name) {
                     out.push((e.name.clone(), e.attr.as_ref().map_or(0, |a| a.ctime_ns.min(a.mtime_ns))));

@@ -18,7 +18,15 @@ async fn gateway() -> (Gateway, fskv_rpc::Server) {
 }
 
 async fn put(gw: &Gateway, key: &str) -> bool {
-    let args = PutArgs { bucket: "bkt", key, headers: Default::default(), user: Default::default(), tags: None, if_match: None, if_none_match: None };
+    let args = PutArgs {
+        bucket: "bkt",
+        key,
+        headers: Default::default(),
+        user: Default::default(),
+        tags: None,
+        if_match: None,
+        if_none_match: None,
+    };
     gw.put(args, None, &HeaderMap::new(), None).await.is_ok()
 }
 
@@ -64,8 +72,12 @@ async fn paged(gw: &Gateway, bucket: fskv_types::InodeId, prefix: &str, delim: O
         let page = list::list(&gw.store.fs, bucket, &req).await.expect("list");
         assert!(page.objects.len() + page.common_prefixes.len() <= max);
         // Within a page, objects and prefixes interleave in key order.
-        let mut items: Vec<Item> =
-            page.objects.iter().map(|o| Item::Key(o.key.clone())).chain(page.common_prefixes.iter().map(|p| Item::Prefix(p.clone()))).collect();
+        let mut items: Vec<Item> = page
+            .objects
+            .iter()
+            .map(|o| Item::Key(o.key.clone()))
+            .chain(page.common_prefixes.iter().map(|p| Item::Prefix(p.clone())))
+            .collect();
         items.sort_by(|a, b| item_key(a).as_bytes().cmp(item_key(b).as_bytes()));
         out.extend(items);
         match page.next_after {

@@ -19,14 +19,33 @@ async fn small_multipart_objects_keep_their_bytes() {
     let parts: Vec<Vec<u8>> = vec![vec![1u8; 1001], vec![2u8; 7]];
     let mut etags = Vec::new();
     for (i, p) in parts.iter().enumerate().rev() {
-        let input = UploadPartInput { bucket: "bkt".into(), key: "k".into(), upload_id: id.clone(), part_number: i as i32 + 1, body: Some(blob(p)), ..Default::default() };
+        let input = UploadPartInput {
+            bucket: "bkt".into(),
+            key: "k".into(),
+            upload_id: id.clone(),
+            part_number: i as i32 + 1,
+            body: Some(blob(p)),
+            ..Default::default()
+        };
         let out = gw.upload_part(input, &http::HeaderMap::new(), None).await.expect("part");
         etags.insert(0, out.e_tag.expect("etag"));
     }
     let completed = CompletedMultipartUpload {
-        parts: Some(etags.iter().enumerate().map(|(i, e)| CompletedPart { part_number: Some(i as i32 + 1), e_tag: Some(e.clone()), ..Default::default() }).collect()),
+        parts: Some(
+            etags
+                .iter()
+                .enumerate()
+                .map(|(i, e)| CompletedPart { part_number: Some(i as i32 + 1), e_tag: Some(e.clone()), ..Default::default() })
+                .collect(),
+        ),
     };
-    let input = CompleteMultipartUploadInput { bucket: "bkt".into(), key: "k".into(), upload_id: id, multipart_upload: Some(completed), ..Default::default() };
+    let input = CompleteMultipartUploadInput {
+        bucket: "bkt".into(),
+        key: "k".into(),
+        upload_id: id,
+        multipart_upload: Some(completed),
+        ..Default::default()
+    };
     let done = gw.complete_upload(&input).await.expect("complete");
     let etag = done.e_tag.expect("etag");
     assert!(etag.value().ends_with("-2"), "{etag:?}");

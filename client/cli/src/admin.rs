@@ -198,7 +198,8 @@ fn render_fsck(r: &fskv_types::meta::FsckReply, routing_version: Option<u64>) ->
         r.inodes, r.entries, r.gc_queued, r.problems_total, r.elapsed_ms, r.transactions
     );
     if r.transactions > 1 {
-        let _ = writeln!(s, "note: the scan used several read transactions; changes made meanwhile can show as problems (re-run to confirm)");
+        let _ =
+            writeln!(s, "note: the scan used several read transactions; changes made meanwhile can show as problems (re-run to confirm)");
     }
     for p in &r.problems {
         let _ = writeln!(s, "  {:<24} {:<14} {}", wire_name(&p.kind), p.inode.to_string(), p.detail);

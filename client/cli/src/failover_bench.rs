@@ -240,7 +240,13 @@ async fn failover(a: &FailoverBenchArgs, dir: &Path, raw_write: f64) -> anyhow::
     let client = StorageClient::new(
         rpc(),
         source.handle(),
-        StorageClientConfig { max_attempts: 1_000, retry_backoff_ms: 2, call_timeout_ms: 2_000, routing_wait_ms: 100, ..Default::default() },
+        StorageClientConfig {
+            max_attempts: 1_000,
+            retry_backoff_ms: 2,
+            call_timeout_ms: 2_000,
+            routing_wait_ms: 100,
+            ..Default::default()
+        },
     );
     // Phase 1: stream 64 KiB writes, kill -9 the middle node.
     let stop = Arc::new(AtomicBool::new(false));

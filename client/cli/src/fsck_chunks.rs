@@ -65,17 +65,19 @@ pub async fn scan(rpc: &RpcClient, routing: &RoutingInfo, meta: &MetaClient, max
             continue;
         };
         let Some(node) = routing.nodes.iter().find(|n| n.node_id == tail.node_id) else {
-            out.skipped_chains.push((chain.chain_id, format!("node {} of target {} is not in the routing info", tail.node_id, tail.target_id)));
+            out.skipped_chains
+                .push((chain.chain_id, format!("node {} of target {} is not in the routing info", tail.node_id, tail.target_id)));
             continue;
         };
         let opts = CallOptions { timeout_ms: DUMP_TIMEOUT_MS, ..CallOptions::default() };
-        let dump = match rpc.call::<DumpChunkMeta>(&node.address, &DumpChunkMetaReq { target: tail.target_id }, bytes::Bytes::new(), opts).await {
-            Ok((resp, _)) => resp,
-            Err(e) => {
-                out.skipped_chains.push((chain.chain_id, format!("dump of target {} on {}: {e}", tail.target_id, node.address)));
-                continue;
-            }
-        };
+        let dump =
+            match rpc.call::<DumpChunkMeta>(&node.address, &DumpChunkMetaReq { target: tail.target_id }, bytes::Bytes::new(), opts).await {
+                Ok((resp, _)) => resp,
+                Err(e) => {
+                    out.skipped_chains.push((chain.chain_id, format!("dump of target {} on {}: {e}", tail.target_id, node.address)));
+                    continue;
+                }
+            };
         out.chains_scanned += 1;
         for (chunk, _) in dump.chunks {
             out.chunks += 1;
@@ -137,7 +139,8 @@ fn judge(id: InodeId, owner: Option<&Inode>, chain: ChainId, indexes: &[u64]) ->
     let past: Vec<u64> = indexes.iter().copied().filter(|i| i.saturating_mul(chunk_bytes) >= f.length).collect();
     let mut out = Vec::new();
     if let Some(first) = misplaced.first() {
-        let detail = format!("{} chunk(s) of {id} (first index {first}) on {chain}, which its layout does not use for them", misplaced.len());
+        let detail =
+            format!("{} chunk(s) of {id} (first index {first}) on {chain}, which its layout does not use for them", misplaced.len());
         out.push(problem("misplaced_chunk", misplaced.len() as u64, detail));
     }
     if let Some(first) = past.first() {

@@ -63,7 +63,8 @@ enum Keys {
 
 fn load_keys(path: &PathBuf) -> anyhow::Result<Vec<AccessKey>> {
     let text = std::fs::read(path).with_context(|| format!("cannot read credentials {}", path.display()))?;
-    let keys: Keys = serde_json::from_slice(&text).with_context(|| format!("{}: expected {{\"access_key\", \"secret_key\"}} or a list of them", path.display()))?;
+    let keys: Keys = serde_json::from_slice(&text)
+        .with_context(|| format!("{}: expected {{\"access_key\", \"secret_key\"}} or a list of them", path.display()))?;
     let list = match keys {
         Keys::One(k) => vec![k],
         Keys::Many(v) => v,

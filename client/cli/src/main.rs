@@ -6,12 +6,12 @@ mod bench;
 mod config;
 mod failover_bench;
 mod fsck_chunks;
-mod mgmtd_cmd;
-mod supervisor;
-mod storage_cmd;
-mod meta_cmd;
 mod gateway_cmd;
+mod meta_cmd;
+mod mgmtd_cmd;
 mod mount_cmd;
+mod storage_cmd;
+mod supervisor;
 mod transfer;
 mod up;
 

@@ -1,8 +1,8 @@
 //! `fskv meta` (serve the metadata service) and `fskv bench meta`.
 
 use crate::config::Config;
-use clap::Args;
 use anyhow::Context;
+use clap::Args;
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, NoStorage, StorageBackend};
@@ -35,7 +35,10 @@ pub struct MetaArgs {
 }
 
 /// The storage backend and the chain table, from mgmtd's routing info.
-async fn storage_from_mgmtd(addrs: Vec<String>, wait_ms: u64) -> anyhow::Result<(Arc<dyn StorageBackend>, MetaConfig, Arc<MgmtdRoutingSource>)> {
+async fn storage_from_mgmtd(
+    addrs: Vec<String>,
+    wait_ms: u64,
+) -> anyhow::Result<(Arc<dyn StorageBackend>, MetaConfig, Arc<MgmtdRoutingSource>)> {
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let mgmtd = MgmtdClient::new(rpc.clone(), addrs.clone(), MgmtdClientConfig::default());
     let source = MgmtdRoutingSource::start(mgmtd, Duration::from_millis(wait_ms))
@@ -85,8 +88,7 @@ pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
         Some(spec) => spec,
         None => {
             let data_dir = args.data.unwrap_or_else(|| config.up.data_dir.clone());
-            std::fs::create_dir_all(&data_dir)
-                .map_err(|e| anyhow::anyhow!("cannot create data directory {}: {e}", data_dir.display()))?;
+            std::fs::create_dir_all(&data_dir).map_err(|e| anyhow::anyhow!("cannot create data directory {}: {e}", data_dir.display()))?;
             config.kv.engine_spec(&data_dir)?
         }
     };

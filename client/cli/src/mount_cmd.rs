@@ -30,7 +30,8 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
     let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
         .await
         .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
-    let cfg = MountConfig { attr_ttl_ms: args.attr_ttl_ms, entry_ttl_ms: args.attr_ttl_ms, allow_other: !args.private, ..Default::default() };
+    let cfg =
+        MountConfig { attr_ttl_ms: args.attr_ttl_ms, entry_ttl_ms: args.attr_ttl_ms, allow_other: !args.private, ..Default::default() };
     let path = args.path.clone();
     let on_mounted = move || {
         println!("mounted {}; SIGTERM or Ctrl-C unmounts", path.display());

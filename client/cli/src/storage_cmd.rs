@@ -15,8 +15,8 @@ use clap::Args;
 use fskv_chunk_engine::EngineConfig;
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::RoutingPublisher;
-use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
+use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
 use fskv_storage::{StorageConfig, StorageService};
 use fskv_types::routing::RoutingInfo;
 use fskv_types::{NodeId, TargetId};
@@ -77,21 +77,17 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
     let Some(routing_path) = args.routing.clone() else { anyhow::bail!("pass --routing FILE or --mgmtd ADDR") };
     let routing = load_routing(&routing_path)?;
     let node = NodeId(args.node_id);
-    let targets: Vec<TargetId> = if args.targets.is_empty() {
-        routing.targets_of_node(node)
-    } else {
-        args.targets.iter().map(|t| TargetId(*t)).collect()
-    };
+    let targets: Vec<TargetId> =
+        if args.targets.is_empty() { routing.targets_of_node(node) } else { args.targets.iter().map(|t| TargetId(*t)).collect() };
     anyhow::ensure!(!targets.is_empty(), "no targets for {node} (pass --targets or list them in the routing file)");
     let (publisher, handle) = RoutingPublisher::new(routing);
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
     std::fs::create_dir_all(&args.data)?;
     let data = args.data.clone();
-    let service = tokio::task::spawn_blocking(move || {
-        StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc)
-    })
-    .await??;
+    let service =
+        tokio::task::spawn_blocking(move || StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc))
+            .await??;
     let running = service.serve(&args.listen).await?;
     if let Some(path) = &args.ready_file {
         std::fs::write(path, running.local_addr())?;
@@ -125,29 +121,21 @@ async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         .unwrap_or(1);
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
-    let client_config = MgmtdClientConfig {
-        call_timeout_ms: args.heartbeat_interval_ms.clamp(200, 2_000),
-        ..MgmtdClientConfig::default()
-    };
+    let client_config = MgmtdClientConfig { call_timeout_ms: args.heartbeat_interval_ms.clamp(200, 2_000), ..MgmtdClientConfig::default() };
     let client = MgmtdClient::new(rpc.clone(), args.mgmtd.clone(), client_config);
-    let source = MgmtdRoutingSource::start(client, Duration::from_millis(args.max_start_wait_ms))
-        .await
-        .context("fetching routing from mgmtd")?;
-    let targets: Vec<TargetId> = if args.targets.is_empty() {
-        source.current().targets_of_node(node)
-    } else {
-        args.targets.iter().map(|t| TargetId(*t)).collect()
-    };
+    let source =
+        MgmtdRoutingSource::start(client, Duration::from_millis(args.max_start_wait_ms)).await.context("fetching routing from mgmtd")?;
+    let targets: Vec<TargetId> =
+        if args.targets.is_empty() { source.current().targets_of_node(node) } else { args.targets.iter().map(|t| TargetId(*t)).collect() };
     anyhow::ensure!(!targets.is_empty(), "no targets for {node} in mgmtd's routing (pass --targets)");
     mgmtd_link::wait_until_safe_to_start(&source, node, &targets, args.max_start_wait_ms).await?;
     let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
     std::fs::create_dir_all(&args.data)?;
     let data = args.data.clone();
     let handle = source.handle();
-    let service = tokio::task::spawn_blocking(move || {
-        StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc)
-    })
-    .await??;
+    let service =
+        tokio::task::spawn_blocking(move || StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc))
+            .await??;
     let running = service.serve(&args.listen).await?;
     let address = running.local_addr().to_string();
     if let Some(path) = &args.ready_file {

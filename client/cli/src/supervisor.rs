@@ -85,11 +85,7 @@ impl Supervisor {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut children = Vec::new();
         for spec in specs {
-            anyhow::ensure!(
-                !children.iter().any(|c: &Supervised| c.spec.name == spec.name),
-                "two children named {}",
-                spec.name
-            );
+            anyhow::ensure!(!children.iter().any(|c: &Supervised| c.spec.name == spec.name), "two children named {}", spec.name);
             let status = Arc::new(Mutex::new(ChildStatus::default()));
             let first = spawn(&spec, &opts).await?;
             record_start(&spec, &opts, &status, &first).await;

@@ -164,7 +164,12 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     };
     write_atomically(&data_dir.join("endpoints.json"), &serde_json::to_vec_pretty(&endpoints)?)?;
     say!("  ready    mgmtd {}  meta {}  storage {}", ports.mgmtd, ports.meta, ports.storage.join(" "));
-    say!("  S3       writer http://{}  reader http://{}  (buckets under /s3; keys in {})", ports.s3, ports.s3_reader, data_dir.join("credentials.json").display());
+    say!(
+        "  S3       writer http://{}  reader http://{}  (buckets under /s3; keys in {})",
+        ports.s3,
+        ports.s3_reader,
+        data_dir.join("credentials.json").display()
+    );
     say!("  not yet  KV / MQ gateways: not implemented");
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
@@ -239,14 +244,7 @@ const MOUNT_READY_TIMEOUT_MS: u64 = 30_000;
 async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restart: bool) -> anyhow::Result<Supervisor> {
     std::fs::create_dir_all(path).with_context(|| format!("cannot create mount point {}", path.display()))?;
     let path = path.canonicalize()?;
-    let args = vec![
-        "mount".into(),
-        "--mgmtd".into(),
-        ports.mgmtd.clone(),
-        "--meta".into(),
-        ports.meta.clone(),
-        path.display().to_string(),
-    ];
+    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), "--meta".into(), ports.meta.clone(), path.display().to_string()];
     let opts = SupervisorOptions { restart, ..SupervisorOptions::new(data) };
     let supervisor = Supervisor::start(vec![child("mount", exe, args)], opts).await?;
     let start = Instant::now();
@@ -383,10 +381,7 @@ fn summarize(s: &MgmtdStatusResp) -> Result<(), String> {
     let fresh_ms = 3 * 1_000;
     let alive = s.nodes.iter().filter(|n| n.alive && n.last_heartbeat_age_ms < fresh_ms && !n.address.is_empty()).count();
     let targets: Vec<_> = s.chains.iter().flat_map(|c| c.targets.iter()).collect();
-    let ready = targets
-        .iter()
-        .filter(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate)
-        .count();
+    let ready = targets.iter().filter(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate).count();
     if alive >= STORAGE_NODES as usize && !targets.is_empty() && ready == targets.len() {
         Ok(())
     } else {
@@ -403,9 +398,8 @@ fn load_or_create_credentials(data: &Path) -> anyhow::Result<Credentials> {
     }
     const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     const SECRET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let pick = |alphabet: &[u8], n: usize| -> String {
-        (0..n).map(|_| alphabet[rand::random::<usize>() % alphabet.len()] as char).collect()
-    };
+    let pick =
+        |alphabet: &[u8], n: usize| -> String { (0..n).map(|_| alphabet[rand::random::<usize>() % alphabet.len()] as char).collect() };
     let creds = Credentials { access_key: format!("FSKV{}", pick(ALNUM, 16)), secret_key: pick(SECRET, 40) };
     write_atomically(&path, &serde_json::to_vec_pretty(&creds)?)?;
     use std::os::unix::fs::PermissionsExt;

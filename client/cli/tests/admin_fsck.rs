@@ -26,7 +26,8 @@ fn admin_fsck_is_clean_after_file_operations_on_up() {
     std::fs::write(&local_big, &big).unwrap();
     let local_small = dir.path().join("small.txt");
     std::fs::write(&local_small, b"hello fsck").unwrap();
-    for (local, remote) in [(&local_big, "/big.bin"), (&local_small, "/small.txt"), (&local_small, "/big2.bin"), (&local_big, "/big2.bin")] {
+    for (local, remote) in [(&local_big, "/big.bin"), (&local_small, "/small.txt"), (&local_small, "/big2.bin"), (&local_big, "/big2.bin")]
+    {
         ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), remote]);
     }
 

@@ -10,8 +10,8 @@
 
 mod common;
 
-use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
 use bytes::Bytes;
+use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{DumpChunkMeta, StorageClient, StorageClientConfig};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
@@ -45,7 +45,6 @@ impl Drop for Procs {
         }
     }
 }
-
 
 impl Procs {
     fn new(dir: &Path) -> Self {
@@ -180,7 +179,13 @@ async fn kill9_storage_node_is_failed_over_and_recovered_by_mgmtd() {
         let client = StorageClient::new(
             rpc(),
             source.handle(),
-            StorageClientConfig { max_attempts: 400, retry_backoff_ms: 5, call_timeout_ms: 2_000, routing_wait_ms: 300, ..Default::default() },
+            StorageClientConfig {
+                max_attempts: 400,
+                retry_backoff_ms: 5,
+                call_timeout_ms: 2_000,
+                routing_wait_ms: 300,
+                ..Default::default()
+            },
         );
         let stop = Arc::new(AtomicBool::new(false));
         let acked_count = Arc::new(AtomicU64::new(0));
@@ -244,10 +249,8 @@ async fn kill9_storage_node_is_failed_over_and_recovered_by_mgmtd() {
         for n in 1..=3u32 {
             let addr = format!("127.0.0.1:{}", ports[n as usize - 1]);
             let target = TargetId(n as u64 * 100 + 1);
-            let (resp, _) = rpc()
-                .call::<DumpChunkMeta>(&addr, &DumpChunkMetaReq { target }, Bytes::new(), CallOptions::default())
-                .await
-                .expect("dump");
+            let (resp, _) =
+                rpc().call::<DumpChunkMeta>(&addr, &DumpChunkMetaReq { target }, Bytes::new(), CallOptions::default()).await.expect("dump");
             dumps.push(resp.chunks);
         }
         assert_eq!(dumps[0].len(), WRITERS as usize);

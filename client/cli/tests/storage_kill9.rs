@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
 use bytes::Bytes;
+use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
 use fskv_client::storage::{DumpChunkMeta, RoutingPublisher, StorageClient, StorageClientConfig};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
 use fskv_types::routing::{ChainInfo, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
@@ -46,7 +46,6 @@ impl Drop for Cluster {
         }
     }
 }
-
 
 fn write_routing(path: &Path, info: &RoutingInfo) {
     let tmp = path.with_extension("tmp");
@@ -110,8 +109,7 @@ const WRITTEN: Written = Written { chain: CHAIN, inode: InodeId(5), regions_per_
 async fn kill9_mid_writes_keeps_every_acked_write() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    let nodes: Vec<Node> =
-        (1..=3).map(|id| Node { child: None, port: free_port(), data: dir.join(format!("n{id}")), id }).collect();
+    let nodes: Vec<Node> = (1..=3).map(|id| Node { child: None, port: free_port(), data: dir.join(format!("n{id}")), id }).collect();
     let routing = RoutingInfo {
         version: 1,
         nodes: nodes.iter().map(|n| NodeInfo { node_id: NodeId(n.id), address: format!("127.0.0.1:{}", n.port) }).collect(),

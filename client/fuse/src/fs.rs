@@ -14,9 +14,9 @@ use fskv_client::{FsClient, OpenFlags as FskvOpenFlags};
 use fskv_types::meta::{Inode, InodeData, SetAttr, UserInfo, XattrFlag};
 use fskv_types::InodeId;
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenAccMode,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::future::Future;
@@ -289,7 +289,11 @@ impl Ctx {
         }
         state.more = more && !entries.is_empty();
         tracing::trace!(%dir, n = entries.len(), more, "readdir page");
-        state.entries.extend(entries.into_iter().map(|e| ListedEntry { name: e.name, inode: e.inode, kind: crate::attr::file_type(e.kind) }));
+        state.entries.extend(entries.into_iter().map(|e| ListedEntry {
+            name: e.name,
+            inode: e.inode,
+            kind: crate::attr::file_type(e.kind),
+        }));
         Ok(())
     }
 
@@ -435,15 +439,8 @@ impl Filesystem for FskvFs {
         reply: ReplyAttr,
     ) {
         let ctx = self.ctx(req);
-        let args = SetAttrArgs {
-            mode,
-            uid,
-            gid,
-            size,
-            atime_ns: atime.map(to_time_ns),
-            mtime_ns: mtime.map(to_time_ns),
-            fh: fh.map(|f| f.0),
-        };
+        let args =
+            SetAttrArgs { mode, uid, gid, size, atime_ns: atime.map(to_time_ns), mtime_ns: mtime.map(to_time_ns), fh: fh.map(|f| f.0) };
         self.spawn(tracing::debug_span!("setattr", inode = i.0), async move {
             let r = ctx.setattr(ino(i), args).await;
             ctx.reply_attr(reply, r);
@@ -469,9 +466,7 @@ impl Filesystem for FskvFs {
             let perm = mode & !umask & 0o7777;
             let r = match (name, special) {
                 (Ok(n), None) => ctx.meta().create(ino(parent), &n, perm, true).await.map_err(FsError::from),
-                (Ok(n), Some(kind)) => {
-                    ctx.meta().mknod(ino(parent), &n, perm, kind, u64::from(rdev)).await.map_err(FsError::from)
-                }
+                (Ok(n), Some(kind)) => ctx.meta().mknod(ino(parent), &n, perm, kind, u64::from(rdev)).await.map_err(FsError::from),
                 (Err(e), _) => Err(e),
             };
             ctx.reply_entry(reply, r);

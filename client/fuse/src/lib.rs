@@ -66,11 +66,8 @@ impl Default for MountConfig {
 
 fn fuser_config(cfg: &MountConfig) -> fuser::Config {
     let mut c = fuser::Config::default();
-    c.mount_options = vec![
-        fuser::MountOption::FSName("fskv".into()),
-        fuser::MountOption::Subtype("fskv".into()),
-        fuser::MountOption::DefaultPermissions,
-    ];
+    c.mount_options =
+        vec![fuser::MountOption::FSName("fskv".into()), fuser::MountOption::Subtype("fskv".into()), fuser::MountOption::DefaultPermissions];
     c.acl = if cfg.allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     c.n_threads = Some(cfg.reader_threads.max(1));
     c
@@ -95,9 +92,8 @@ where
     let options = fuser_config(&cfg);
     let path: PathBuf = mountpoint.to_path_buf();
     // The handshake blocks on /dev/fuse; keep it off the async workers.
-    let mut session = tokio::task::spawn_blocking(move || fuser::Session::new(filesystem, &path, &options))
-        .await
-        .map_err(std::io::Error::other)??;
+    let mut session =
+        tokio::task::spawn_blocking(move || fuser::Session::new(filesystem, &path, &options)).await.map_err(std::io::Error::other)??;
     let mut unmounter = session.unmount_callable();
     tracing::info!(mountpoint = %mountpoint.display(), "mounted");
     on_mounted();

@@ -210,8 +210,7 @@ impl FsClient {
             ..StorageClientConfig::default()
         };
         let storage = StorageClient::new(rpc, source.handle(), storage_config);
-        let meta = MetaClient::new(MetaClientConfig::new(meta_addrs))
-            .map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
+        let meta = MetaClient::new(MetaClientConfig::new(meta_addrs)).map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
         let mut client = FsClient::new(meta, storage, config);
         client.routing_source = Some(source);
         Ok(client)
@@ -250,7 +249,8 @@ impl FsClient {
     /// and `exclusive` are ignored).
     pub async fn open_inode(&self, inode: InodeId, flags: OpenFlags) -> Result<FileHandle> {
         let path = inode.to_string();
-        let (found, session) = self.meta.open(inode, flags.write).await.map_err(|cause| FileError::Meta { op: "open", path: path.clone(), cause })?;
+        let (found, session) =
+            self.meta.open(inode, flags.write).await.map_err(|cause| FileError::Meta { op: "open", path: path.clone(), cause })?;
         let handle = FileHandle::new(self.clone(), path, found, session, flags)?;
         if flags.write && flags.truncate && !handle.is_empty() {
             handle.truncate(0).await?;
@@ -262,11 +262,11 @@ impl FsClient {
     /// permission bits `mode`, for reading and writing.
     pub async fn create_at(&self, parent: InodeId, name: &str, mode: u32, exclusive: bool) -> Result<FileHandle> {
         let path = format!("{parent}/{name}");
-        let (inode, session) = self
-            .meta
-            .create_for_write(parent, name, mode, exclusive)
-            .await
-            .map_err(|cause| FileError::Meta { op: "create", path: path.clone(), cause })?;
+        let (inode, session) = self.meta.create_for_write(parent, name, mode, exclusive).await.map_err(|cause| FileError::Meta {
+            op: "create",
+            path: path.clone(),
+            cause,
+        })?;
         FileHandle::new(self.clone(), path, inode, session, OpenFlags { read: true, write: true, create: true, exclusive, truncate: false })
     }
 
@@ -277,7 +277,11 @@ impl FsClient {
     /// length before the publish, which sets the exact one.
     pub async fn create_temp(&self, parent: InodeId, mode: u32) -> Result<FileHandle> {
         let path = format!("{parent}/<temp>");
-        let inode = self.meta.create_unlinked(parent, mode).await.map_err(|cause| FileError::Meta { op: "create a temp file in", path: path.clone(), cause })?;
+        let inode = self.meta.create_unlinked(parent, mode).await.map_err(|cause| FileError::Meta {
+            op: "create a temp file in",
+            path: path.clone(),
+            cause,
+        })?;
         FileHandle::new(self.clone(), path, inode, 0, OpenFlags { read: true, write: true, create: true, exclusive: true, truncate: false })
     }
 
@@ -309,11 +313,11 @@ impl FsClient {
         };
         attrs.length = Some(length);
         let inode = handle.inode();
-        let published = self
-            .meta
-            .replace(parent, name, inode, expected, attrs)
-            .await
-            .map_err(|cause| FileError::Meta { op: "publish", path, cause })?;
+        let published = self.meta.replace(parent, name, inode, expected, attrs).await.map_err(|cause| FileError::Meta {
+            op: "publish",
+            path,
+            cause,
+        })?;
         Ok(published)
     }
 
@@ -324,7 +328,11 @@ impl FsClient {
         if name.is_empty() {
             return Err(FileError::InvalidArgument(format!("{path:?} names no file")));
         }
-        let parent = self.meta.resolve(dir).await.map_err(|cause| FileError::Meta { op: "resolve the directory of", path: path.to_string(), cause })?;
+        let parent = self.meta.resolve(dir).await.map_err(|cause| FileError::Meta {
+            op: "resolve the directory of",
+            path: path.to_string(),
+            cause,
+        })?;
         self.open_in(parent.id, name, flags, path).await
     }
 
@@ -336,7 +344,9 @@ impl FsClient {
     async fn open_in(&self, parent: InodeId, name: &str, flags: OpenFlags, path: &str) -> Result<FileHandle> {
         let meta_err = |op| move |cause| FileError::Meta { op, path: path.to_string(), cause };
         let (inode, session) = match (flags.create, flags.write) {
-            (true, true) => self.meta.create_for_write(parent, name, self.config.create_mode, flags.exclusive).await.map_err(meta_err("create"))?,
+            (true, true) => {
+                self.meta.create_for_write(parent, name, self.config.create_mode, flags.exclusive).await.map_err(meta_err("create"))?
+            }
             (true, false) => {
                 let inode = self.meta.create(parent, name, self.config.create_mode, flags.exclusive).await.map_err(meta_err("create"))?;
                 (inode, 0)
@@ -602,17 +612,16 @@ impl FileHandle {
 
     async fn read_inline(&self, offset: u64, len: u64) -> Result<Bytes> {
         let len32 = u32::try_from(len).map_err(|_| FileError::InvalidArgument(format!("inline read of {len} bytes")))?;
-        let data = self.shared.client.meta.read_inline(self.shared.inode, offset, len32).await.map_err(|e| self.meta_err("read inline", e))?;
+        let data =
+            self.shared.client.meta.read_inline(self.shared.inode, offset, len32).await.map_err(|e| self.meta_err("read inline", e))?;
         Ok(Bytes::from(data))
     }
 
     async fn read_chunks(&self, offset: u64, len: u64) -> Result<Bytes> {
         let pieces = split_range(offset, len, self.chunk_bytes());
         let inflight = self.shared.client.config.max_inflight_chunks;
-        let parts: Vec<Bytes> = futures::stream::iter(pieces.into_iter().map(|p| self.read_piece(p)))
-            .buffered(inflight)
-            .try_collect()
-            .await?;
+        let parts: Vec<Bytes> =
+            futures::stream::iter(pieces.into_iter().map(|p| self.read_piece(p))).buffered(inflight).try_collect().await?;
         let mut out = BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
         for part in parts {
             out.extend_from_slice(&part);
@@ -660,9 +669,8 @@ impl FileHandle {
         if data.is_empty() {
             return Ok(());
         }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .ok_or_else(|| FileError::InvalidArgument(format!("write at {offset} overflows")))?;
+        let end =
+            offset.checked_add(data.len() as u64).ok_or_else(|| FileError::InvalidArgument(format!("write at {offset} overflows")))?;
         let _writing = self.shared.writes.read().await;
         let span = tracing::debug_span!("write_at", inode = %self.shared.inode, offset, len = data.len());
         self.write_chunks(offset, data).instrument(span).await?;
@@ -702,11 +710,13 @@ impl FileHandle {
         let _g = client.stats.enter();
         let hint = Some(self.chunk_bytes());
         let len_bytes = data.len() as u64;
-        client
-            .storage
-            .write_hinted(chain, chunk, p.chunk_offset, data, hint)
-            .await
-            .map_err(|cause| FileError::Storage { op: "write", path: self.shared.path.clone(), chunk, chain, cause })?;
+        client.storage.write_hinted(chain, chunk, p.chunk_offset, data, hint).await.map_err(|cause| FileError::Storage {
+            op: "write",
+            path: self.shared.path.clone(),
+            chunk,
+            chain,
+            cause,
+        })?;
         client.stats.chunks_written.fetch_add(1, Ordering::Relaxed);
         client.stats.bytes_written.fetch_add(len_bytes, Ordering::Relaxed);
         Ok(())
@@ -744,7 +754,8 @@ impl FileHandle {
             return self.write_at(dst_offset, data).await;
         }
         let _writing = self.shared.writes.read().await;
-        let span = tracing::debug_span!("copy_from", inode = %self.shared.inode, src_inode = %src.shared.inode, src_offset, dst_offset, len);
+        let span =
+            tracing::debug_span!("copy_from", inode = %self.shared.inode, src_inode = %src.shared.inode, src_offset, dst_offset, len);
         self.copy_chunks(src, src_offset, dst_offset, len).instrument(span).await?;
         self.note_written(dst_end);
         Ok(())
@@ -774,10 +785,7 @@ impl FileHandle {
     async fn copy_chunks(&self, src: &FileHandle, src_offset: u64, dst_offset: u64, len: u64) -> Result<()> {
         let pieces = CopyPieces::new(src_offset, dst_offset, len, src.chunk_bytes(), self.chunk_bytes());
         let inflight = self.shared.client.config.max_inflight_chunks;
-        futures::stream::iter(pieces.map(|p| self.copy_piece(src, p)))
-            .buffer_unordered(inflight)
-            .try_collect::<Vec<()>>()
-            .await?;
+        futures::stream::iter(pieces.map(|p| self.copy_piece(src, p))).buffer_unordered(inflight).try_collect::<Vec<()>>().await?;
         Ok(())
     }
 
@@ -831,8 +839,7 @@ impl FileHandle {
         let _quiet = self.shared.writes.write().await;
         let old_len = self.len();
         let session = self.shared.session;
-        let inode =
-            self.shared.client.meta.truncate(self.shared.inode, len, session).await.map_err(|e| self.meta_err("truncate", e))?;
+        let inode = self.shared.client.meta.truncate(self.shared.inode, len, session).await.map_err(|e| self.meta_err("truncate", e))?;
         {
             let mut st = self.shared.state.lock();
             st.length = inode.size_bytes();
@@ -861,12 +868,13 @@ impl FileHandle {
         let chain = self.chain(index)?;
         let chunk = ChunkId::new(self.shared.inode, index);
         let tail = (len - 1) % chunk_bytes + 1;
-        self.shared
-            .client
-            .storage
-            .truncate(chain, chunk, tail)
-            .await
-            .map_err(|cause| FileError::Storage { op: "extend", path: self.shared.path.clone(), chunk, chain, cause })?;
+        self.shared.client.storage.truncate(chain, chunk, tail).await.map_err(|cause| FileError::Storage {
+            op: "extend",
+            path: self.shared.path.clone(),
+            chunk,
+            chain,
+            cause,
+        })?;
         Ok(())
     }
 
@@ -888,13 +896,8 @@ impl FileHandle {
             let st = self.shared.state.lock();
             CloseEnd { length_hint: Some(st.written_end), truncate_version: st.truncate_version, wrote: st.wrote }
         };
-        let inode = self
-            .shared
-            .client
-            .meta
-            .close(self.shared.inode, self.shared.session, end)
-            .await
-            .map_err(|e| self.meta_err("close", e))?;
+        let inode =
+            self.shared.client.meta.close(self.shared.inode, self.shared.session, end).await.map_err(|e| self.meta_err("close", e))?;
         let len = inode.size_bytes();
         self.shared.state.lock().length = len;
         Ok(len)
@@ -925,12 +928,11 @@ async fn report_length(shared: &Shared) -> Result<()> {
         }
         (st.written_end, st.truncate_version)
     };
-    let inode = shared
-        .client
-        .meta
-        .report_length(shared.inode, end, version)
-        .await
-        .map_err(|cause| FileError::Meta { op: "report length", path: shared.path.clone(), cause })?;
+    let inode = shared.client.meta.report_length(shared.inode, end, version).await.map_err(|cause| FileError::Meta {
+        op: "report length",
+        path: shared.path.clone(),
+        cause,
+    })?;
     let mut st = shared.state.lock();
     // A truncate that overtook this report (the handle saw it, or meta's
     // reply shows it) makes the reply's length stale: it must not prop the
@@ -971,9 +973,8 @@ mod tests {
     #[test]
     fn copy_pieces_cut_at_the_boundaries_of_both_files() {
         // Source chunks of 10, destination chunks of 4: src [7, 25) -> dst [2, 20).
-        let got: Vec<(u64, u64, u64, u64, u64)> = CopyPieces::new(7, 2, 18, 10, 4)
-            .map(|p| (p.src_index, p.src_chunk_offset, p.dst_index, p.dst_chunk_offset, p.len))
-            .collect();
+        let got: Vec<(u64, u64, u64, u64, u64)> =
+            CopyPieces::new(7, 2, 18, 10, 4).map(|p| (p.src_index, p.src_chunk_offset, p.dst_index, p.dst_chunk_offset, p.len)).collect();
         assert_eq!(
             got,
             vec![(0, 7, 0, 2, 2), (0, 9, 1, 0, 1), (1, 0, 1, 1, 3), (1, 3, 2, 0, 4), (1, 7, 3, 0, 3), (2, 0, 3, 3, 1), (2, 1, 4, 0, 4)]

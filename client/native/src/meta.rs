@@ -10,10 +10,10 @@
 //!   error (connection failed, deadline, overloaded, KV conflict) the next
 //!   server in the list is tried, up to `max_attempts`.
 
+use bytes::Bytes;
 use fskv_rpc::{CallOptions, ClientConfig, Method, RpcClient, RpcError, TcpTransport};
 use fskv_types::meta::*;
 use fskv_types::{ErrorCode, InodeId, Status};
-use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -274,13 +274,7 @@ impl MetaClient {
 
     /// Ends write session `session` (see [`MetaOp::Close`]).
     pub async fn close(&self, inode: InodeId, session: u64, end: CloseEnd) -> Result<Inode> {
-        let op = MetaOp::Close {
-            inode,
-            session,
-            length_hint: end.length_hint,
-            truncate_version: end.truncate_version,
-            wrote: end.wrote,
-        };
+        let op = MetaOp::Close { inode, session, length_hint: end.length_hint, truncate_version: end.truncate_version, wrote: end.wrote };
         self.inode(op, "close").await
     }
 

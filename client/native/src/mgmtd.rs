@@ -87,7 +87,12 @@ impl MgmtdClient {
                     *self.preferred.lock() = idx;
                     return Ok(resp);
                 }
-                Err(e) if e.code() == ErrorCode::NotPrimary || e.code() == ErrorCode::ConnectionFailed || e.code() == ErrorCode::DeadlineExceeded || e.code() == ErrorCode::ShuttingDown => {
+                Err(e)
+                    if e.code() == ErrorCode::NotPrimary
+                        || e.code() == ErrorCode::ConnectionFailed
+                        || e.code() == ErrorCode::DeadlineExceeded
+                        || e.code() == ErrorCode::ShuttingDown =>
+                {
                     debug!(addr = %self.addrs[idx], error = %e, "mgmtd call failed; trying the next address");
                     last = Some(e);
                 }

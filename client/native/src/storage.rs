@@ -24,6 +24,7 @@
 //! post an announce and the client would answer with a grant.
 
 use bytes::Bytes;
+use fskv_rpc::watch;
 use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};
 use fskv_types::routing::{ChainInfo, RoutingInfo};
 use fskv_types::storage::*;
@@ -34,7 +35,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use fskv_rpc::watch;
 use tokio::sync::Semaphore;
 
 // ----- methods -----
@@ -285,16 +285,7 @@ impl StorageClient {
         // From the client id (random by default), not a fresh random number:
         // a simulation fixing the id replays the same choices.
         let spread = AtomicUsize::new(config.client_id as u16 as usize);
-        StorageClient {
-            inner: Arc::new(Inner {
-                rpc,
-                routing,
-                config,
-                next_request: AtomicU64::new(1),
-                spread,
-                senders,
-            }),
-        }
+        StorageClient { inner: Arc::new(Inner { rpc, routing, config, next_request: AtomicU64::new(1), spread, senders }) }
     }
 
     pub fn routing(&self) -> &RoutingHandle {
@@ -317,14 +308,7 @@ impl StorageClient {
         self.write_tagged(chain, chunk, offset_bytes, data, self.new_tag()).await
     }
 
-    pub async fn write_tagged(
-        &self,
-        chain: ChainId,
-        chunk: ChunkId,
-        offset_bytes: u64,
-        data: Bytes,
-        tag: RequestTag,
-    ) -> Result<WriteResp> {
+    pub async fn write_tagged(&self, chain: ChainId, chunk: ChunkId, offset_bytes: u64, data: Bytes, tag: RequestTag) -> Result<WriteResp> {
         let len_bytes = u32::try_from(data.len())
             .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::InvalidArgument, "write larger than 4 GiB")))?;
         let op = UpdateOp::Write { offset_bytes, len_bytes, crc: crc32c::crc32c(&data) };
@@ -405,7 +389,8 @@ impl StorageClient {
         chunk_size_hint_bytes: Option<u64>,
         tag: RequestTag,
     ) -> Result<CopyRangeResp> {
-        let span = tracing::debug_span!("storage_copy", %chain, %chunk, src_chain = %src.chain_id, src_chunk = %src.chunk, request = tag.request);
+        let span =
+            tracing::debug_span!("storage_copy", %chain, %chunk, src_chain = %src.chain_id, src_chunk = %src.chunk, request = tag.request);
         let build = |route: &Route| CopyRangeReq {
             chain_id: chain,
             chain_ver: route.chain_ver,
@@ -620,9 +605,7 @@ impl StorageClient {
     fn head_route(&self, chain: ChainId) -> std::result::Result<Route, (StorageClientError, u64)> {
         let routing = self.inner.routing.current();
         let info = Self::chain_of(&routing, chain)?;
-        let head = info
-            .head()
-            .ok_or_else(|| (StorageClientError::NoRoute(format!("{chain} has no serving target")), routing.version))?;
+        let head = info.head().ok_or_else(|| (StorageClientError::NoRoute(format!("{chain} has no serving target")), routing.version))?;
         Self::route_to(&routing, info, head.target_id, head.node_id)
     }
 
@@ -647,9 +630,8 @@ impl StorageClient {
         target: TargetId,
         node: fskv_types::NodeId,
     ) -> std::result::Result<Route, (StorageClientError, u64)> {
-        let addr = routing
-            .node_address(node)
-            .ok_or_else(|| (StorageClientError::NoRoute(format!("{node} has no address")), routing.version))?;
+        let addr =
+            routing.node_address(node).ok_or_else(|| (StorageClientError::NoRoute(format!("{node} has no address")), routing.version))?;
         Ok(Route { chain_ver: info.chain_version, target, addr: addr.to_string(), routing_version: routing.version })
     }
 
@@ -778,7 +760,8 @@ mod tests {
         for addr in [hung_addr, dead_addr] {
             let (_publisher, handle) = RoutingPublisher::new(one_target_routing(addr.clone()));
             let rpc = RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
-            let config = StorageClientConfig { max_attempts: 1_000, retry_budget_ms: 400, routing_wait_ms: 20, ..StorageClientConfig::default() };
+            let config =
+                StorageClientConfig { max_attempts: 1_000, retry_budget_ms: 400, routing_wait_ms: 20, ..StorageClientConfig::default() };
             let client = StorageClient::new(rpc, handle, config);
             let started = std::time::Instant::now();
             let r = client.write(ChainId(1), ChunkId::new(InodeId(1), 0), 0, Bytes::from_static(b"x")).await;

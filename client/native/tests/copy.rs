@@ -55,11 +55,7 @@ impl Env {
         let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("meta client");
         let wide = meta.mkdir(InodeId::ROOT, "wide", 0o755).await.expect("mkdir /wide");
         set_dir_chunk_size(&kv, wide.id, WIDE_CHUNK as u32).await;
-        let storage = if lagging_routing {
-            common::lagging_storage_client(&cluster, client_config)
-        } else {
-            cluster.client(client_config)
-        };
+        let storage = if lagging_routing { common::lagging_storage_client(&cluster, client_config) } else { cluster.client(client_config) };
         let fs = FsClient::new(meta, storage, config);
         Env { fs, cluster, server, _dir: dir }
     }

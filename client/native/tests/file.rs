@@ -12,9 +12,9 @@ use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
 use fskv_types::meta::LayoutPolicy;
+use fskv_types::routing::PublicTargetState;
 use fskv_types::{ChainId, ErrorCode, InodeId, TargetId};
 use rand::{Rng, SeedableRng};
-use fskv_types::routing::PublicTargetState;
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -54,9 +54,8 @@ impl Env {
             root_layout: LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: CHUNK as u32, stripe_size: stripe },
             ..MetaConfig::default()
         };
-        let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend as Arc<dyn StorageBackend>, cfg)
-            .await
-            .expect("meta service");
+        let svc =
+            MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend as Arc<dyn StorageBackend>, cfg).await.expect("meta service");
         let server = svc.serve("127.0.0.1:0").await.expect("serve meta");
         let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("meta client");
         let storage = if lagging_routing {

@@ -26,7 +26,14 @@ fn main() -> anyhow::Result<()> {
         let (index, offset) = if whole { (op, 0) } else { (op / per_chunk, (op % per_chunk) * piece_bytes) };
         let chunk = ChunkId::new(InodeId(1), index);
         let t = Instant::now();
-        let req = UpdateRequest { chunk, chain_ver: 1, kind: UpdateKind::Write { offset_bytes: offset, data: &piece }, tag: UpdateTag::default(), expected_ver: None, chunk_size_hint_bytes: hint };
+        let req = UpdateRequest {
+            chunk,
+            chain_ver: 1,
+            kind: UpdateKind::Write { offset_bytes: offset, data: &piece },
+            tag: UpdateTag::default(),
+            expected_ver: None,
+            chunk_size_hint_bytes: hint,
+        };
         let out = if fused { e.update_and_commit(&req)? } else { e.update(&req)? };
         let t1 = t.elapsed();
         if !fused {
@@ -35,7 +42,9 @@ fn main() -> anyhow::Result<()> {
         let t2 = t.elapsed();
         upd += t1;
         com += t2 - t1;
-        if t2 > Duration::from_millis(1) { slow += 1; }
+        if t2 > Duration::from_millis(1) {
+            slow += 1;
+        }
     }
     println!("total {:?} update {:?} commit {:?} slow ops {slow}", start.elapsed(), upd, com);
     Ok(())

@@ -119,9 +119,11 @@ impl Allocator {
         std::fs::create_dir_all(&dir).map_err(|e| ChunkError::io(format!("creating {dir:?}"), e))?;
         let grow_steps = match db.get(pool_key(class))? {
             None => 0,
-            Some(v) => u64::from_le_bytes(v.as_slice().try_into().map_err(|_| {
-                ChunkError::CorruptMetadata(format!("pool record of class {} has {} bytes", class.raw(), v.len()))
-            })?),
+            Some(v) => u64::from_le_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| ChunkError::CorruptMetadata(format!("pool record of class {} has {} bytes", class.raw(), v.len())))?,
+            ),
         };
         let step_blocks = pool_blocks_per_grow(class, blocks_per_grow);
         let pool = Pool {
@@ -153,10 +155,7 @@ impl Allocator {
             )));
         }
         if st.bitmap.get(idx) {
-            return Err(ChunkError::CorruptMetadata(format!(
-                "block {idx} of class {} is referenced twice",
-                class.raw()
-            )));
+            return Err(ChunkError::CorruptMetadata(format!("block {idx} of class {} is referenced twice", class.raw())));
         }
         st.bitmap.set(idx);
         Ok(())
@@ -259,15 +258,13 @@ impl Allocator {
     pub fn read_at(&self, class: SizeClass, idx: u64, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         debug_assert!(offset_bytes + buf.len() as u64 <= class.block_bytes());
         let (file, base) = self.file_of(class, idx)?;
-        file.read_exact_at(buf, base + offset_bytes)
-            .map_err(|e| ChunkError::io(format!("reading block {idx} of class {}", class.raw()), e))
+        file.read_exact_at(buf, base + offset_bytes).map_err(|e| ChunkError::io(format!("reading block {idx} of class {}", class.raw()), e))
     }
 
     pub fn write_at(&self, class: SizeClass, idx: u64, offset_bytes: u64, data: &[u8]) -> Result<()> {
         assert!(offset_bytes + data.len() as u64 <= class.block_bytes(), "write past the block end");
         let (file, base) = self.file_of(class, idx)?;
-        file.write_all_at(data, base + offset_bytes)
-            .map_err(|e| ChunkError::io(format!("writing block {idx} of class {}", class.raw()), e))
+        file.write_all_at(data, base + offset_bytes).map_err(|e| ChunkError::io(format!("writing block {idx} of class {}", class.raw()), e))
     }
 
     pub fn sync_block(&self, class: SizeClass, idx: u64) -> Result<()> {

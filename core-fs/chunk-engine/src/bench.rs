@@ -57,14 +57,7 @@ pub struct ChunkBenchOptions {
 
 impl Default for ChunkBenchOptions {
     fn default() -> Self {
-        ChunkBenchOptions {
-            dir: None,
-            seconds_per_workload: 3.0,
-            data_bytes: 256 * MIB,
-            sync_writes: false,
-            run_fio: true,
-            rounds: 3,
-        }
+        ChunkBenchOptions { dir: None, seconds_per_workload: 3.0, data_bytes: 256 * MIB, sync_writes: false, run_fio: true, rounds: 3 }
     }
 }
 
@@ -260,8 +253,7 @@ impl Samples {
         let to_mib_s = |iops: f64| iops * block_bytes as f64 / MIB as f64;
         let round_ratios: Vec<f64> = self.engine.iter().zip(&self.fio).map(|(e, f)| e / f.max(1e-9)).collect();
         let best_fio = self.fio.iter().copied().fold(0.0, f64::max);
-        let fast: Vec<f64> =
-            round_ratios.iter().zip(&self.fio).filter(|(_, f)| **f >= best_fio / 2.0).map(|(r, _)| *r).collect();
+        let fast: Vec<f64> = round_ratios.iter().zip(&self.fio).filter(|(_, f)| **f >= best_fio / 2.0).map(|(r, _)| *r).collect();
         WorkloadResult {
             name: name.into(),
             block_bytes,
@@ -431,7 +423,12 @@ fn fs_magic(path: &Path) -> anyhow::Result<i64> {
 /// fio's version, installing it with apt-get if missing and running as root.
 pub fn ensure_fio() -> Option<String> {
     let version = || {
-        Command::new("fio").arg("--version").output().ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        Command::new("fio")
+            .arg("--version")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     if let Some(v) = version() {
         return Some(v);

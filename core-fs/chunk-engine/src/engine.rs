@@ -506,11 +506,7 @@ impl ChunkEngine {
         let old = self.cached(req.chunk);
         if let Some(old) = &old {
             if req.chain_ver < old.meta.chain_ver {
-                return Err(ChunkError::StaleChainVersion {
-                    chunk: req.chunk,
-                    request: req.chain_ver,
-                    current: old.meta.chain_ver,
-                });
+                return Err(ChunkError::StaleChainVersion { chunk: req.chunk, request: req.chain_ver, current: old.meta.chain_ver });
             }
             if let Some(mut out) = duplicate_outcome(&old.meta, req.tag) {
                 let mut checkpoint = None;
@@ -710,20 +706,13 @@ impl ChunkEngine {
         debug_assert!(data.is_empty() || tail.len() == data.len());
         // Checksums first: a payload that fails `data_crc` is never written.
         let mut page_crcs = base.page_crcs.clone();
-        let (crc, tail_crc) =
-            checksum::extend_and_crc(&mut page_crcs, base.crc, base_len, tail, handle.class().crc_page_bytes());
+        let (crc, tail_crc) = checksum::extend_and_crc(&mut page_crcs, base.crc, base_len, tail, handle.class().crc_page_bytes());
         check_data_crc(chunk, data_crc, tail_crc)?;
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
         handle.write_at(base_len, tail)?;
         self.sync_data(handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
-        let data = VersionData {
-            block: base.block,
-            len_bytes: new_len as u32,
-            crc,
-            tag,
-            page_crcs,
-        };
+        let data = VersionData { block: base.block, len_bytes: new_len as u32, crc, tag, page_crcs };
         tracing::trace!(%chunk, new_len, "in-place append");
         Ok(NewContent { data, handle: Some(Arc::clone(handle)), in_place: true })
     }
@@ -788,13 +777,8 @@ impl ChunkEngine {
         handle.write_at(0, buf)?;
         self.sync_data(&handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
-        let data = VersionData {
-            block: Some(BlockRef { class: class.raw(), index: handle.index() }),
-            len_bytes: len as u32,
-            crc,
-            tag,
-            page_crcs,
-        };
+        let data =
+            VersionData { block: Some(BlockRef { class: class.raw(), index: handle.index() }), len_bytes: len as u32, crc, tag, page_crcs };
         tracing::trace!(%chunk, len, ?handle, "copy-on-write block");
         Ok(NewContent { data, handle: block.keep(), in_place: false })
     }
@@ -825,11 +809,7 @@ impl ChunkEngine {
             }
             return Err(ChunkError::VersionMismatch {
                 chunk,
-                detail: format!(
-                    "commit of {version}: committed {}, pending {:?}",
-                    old.meta.committed_ver,
-                    old.meta.pending_ver()
-                ),
+                detail: format!("commit of {version}: committed {}, pending {:?}", old.meta.committed_ver, old.meta.pending_ver()),
             });
         };
         self.crash_at(CrashPoint::CommitBeforeMetaWrite)?;
@@ -877,9 +857,7 @@ impl ChunkEngine {
         let _span = tracing::debug_span!("chunk_replace", chunk = %chunk, version).entered();
         self.check_alive()?;
         if version == 0 || data.len() as u64 > MAX_CHUNK_BYTES {
-            return Err(ChunkError::InvalidArgument(format!(
-                "{chunk}: replace needs version > 0 and at most {MAX_CHUNK_BYTES} bytes"
-            )));
+            return Err(ChunkError::InvalidArgument(format!("{chunk}: replace needs version > 0 and at most {MAX_CHUNK_BYTES} bytes")));
         }
         let _guard = self.lock(chunk);
         let old = self.cached(chunk);
@@ -1189,9 +1167,7 @@ fn select_version(chunk: ChunkId, c: &Cached, mode: ReadMode) -> Result<(u64, &V
     match (&c.meta.pending, mode) {
         (None, _) if c.meta.committed_ver == 0 => Err(ChunkError::NotFound(chunk)),
         (None, _) => Ok(committed),
-        (Some((pv, _)), ReadMode::Strict) => {
-            Err(ChunkError::Uncommitted { chunk, committed: c.meta.committed_ver, pending: *pv })
-        }
+        (Some((pv, _)), ReadMode::Strict) => Err(ChunkError::Uncommitted { chunk, committed: c.meta.committed_ver, pending: *pv }),
         (Some(_), ReadMode::CommittedOnly) if c.meta.committed_ver == 0 => Err(ChunkError::NotFound(chunk)),
         (Some(_), ReadMode::CommittedOnly) => Ok(committed),
         (Some((_, PendingState::Removed { .. })), ReadMode::Relaxed) => Err(ChunkError::NotFound(chunk)),
@@ -1217,9 +1193,8 @@ fn read_range(chunk: ChunkId, v: &VersionData, handle: Option<&Arc<BlockHandle>>
     handle.read_at(read_start, &mut buf)?;
     for (i, piece) in buf.chunks(page as usize).enumerate() {
         let page_no = first_page as usize + i;
-        let expected = *v.page_crcs.get(page_no).ok_or_else(|| {
-            ChunkError::CorruptMetadata(format!("{chunk}: no checksum for page {page_no}"))
-        })?;
+        let expected =
+            *v.page_crcs.get(page_no).ok_or_else(|| ChunkError::CorruptMetadata(format!("{chunk}: no checksum for page {page_no}")))?;
         let actual = checksum::crc32c(piece);
         if actual != expected {
             tracing::error!(%chunk, page_no, "checksum mismatch");
@@ -1243,12 +1218,9 @@ fn read_range(chunk: ChunkId, v: &VersionData, handle: Option<&Arc<BlockHandle>>
 /// (`want`) differs from the one the engine computed (`got`).
 fn check_data_crc(chunk: ChunkId, want: Option<u32>, got: u32) -> Result<()> {
     match want {
-        Some(expected) if expected != got => Err(ChunkError::ChecksumMismatch {
-            chunk,
-            what: "update payload (CRC32C given by the caller)".into(),
-            expected,
-            actual: got,
-        }),
+        Some(expected) if expected != got => {
+            Err(ChunkError::ChecksumMismatch { chunk, what: "update payload (CRC32C given by the caller)".into(), expected, actual: got })
+        }
         _ => Ok(()),
     }
 }
@@ -1354,7 +1326,8 @@ mod tests {
     #[test]
     fn old_block_is_freed_only_when_the_last_reader_lets_go() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = ChunkEngine::open(dir.path(), EngineConfig { blocks_per_grow: 4, sync_writes: false, ..EngineConfig::default() }).expect("open");
+        let e = ChunkEngine::open(dir.path(), EngineConfig { blocks_per_grow: 4, sync_writes: false, ..EngineConfig::default() })
+            .expect("open");
         let c = ChunkId::new(InodeId(1), 0);
         let write = |off: u64, data: &[u8], request: u64| {
             let req = UpdateRequest {

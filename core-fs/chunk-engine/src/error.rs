@@ -42,9 +42,7 @@ impl ChunkError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ChunkError::NotFound(_) => ErrorCode::NotFound,
-            ChunkError::InvalidArgument(_) | ChunkError::VersionMismatch { .. } => {
-                ErrorCode::InvalidArgument
-            }
+            ChunkError::InvalidArgument(_) | ChunkError::VersionMismatch { .. } => ErrorCode::InvalidArgument,
             ChunkError::StaleChainVersion { .. } => ErrorCode::StaleChainVersion,
             ChunkError::Uncommitted { .. } => ErrorCode::ChunkUncommitted,
             ChunkError::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,

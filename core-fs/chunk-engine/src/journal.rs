@@ -220,9 +220,8 @@ impl Mapping {
         use std::os::fd::AsRawFd;
         // SAFETY: maps `len` bytes of a file we hold open and have sized to
         // at least `len`; the result is checked before use.
-        let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
-        };
+        let ptr =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if ptr == libc::MAP_FAILED {
             return Err(ChunkError::io("mapping the append journal", std::io::Error::last_os_error()));
         }
@@ -331,13 +330,7 @@ impl Journal {
             }
             File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("fsync of the directory of", e))?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io("opening", e))?;
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| io("opening", e))?;
         // Allocated, not sparse: a store into a hole of a shared mapping
         // would allocate in the page fault, and no space there is SIGBUS.
         let len = file.metadata().map_err(|e| io("stat", e))?.len();
@@ -357,14 +350,8 @@ impl Journal {
             checkpointing: [false; REGIONS],
             stats: JournalStats::default(),
         };
-        let journal = Journal {
-            state: Mutex::new(state),
-            head_lsn: AtomicU64::new(max_lsn),
-            sync,
-            file,
-            synced_lsn: Mutex::new(max_lsn),
-            old_path,
-        };
+        let journal =
+            Journal { state: Mutex::new(state), head_lsn: AtomicU64::new(max_lsn), sync, file, synced_lsn: Mutex::new(max_lsn), old_path };
         Ok((journal, records))
     }
 

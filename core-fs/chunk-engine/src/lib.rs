@@ -17,9 +17,7 @@ pub mod layout;
 pub mod meta;
 
 pub use alloc::PoolStats;
-pub use engine::{
-    ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest,
-};
+pub use engine::{ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest};
 pub use error::{ChunkError, Result};
 pub use journal::JournalStats;
 pub use layout::{SizeClass, MAX_CHUNK_BYTES, MIN_BLOCK_BYTES, NUM_CLASSES};

@@ -75,8 +75,9 @@ pub(crate) fn segment_key(block: BlockRef, segment: u32) -> [u8; 14] {
 
 pub(crate) fn chunk_from_key(key: &[u8]) -> Result<ChunkId> {
     match key.split_first() {
-        Some((&CHUNK_KEY_PREFIX, rest)) => ChunkId::from_bytes(rest)
-            .ok_or_else(|| ChunkError::CorruptMetadata(format!("chunk key of {} bytes", key.len()))),
+        Some((&CHUNK_KEY_PREFIX, rest)) => {
+            ChunkId::from_bytes(rest).ok_or_else(|| ChunkError::CorruptMetadata(format!("chunk key of {} bytes", key.len())))
+        }
         _ => Err(ChunkError::CorruptMetadata("key without chunk prefix".into())),
     }
 }
@@ -297,10 +298,7 @@ impl ChunkMeta {
     }
 
     /// `decode`, also returning the record's journal LSN (0 before format 5).
-    pub fn decode_record(
-        bytes: &[u8],
-        mut segment: impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
-    ) -> Result<(ChunkMeta, u64)> {
+    pub fn decode_record(bytes: &[u8], mut segment: impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>) -> Result<(ChunkMeta, u64)> {
         let mut r = Reader { buf: bytes };
         let format = r.u8()?;
         if ![FORMAT, FORMAT_V4, FORMAT_V3, FORMAT_V2].contains(&format) {
@@ -339,9 +337,7 @@ impl ChunkMeta {
 }
 
 fn class_page_bytes(class: u8) -> Result<u64> {
-    SizeClass::new(class)
-        .map(SizeClass::crc_page_bytes)
-        .ok_or_else(|| ChunkError::CorruptMetadata(format!("size class {class}")))
+    SizeClass::new(class).map(SizeClass::crc_page_bytes).ok_or_else(|| ChunkError::CorruptMetadata(format!("size class {class}")))
 }
 
 /// Full pages of `v` already persisted in `block` by a version of `old`
@@ -356,9 +352,7 @@ fn persisted_full_pages(old: &ChunkMeta, block: BlockRef, v: &VersionData, page:
 }
 
 fn old_prefix_matches(old: &ChunkMeta, block: BlockRef, v: &VersionData, n: usize) -> bool {
-    old.versions()
-        .filter(|w| w.block == Some(block))
-        .any(|w| w.page_crcs.len() >= n && w.page_crcs[..n] == v.page_crcs[..n])
+    old.versions().filter(|w| w.block == Some(block)).any(|w| w.page_crcs.len() >= n && w.page_crcs[..n] == v.page_crcs[..n])
 }
 
 fn encode_tag(w: &mut Vec<u8>, tag: UpdateTag) {
@@ -399,11 +393,7 @@ fn decode_tag(r: &mut Reader) -> Result<UpdateTag> {
     Ok(UpdateTag { client: r.u64()?, request: r.u64()? })
 }
 
-fn decode_version(
-    r: &mut Reader,
-    segment: &mut impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>,
-    format: u8,
-) -> Result<VersionData> {
+fn decode_version(r: &mut Reader, segment: &mut impl FnMut(BlockRef, u32) -> Result<Option<Vec<u8>>>, format: u8) -> Result<VersionData> {
     let block = match r.u8()? {
         0 => None,
         1 => {
@@ -456,10 +446,7 @@ fn load_page_table(
     let full_pages = (len_bytes as u64 / page) as usize;
     let full = match &open {
         Some(open) if open.len() != full_pages % SEGMENT_PAGES => {
-            return Err(ChunkError::CorruptMetadata(format!(
-                "{} open page-table entries for {full_pages} full pages",
-                open.len()
-            )));
+            return Err(ChunkError::CorruptMetadata(format!("{} open page-table entries for {full_pages} full pages", open.len())));
         }
         Some(_) => full_pages / SEGMENT_PAGES * SEGMENT_PAGES,
         None => full_pages,

@@ -38,16 +38,33 @@ enum Kind {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Update { chunk: u64, kind: Kind },
+    Update {
+        chunk: u64,
+        kind: Kind,
+    },
     /// The fused `update_and_commit` (one metadata batch), passing the
     /// payload's CRC for the engine to check.
-    UpdateCommit { chunk: u64, kind: Kind },
+    UpdateCommit {
+        chunk: u64,
+        kind: Kind,
+    },
     /// A write whose caller-given CRC is wrong: must fail and change nothing.
-    BadCrcWrite { chunk: u64, kind: Kind, commit: bool },
-    Commit { chunk: u64 },
-    Read { chunk: u64 },
+    BadCrcWrite {
+        chunk: u64,
+        kind: Kind,
+        commit: bool,
+    },
+    Commit {
+        chunk: u64,
+    },
+    Read {
+        chunk: u64,
+    },
     /// Run `op` with a crash injected at `point` (if the op reaches it), then crash.
-    CrashDuring { point: usize, op: Box<Op> },
+    CrashDuring {
+        point: usize,
+        op: Box<Op>,
+    },
     /// Crash between operations.
     Crash,
 }
@@ -178,7 +195,8 @@ fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64, commit: boo
         chain_ver: 1,
         kind,
         tag: UpdateTag { client: 7, request: tag },
-        expected_ver: None, chunk_size_hint_bytes: None,
+        expected_ver: None,
+        chunk_size_hint_bytes: None,
     };
     let data_crc = match (req.kind, crc_xor) {
         (UpdateKind::Write { data, .. }, Some(x)) => Some(crc32c::crc32c(data) ^ x),
@@ -194,15 +212,12 @@ fn engine_update(e: &ChunkEngine, chunk: u64, kind: &Kind, tag: u64, commit: boo
 /// The full state of a chunk as the engine reports it.
 fn engine_state(e: &ChunkEngine, chunk: u64) -> ChunkState {
     let Some(meta) = e.meta(cid(chunk)) else { return ChunkState::default() };
-    let committed = (meta.committed_ver > 0).then(|| {
-        e.read(cid(chunk), 0, MAX_CHUNK_BYTES, ReadMode::CommittedOnly).expect("committed read").data
-    });
+    let committed =
+        (meta.committed_ver > 0).then(|| e.read(cid(chunk), 0, MAX_CHUNK_BYTES, ReadMode::CommittedOnly).expect("committed read").data);
     let pending = meta.pending.as_ref().map(|(ver, state)| {
         let content = match state {
             PendingState::Removed { .. } => None,
-            PendingState::Data(_) => {
-                Some(e.read(cid(chunk), 0, MAX_CHUNK_BYTES, ReadMode::Relaxed).expect("relaxed read").data)
-            }
+            PendingState::Data(_) => Some(e.read(cid(chunk), 0, MAX_CHUNK_BYTES, ReadMode::Relaxed).expect("relaxed read").data),
         };
         (*ver, content)
     });
@@ -218,7 +233,14 @@ fn check_strict_read(e: &ChunkEngine, chunk: u64, s: &ChunkState) -> Result<(), 
             prop_assert_eq!(&r.data, c);
             prop_assert_eq!(r.version, s.committed_ver);
         }
-        (p, c, r) => prop_assert!(false, "strict read of {} gave {:?}; model pending {:?} committed len {:?}", chunk, r.map(|r| r.data.len()), p.as_ref().map(|p| p.0), c.as_ref().map(Vec::len)),
+        (p, c, r) => prop_assert!(
+            false,
+            "strict read of {} gave {:?}; model pending {:?} committed len {:?}",
+            chunk,
+            r.map(|r| r.data.len()),
+            p.as_ref().map(|p| p.0),
+            c.as_ref().map(Vec::len)
+        ),
     }
     Ok(())
 }

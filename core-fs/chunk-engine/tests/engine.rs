@@ -1,9 +1,7 @@
 //! Behaviour tests of the chunk engine: versions, COW vs append, pools,
 //! checksums, queries.
 
-use fskv_chunk_engine::{
-    ChunkEngine, ChunkError, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag, MAX_CHUNK_BYTES,
-};
+use fskv_chunk_engine::{ChunkEngine, ChunkError, EngineConfig, ReadMode, UpdateKind, UpdateRequest, UpdateTag, MAX_CHUNK_BYTES};
 use fskv_types::{ChunkId, ErrorCode, InodeId};
 use std::io::{Read, Seek, SeekFrom, Write};
 
@@ -29,7 +27,8 @@ fn write(e: &ChunkEngine, chunk: ChunkId, off: u64, data: &[u8], t: u64) -> fskv
         chain_ver: 1,
         kind: UpdateKind::Write { offset_bytes: off, data },
         tag: tag(t),
-        expected_ver: None, chunk_size_hint_bytes: None,
+        expected_ver: None,
+        chunk_size_hint_bytes: None,
     };
     e.update(&req).expect("update")
 }
@@ -176,7 +175,14 @@ fn pool_grows_in_256_block_fallocate_steps_and_reuses_freed_blocks() {
     // Free a low block and allocate again: the freed block is reused first.
     let freed = committed_block(&e, cid(8, 10));
     let out = e
-        .update(&UpdateRequest { chunk: cid(8, 10), chain_ver: 1, kind: UpdateKind::Remove, tag: tag(2), expected_ver: None, chunk_size_hint_bytes: None })
+        .update(&UpdateRequest {
+            chunk: cid(8, 10),
+            chain_ver: 1,
+            kind: UpdateKind::Remove,
+            tag: tag(2),
+            expected_ver: None,
+            chunk_size_hint_bytes: None,
+        })
         .unwrap();
     e.commit(cid(8, 10), out.pending_ver).unwrap();
     write_commit(&e, cid(9, 0), 0, &small, 1);
@@ -216,7 +222,8 @@ fn corrupted_block_gives_checksum_mismatch() {
         chain_ver: 1,
         kind: UpdateKind::Write { offset_bytes: 0, data: b"x" },
         tag: tag(2),
-        expected_ver: None, chunk_size_hint_bytes: None,
+        expected_ver: None,
+        chunk_size_hint_bytes: None,
     };
     assert!(matches!(e.update(&req), Err(ChunkError::ChecksumMismatch { .. })));
     e.check_invariants().unwrap();
@@ -258,7 +265,8 @@ fn retried_update_is_applied_once_and_chain_version_checked() {
         chain_ver: 3,
         kind: UpdateKind::Write { offset_bytes: 3, data: b"def" },
         tag: tag(2),
-        expected_ver: Some(2), chunk_size_hint_bytes: None,
+        expected_ver: Some(2),
+        chunk_size_hint_bytes: None,
     };
     let first = e.update(&req).unwrap();
     let again = e.update(&req).unwrap();
@@ -283,7 +291,8 @@ fn limits_are_enforced() {
         chain_ver: 1,
         kind: UpdateKind::Write { offset_bytes: MAX_CHUNK_BYTES, data: b"x" },
         tag: tag(1),
-        expected_ver: None, chunk_size_hint_bytes: None,
+        expected_ver: None,
+        chunk_size_hint_bytes: None,
     };
     assert_eq!(e.update(&req).unwrap_err().code(), ErrorCode::InvalidArgument);
     let req = UpdateRequest { kind: UpdateKind::Truncate { len_bytes: MAX_CHUNK_BYTES + 1 }, ..req };
@@ -552,14 +561,22 @@ fn update_and_commit_is_one_committed_step() {
     assert_eq!((out.committed_ver, out.in_place), (5, false));
     assert_eq!(read_all(&e, c), vec![7u8; 100_000]);
     // Fused remove deletes the chunk; a fused remove of nothing is NotFound.
-    let rm = UpdateRequest { chunk: c, chain_ver: 1, kind: UpdateKind::Remove, tag: tag(7), expected_ver: None, chunk_size_hint_bytes: None };
+    let rm =
+        UpdateRequest { chunk: c, chain_ver: 1, kind: UpdateKind::Remove, tag: tag(7), expected_ver: None, chunk_size_hint_bytes: None };
     assert_eq!(e.update_and_commit(&rm).unwrap().committed_ver, 6);
     assert!(e.meta(c).is_none());
     assert!(matches!(e.update_and_commit(&UpdateRequest { tag: tag(8), ..rm }), Err(ChunkError::NotFound(_))));
     e.check_invariants().unwrap();
     // Everything survives a crash and reopen.
     let d = cid(9, 1);
-    let req = UpdateRequest { chunk: d, chain_ver: 1, kind: UpdateKind::Write { offset_bytes: 0, data: b"kept" }, tag: tag(9), expected_ver: Some(1), chunk_size_hint_bytes: None };
+    let req = UpdateRequest {
+        chunk: d,
+        chain_ver: 1,
+        kind: UpdateKind::Write { offset_bytes: 0, data: b"kept" },
+        tag: tag(9),
+        expected_ver: Some(1),
+        chunk_size_hint_bytes: None,
+    };
     e.update_and_commit(&req).unwrap();
     e.simulate_crash();
     let e = open(&dir);

@@ -82,10 +82,7 @@ pub async fn run(opts: KvBenchOptions) -> anyhow::Result<KvBenchReport> {
 
 async fn run_in(root: &std::path::Path, opts: &KvBenchOptions) -> anyhow::Result<KvBenchReport> {
     let duration = Duration::from_secs_f64(opts.seconds.max(0.2));
-    let engine = Arc::new(RocksEngine::open(
-        root.join("engine"),
-        RocksOptions { sync_writes: opts.sync_writes, ..Default::default() },
-    )?);
+    let engine = Arc::new(RocksEngine::open(root.join("engine"), RocksOptions { sync_writes: opts.sync_writes, ..Default::default() })?);
     let raw = Arc::new(open_raw(&root.join("raw"))?);
     let mut rows = Vec::new();
     for &n in &opts.committers {

@@ -288,10 +288,7 @@ pub async fn size_limits(s: &Suite) {
     assert!(matches!(t.set(&long_key, b"v"), Err(KvError::KeyTooLarge { .. })));
     assert!(matches!(t.get(&long_key).await, Err(KvError::KeyTooLarge { .. })));
     t.set(&s.key("bigval"), &vec![0u8; limits::MAX_VALUE_BYTES]).expect("a value of exactly the limit");
-    assert!(matches!(
-        t.set(&s.key("v2"), &vec![0u8; limits::MAX_VALUE_BYTES + 1]),
-        Err(KvError::ValueTooLarge { .. })
-    ));
+    assert!(matches!(t.set(&s.key("v2"), &vec![0u8; limits::MAX_VALUE_BYTES + 1]), Err(KvError::ValueTooLarge { .. })));
     drop(t);
     let mut t = s.engine.begin().await.unwrap();
     let chunk = vec![7u8; 90_000];

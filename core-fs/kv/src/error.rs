@@ -38,13 +38,7 @@ pub enum KvError {
 impl KvError {
     /// Whether running the whole transaction again may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            KvError::NotCommitted
-                | KvError::TransactionTooOld
-                | KvError::CommitUnknownResult
-                | KvError::Retryable { .. }
-        )
+        matches!(self, KvError::NotCommitted | KvError::TransactionTooOld | KvError::CommitUnknownResult | KvError::Retryable { .. })
     }
 
     /// Whether the transaction may have been applied although an error came back.
@@ -57,9 +51,7 @@ impl KvError {
             KvError::NotCommitted | KvError::Retryable { .. } => ErrorCode::KvNotCommitted,
             KvError::CommitUnknownResult => ErrorCode::KvCommitUnknownResult,
             KvError::TransactionTooOld => ErrorCode::KvTransactionTooOld,
-            KvError::KeyTooLarge { .. }
-            | KvError::ValueTooLarge { .. }
-            | KvError::TransactionTooLarge { .. } => ErrorCode::KvTooLarge,
+            KvError::KeyTooLarge { .. } | KvError::ValueTooLarge { .. } | KvError::TransactionTooLarge { .. } => ErrorCode::KvTooLarge,
             KvError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             KvError::Closed => ErrorCode::ShuttingDown,
             KvError::Storage(_) => ErrorCode::Internal,

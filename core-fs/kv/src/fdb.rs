@@ -22,11 +22,7 @@ fn boot_network() -> KvResult<()> {
         // SAFETY: called at most once per process (OnceLock), before any other
         // FoundationDB call; the guard is leaked so the network is never stopped
         // while a Database is in use.
-        let booted = unsafe {
-            foundationdb::api::FdbApiBuilder::default()
-                .build()
-                .and_then(|builder| builder.boot())
-        };
+        let booted = unsafe { foundationdb::api::FdbApiBuilder::default().build().and_then(|builder| builder.boot()) };
         match booted {
             Ok(guard) => {
                 std::mem::forget(guard);
@@ -188,17 +184,13 @@ impl Transaction for FdbTransaction {
     fn add_read_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()> {
         check_range(begin, end)?;
         self.grow(begin.len() + end.len())?;
-        self.trx
-            .add_conflict_range(begin, end, foundationdb::options::ConflictRangeType::Read)
-            .map_err(map_err)
+        self.trx.add_conflict_range(begin, end, foundationdb::options::ConflictRangeType::Read).map_err(map_err)
     }
 
     fn add_write_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()> {
         check_range(begin, end)?;
         self.grow(begin.len() + end.len())?;
-        self.trx
-            .add_conflict_range(begin, end, foundationdb::options::ConflictRangeType::Write)
-            .map_err(map_err)
+        self.trx.add_conflict_range(begin, end, foundationdb::options::ConflictRangeType::Write).map_err(map_err)
     }
 
     async fn commit(self: Box<Self>) -> KvResult<u64> {

@@ -25,19 +25,19 @@
 pub mod bench;
 pub mod conformance;
 mod error;
+#[cfg(feature = "fdb")]
+mod fdb;
 pub mod limits;
 mod local;
 mod memory;
 mod resolver;
 mod rocks;
-#[cfg(feature = "fdb")]
-mod fdb;
 
 pub use error::{KvError, KvResult};
-pub use memory::MemoryEngine;
-pub use rocks::{RocksEngine, RocksOptions};
 #[cfg(feature = "fdb")]
 pub use fdb::FdbEngine;
+pub use memory::MemoryEngine;
+pub use rocks::{RocksEngine, RocksOptions};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -229,10 +229,7 @@ where
 /// A jittered delay in `[backoff/2, backoff]` without a global RNG: the
 /// sub-millisecond clock is random enough to de-synchronize retries.
 fn rand_jitter(backoff_ms: u64) -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() as u64)
-        .unwrap_or(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
     let half = backoff_ms / 2;
     half + nanos % (backoff_ms - half + 1)
 }
@@ -252,12 +249,8 @@ pub fn open_engine(spec: &str) -> KvResult<Arc<dyn KvEngine>> {
         }
         #[cfg(not(feature = "fdb"))]
         {
-            return Err(KvError::InvalidArgument(format!(
-                "engine 'fdb:{cluster}' needs a build with the cargo feature `fdb`"
-            )));
+            return Err(KvError::InvalidArgument(format!("engine 'fdb:{cluster}' needs a build with the cargo feature `fdb`")));
         }
     }
-    Err(KvError::InvalidArgument(format!(
-        "unknown KV engine '{spec}': expected memory, rocksdb:PATH or fdb:CLUSTER_FILE"
-    )))
+    Err(KvError::InvalidArgument(format!("unknown KV engine '{spec}': expected memory, rocksdb:PATH or fdb:CLUSTER_FILE")))
 }

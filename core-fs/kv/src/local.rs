@@ -497,13 +497,7 @@ fn commit_loop<S: Store>(core: Arc<Core<S>>, mut rx: mpsc::Receiver<CommitReques
 
 /// Resolves, applies and answers one batch. Versions handed out are never
 /// reused, even if the store write fails.
-fn commit_batch<S: Store>(
-    core: &Core<S>,
-    resolver: &mut Resolver,
-    next_version: &mut u64,
-    batch: Vec<CommitRequest>,
-    now_ms: u64,
-) {
+fn commit_batch<S: Store>(core: &Core<S>, resolver: &mut Resolver, next_version: &mut u64, batch: Vec<CommitRequest>, now_ms: u64) {
     resolver.prune(now_ms);
     let mut latest = BatchView { store: &core.store, written: HashMap::new(), cleared: Vec::new() };
     let mut mutations = Vec::new();

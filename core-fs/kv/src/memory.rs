@@ -30,11 +30,8 @@ impl StoreSnapshot for MemSnapshot {
         }
         let bounds = (Bound::Included(begin), Bound::Excluded(end));
         let iter = self.map.range::<_, [u8]>(bounds).map(|(k, v)| (k.clone(), v.clone()));
-        let mut rows: Vec<KeyValue> = if reverse {
-            iter.rev().take(limit.saturating_add(1)).collect()
-        } else {
-            iter.take(limit.saturating_add(1)).collect()
-        };
+        let mut rows: Vec<KeyValue> =
+            if reverse { iter.rev().take(limit.saturating_add(1)).collect() } else { iter.take(limit.saturating_add(1)).collect() };
         let more = rows.len() > limit;
         rows.truncate(limit);
         Ok((rows, more))
@@ -63,10 +60,8 @@ impl Store for MemStore {
                     next.remove(k);
                 }
                 Mutation::ClearRange(b, e) => {
-                    let doomed: Vec<Bytes> = next
-                        .range::<_, Bytes>((Bound::Included(b), Bound::Excluded(e)))
-                        .map(|(k, _)| k.clone())
-                        .collect();
+                    let doomed: Vec<Bytes> =
+                        next.range::<_, Bytes>((Bound::Included(b), Bound::Excluded(e))).map(|(k, _)| k.clone()).collect();
                     for k in doomed {
                         next.remove(&k);
                     }

@@ -72,11 +72,7 @@ impl Resolver {
             if self.point_writes.get(key).is_some_and(newer) {
                 return Verdict::Conflict;
             }
-            if self
-                .range_writes
-                .iter()
-                .any(|(b, e, v)| newer(v) && b <= key && key < e)
-            {
+            if self.range_writes.iter().any(|(b, e, v)| newer(v) && b <= key && key < e) {
                 return Verdict::Conflict;
             }
         }
@@ -88,11 +84,7 @@ impl Resolver {
             if self.point_writes.range::<Bytes, _>(bounds).any(|(_, v)| newer(v)) {
                 return Verdict::Conflict;
             }
-            if self
-                .range_writes
-                .iter()
-                .any(|(b, e, v)| newer(v) && b < end && begin < e)
-            {
+            if self.range_writes.iter().any(|(b, e, v)| newer(v) && b < end && begin < e) {
                 return Verdict::Conflict;
             }
         }

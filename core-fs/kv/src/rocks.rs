@@ -13,7 +13,9 @@ use crate::local::{LocalEngine, Mutation, Store, StoreSnapshot};
 use crate::{KeyValue, KvEngine, KvError, KvResult, Transaction};
 use async_trait::async_trait;
 use bytes::Bytes;
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB,
+};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -176,10 +178,8 @@ fn read_version(db: &DB) -> KvResult<u64> {
     match db.get_cf(&sys, VERSION_KEY).map_err(storage_err)? {
         None => Ok(0),
         Some(v) => {
-            let bytes: [u8; 8] = v
-                .as_slice()
-                .try_into()
-                .map_err(|_| KvError::Storage(format!("corrupt committed version record of {} bytes", v.len())))?;
+            let bytes: [u8; 8] =
+                v.as_slice().try_into().map_err(|_| KvError::Storage(format!("corrupt committed version record of {} bytes", v.len())))?;
             Ok(u64::from_le_bytes(bytes))
         }
     }

@@ -4,7 +4,7 @@
 //! checks that every acknowledged transaction is there and that every
 //! transaction is all-or-nothing.
 
-use fskv_kv::{open_engine, RangeRequest, RocksEngine, RocksOptions, KvEngine};
+use fskv_kv::{open_engine, KvEngine, RangeRequest, RocksEngine, RocksOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

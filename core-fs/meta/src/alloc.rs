@@ -54,9 +54,9 @@ impl InodeAllocator {
                     Some(raw) => decode_i64(&key, &raw).map_err(|e| fskv_kv::KvError::Storage(e.to_string()))?,
                     None => 0,
                 };
-                let next = current.checked_add(ALLOC_BATCH as i64).ok_or_else(|| {
-                    fskv_kv::KvError::Storage(format!("inode allocator shard {shard} exhausted"))
-                })?;
+                let next = current
+                    .checked_add(ALLOC_BATCH as i64)
+                    .ok_or_else(|| fskv_kv::KvError::Storage(format!("inode allocator shard {shard} exhausted")))?;
                 txn.set(&key, &next.to_le_bytes())?;
                 Ok(current as u64)
             })

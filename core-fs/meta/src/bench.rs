@@ -40,7 +40,14 @@ pub struct MetaBenchOptions {
 
 impl Default for MetaBenchOptions {
     fn default() -> Self {
-        MetaBenchOptions { dir: PathBuf::from("."), seconds: 3.0, callers: vec![1, 32], sync_writes: true, readdir_page_entries: 128, batch_shards: 8 }
+        MetaBenchOptions {
+            dir: PathBuf::from("."),
+            seconds: 3.0,
+            callers: vec![1, 32],
+            sync_writes: true,
+            readdir_page_entries: 128,
+            batch_shards: 8,
+        }
     }
 }
 
@@ -120,60 +127,66 @@ async fn run_in(root: &std::path::Path, opts: &MetaBenchOptions) -> anyhow::Resu
         let creates = timed(callers, duration, {
             let (client, created) = (client.clone(), created.clone());
             move |w, i| {
-            let (client, created) = (client.clone(), created.clone());
-            async move {
-                let name = format!("w{w}-{i}");
-                let inode = client.create(dir, &name, 0o644, true).await?;
-                created.lock()[w].push((name, inode.id));
-                Ok(())
+                let (client, created) = (client.clone(), created.clone());
+                async move {
+                    let name = format!("w{w}-{i}");
+                    let inode = client.create(dir, &name, 0o644, true).await?;
+                    created.lock()[w].push((name, inode.id));
+                    Ok(())
+                }
             }
-        }})
+        })
         .await?;
         let files: Arc<Vec<Vec<(String, InodeId)>>> = Arc::new(created.lock().clone());
         let stats = timed(callers, duration, {
             let (client, files) = (client.clone(), files.clone());
             move |w, i| {
-            let (client, files) = (client.clone(), files.clone());
-            async move {
-                if let Some(mine) = files.get(w).filter(|v| !v.is_empty()) {
-                    client.stat(mine[(i as usize) % mine.len()].1).await?;
+                let (client, files) = (client.clone(), files.clone());
+                async move {
+                    if let Some(mine) = files.get(w).filter(|v| !v.is_empty()) {
+                        client.stat(mine[(i as usize) % mine.len()].1).await?;
+                    }
+                    Ok(())
                 }
-                Ok(())
             }
-        }})
+        })
         .await?;
         let page = opts.readdir_page_entries;
         let cursor = Arc::new(parking_lot::Mutex::new(vec![String::new(); callers]));
         let readdirs = timed(callers, duration, {
             let (client, cursor) = (client.clone(), cursor.clone());
             move |w, _| {
-            let (client, cursor) = (client.clone(), cursor.clone());
-            async move {
-                let after = cursor.lock()[w].clone();
-                let (entries, more) = client.readdir(dir, &after, page, false).await?;
-                cursor.lock()[w] = if more { entries.last().map(|e| e.name.clone()).unwrap_or_default() } else { String::new() };
-                Ok(())
+                let (client, cursor) = (client.clone(), cursor.clone());
+                async move {
+                    let after = cursor.lock()[w].clone();
+                    let (entries, more) = client.readdir(dir, &after, page, false).await?;
+                    cursor.lock()[w] = if more { entries.last().map(|e| e.name.clone()).unwrap_or_default() } else { String::new() };
+                    Ok(())
+                }
             }
-        }})
+        })
         .await?;
         // Each caller renames its own files back and forth ("x" suffix toggles).
-        let names = Arc::new(parking_lot::Mutex::new(files.iter().map(|v| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()).collect::<Vec<_>>()));
+        let names = Arc::new(parking_lot::Mutex::new(
+            files.iter().map(|v| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        ));
         let renames = timed(callers, duration, {
             let (client, names) = (client.clone(), names.clone());
             move |w, i| {
-            let (client, names) = (client.clone(), names.clone());
-            async move {
-                let current = {
-                    let n = names.lock();
-                    n.get(w).filter(|v| !v.is_empty()).map(|v| ((i as usize) % v.len(), v[(i as usize) % v.len()].clone()))
-                };
-                let Some((idx, from)) = current else { return Ok(()) };
-                let to = if let Some(base) = from.strip_suffix('x') { base.to_string() } else { format!("{from}x") };
-                client.rename(dir, &from, dir, &to).await?;
-                names.lock()[w][idx] = to;
-                Ok(())
+                let (client, names) = (client.clone(), names.clone());
+                async move {
+                    let current = {
+                        let n = names.lock();
+                        n.get(w).filter(|v| !v.is_empty()).map(|v| ((i as usize) % v.len(), v[(i as usize) % v.len()].clone()))
+                    };
+                    let Some((idx, from)) = current else { return Ok(()) };
+                    let to = if let Some(base) = from.strip_suffix('x') { base.to_string() } else { format!("{from}x") };
+                    client.rename(dir, &from, dir, &to).await?;
+                    names.lock()[w][idx] = to;
+                    Ok(())
+                }
             }
-        }})
+        })
         .await?;
         rows.push(MetaBenchRow {
             callers,

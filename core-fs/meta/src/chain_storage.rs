@@ -51,7 +51,8 @@ impl StorageBackend for ChainStorage {
     async fn remove_chunks(&self, inode: InodeId, layout: &FileLayout) -> Result<u64, StorageError> {
         let mut removed = 0;
         for chain in chains_of(layout) {
-            removed += self.client.remove_chunks(chain, inode, 0).await.map_err(|e| err(&format!("remove chunks of {inode} on {chain}"), e))?;
+            removed +=
+                self.client.remove_chunks(chain, inode, 0).await.map_err(|e| err(&format!("remove chunks of {inode} on {chain}"), e))?;
         }
         Ok(removed)
     }
@@ -60,10 +61,7 @@ impl StorageBackend for ChainStorage {
         let chunk_bytes = u64::from(layout.chunk_size_bytes.max(1));
         let kept_chunks = length_bytes.div_ceil(chunk_bytes);
         for chain in chains_of(layout) {
-            self.client
-                .remove_chunks(chain, inode, kept_chunks)
-                .await
-                .map_err(|e| err(&format!("truncate {inode} on {chain}"), e))?;
+            self.client.remove_chunks(chain, inode, kept_chunks).await.map_err(|e| err(&format!("truncate {inode} on {chain}"), e))?;
         }
         let tail = length_bytes % chunk_bytes;
         if tail == 0 {

@@ -25,9 +25,7 @@ use crate::error::{MetaError, MetaResult};
 use crate::schema::*;
 use bytes::Bytes;
 use fskv_kv::{key_after, KeyValue, KvEngine, KvError, RangeRequest, Transaction};
-use fskv_types::meta::{
-    FsckProblem, FsckProblemKind, FsckReply, Inode, InodeKind, DEFAULT_FSCK_PROBLEMS, MAX_FSCK_INODES,
-};
+use fskv_types::meta::{FsckProblem, FsckProblemKind, FsckReply, Inode, InodeKind, DEFAULT_FSCK_PROBLEMS, MAX_FSCK_INODES};
 use fskv_types::InodeId;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -250,7 +248,11 @@ pub async fn run(engine: &dyn KvEngine, opts: &FsckOptions) -> MetaResult<FsckRe
             return Ok(());
         };
         if node.kind != e.kind {
-            p.push(FsckProblemKind::KindMismatch, e.inode, format!("entry {parent}/{name}: kind {:?} but inode is {:?}", e.kind, node.kind));
+            p.push(
+                FsckProblemKind::KindMismatch,
+                e.inode,
+                format!("entry {parent}/{name}: kind {:?} but inode is {:?}", e.kind, node.kind),
+            );
         }
         if let Some((dp, dn)) = &node.dir {
             if *dp != parent || *dn != name {

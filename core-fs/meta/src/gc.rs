@@ -39,10 +39,7 @@ pub struct GcStats {
 }
 
 pub fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// One GC pass over (part of) the queue.
@@ -146,8 +143,7 @@ async fn reclaim_file(
         }
         if let InodeData::File(f) = &inode.data {
             if f.inline.is_none() {
-                stats.chunks_removed +=
-                    storage.remove_chunks(id, &f.layout).await.map_err(|e| MetaError::Storage(e.to_string()))?;
+                stats.chunks_removed += storage.remove_chunks(id, &f.layout).await.map_err(|e| MetaError::Storage(e.to_string()))?;
             }
         }
     }

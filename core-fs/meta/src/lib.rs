@@ -24,8 +24,8 @@ pub mod schema;
 pub mod service;
 pub mod storage;
 
+pub use chain_storage::ChainStorage;
 pub use error::{MetaError, MetaResult};
 pub use ops::MetaConfig;
 pub use service::MetaService;
-pub use chain_storage::ChainStorage;
 pub use storage::{FakeStorage, NoStorage, StorageBackend};

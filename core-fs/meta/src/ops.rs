@@ -338,9 +338,7 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
     match op {
         MetaOp::Lookup { parent, name } => lookup(txn, ctx, *parent, name).await.map(MetaReply::Inode),
         MetaOp::Stat { inode } => load_inode(txn, *inode).await.map(MetaReply::Inode),
-        MetaOp::Create { parent, name, mode, exclusive, write } => {
-            create(txn, ctx, *parent, name, *mode, *exclusive, *write).await
-        }
+        MetaOp::Create { parent, name, mode, exclusive, write } => create(txn, ctx, *parent, name, *mode, *exclusive, *write).await,
         MetaOp::Open { inode, write } => open(txn, ctx, *inode, *write).await,
         MetaOp::Close { inode, session, length_hint, truncate_version, wrote } => {
             let args = CloseArgs { session: *session, length_hint: *length_hint, truncate_version: *truncate_version, wrote: *wrote };
@@ -354,32 +352,22 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         }
         MetaOp::Symlink { parent, name, target } => symlink(txn, ctx, *parent, name, target).await.map(MetaReply::Inode),
         MetaOp::Readlink { inode } => readlink(txn, *inode).await.map(MetaReply::Target),
-        MetaOp::Mknod { parent, name, mode, kind, rdev } => {
-            mknod(txn, ctx, *parent, name, *mode, *kind, *rdev).await.map(MetaReply::Inode)
-        }
+        MetaOp::Mknod { parent, name, mode, kind, rdev } => mknod(txn, ctx, *parent, name, *mode, *kind, *rdev).await.map(MetaReply::Inode),
         MetaOp::Link { inode, parent, name } => link(txn, ctx, *inode, *parent, name).await.map(MetaReply::Inode),
-        MetaOp::Readdir { dir, start_after, limit, with_attrs } => {
-            readdir(txn, ctx, *dir, start_after, *limit, *with_attrs).await
-        }
+        MetaOp::Readdir { dir, start_after, limit, with_attrs } => readdir(txn, ctx, *dir, start_after, *limit, *with_attrs).await,
         MetaOp::SetAttr { inode, attr } => setattr(txn, ctx, *inode, attr).await.map(MetaReply::Inode),
-        MetaOp::Truncate { inode, length, session } => {
-            truncate(txn, ctx, *inode, *length, *session).await.map(MetaReply::Inode)
-        }
+        MetaOp::Truncate { inode, length, session } => truncate(txn, ctx, *inode, *length, *session).await.map(MetaReply::Inode),
         MetaOp::ReportLength { inode, length, truncate_version } => {
             report_length(txn, ctx, *inode, *length, *truncate_version).await.map(MetaReply::Inode)
         }
         MetaOp::GetXattr { inode, name } => get_xattr(txn, ctx, *inode, name).await.map(MetaReply::Xattr),
-        MetaOp::SetXattr { inode, name, value, flag } => {
-            set_xattr(txn, ctx, *inode, name, value, *flag).await.map(|_| MetaReply::Done)
-        }
+        MetaOp::SetXattr { inode, name, value, flag } => set_xattr(txn, ctx, *inode, name, value, *flag).await.map(|_| MetaReply::Done),
         MetaOp::ListXattr { inode } => list_xattr(txn, ctx, *inode).await.map(MetaReply::XattrNames),
         MetaOp::RemoveXattr { inode, name } => remove_xattr(txn, ctx, *inode, name).await.map(|_| MetaReply::Done),
         MetaOp::StatFs => statfs(txn, ctx).await.map(MetaReply::StatFs),
         MetaOp::RemoveTree { parent, name } => remove_tree(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
         MetaOp::CreateUnlinked { parent, mode } => create_unlinked(txn, ctx, *parent, *mode).await.map(MetaReply::Inode),
-        MetaOp::WriteInline { inode, offset, data } => {
-            write_inline(txn, ctx, *inode, *offset, data).await.map(MetaReply::Inode)
-        }
+        MetaOp::WriteInline { inode, offset, data } => write_inline(txn, ctx, *inode, *offset, data).await.map(MetaReply::Inode),
         MetaOp::ReadInline { inode, offset, len } => read_inline(txn, ctx, *inode, *offset, *len).await.map(MetaReply::Data),
         MetaOp::Replace { parent, name, inode, expected, attrs } => {
             replace(txn, ctx, *parent, name, *inode, expected.as_ref(), attrs).await.map(MetaReply::Inode)
@@ -547,12 +535,7 @@ pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
 
 /// Loads the entry `parent/name` and its inode for removal, with the
 /// directory write + sticky checks.
-async fn victim(
-    txn: &mut dyn Transaction,
-    ctx: &OpCtx<'_>,
-    parent: InodeId,
-    name: &str,
-) -> MetaResult<(Inode, DentryValue, Inode)> {
+async fn victim(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str) -> MetaResult<(Inode, DentryValue, Inode)> {
     check_name(name)?;
     let dir = load_dir(txn, parent).await?;
     perm::check(&dir, ctx.user, WRITE | EXEC)?;
@@ -665,19 +648,10 @@ pub async fn rename(
     Ok(())
 }
 
-pub async fn symlink(
-    txn: &mut dyn Transaction,
-    ctx: &OpCtx<'_>,
-    parent: InodeId,
-    name: &str,
-    target: &str,
-) -> MetaResult<Inode> {
+pub async fn symlink(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str, target: &str) -> MetaResult<Inode> {
     check_name(name)?;
     if target.is_empty() || target.len() > MAX_SYMLINK_TARGET_BYTES {
-        return Err(MetaError::InvalidArgument(format!(
-            "symlink target of {} bytes (1..={MAX_SYMLINK_TARGET_BYTES})",
-            target.len()
-        )));
+        return Err(MetaError::InvalidArgument(format!("symlink target of {} bytes (1..={MAX_SYMLINK_TARGET_BYTES})", target.len())));
     }
     let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let inode = new_inode(ctx, InodeData::Symlink { target: target.to_string() }, 0o777, 1, &dir)?;
@@ -815,12 +789,7 @@ pub async fn setattr(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, at
 /// chunked file whose chunks the truncate will cut (storage is cut before
 /// the length commits, so a length measured on storage after the commit
 /// never sees the old data).
-pub async fn truncate_check(
-    txn: &mut dyn Transaction,
-    ctx: &OpCtx<'_>,
-    id: InodeId,
-    session: u64,
-) -> MetaResult<Option<FileLayout>> {
+pub async fn truncate_check(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, session: u64) -> MetaResult<Option<FileLayout>> {
     let mut inode = load_live(txn, id).await?;
     if !holds_write_session(txn, ctx, id, session).await? {
         perm::check(&inode, ctx.user, WRITE)?;
@@ -838,9 +807,7 @@ pub async fn truncate(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, l
     let f = file_mut(&mut inode)?;
     if let Some(data) = &mut f.inline {
         if length > inline_max {
-            return Err(MetaError::Unsupported(format!(
-                "extending inline file {id} beyond {inline_max} bytes by truncate"
-            )));
+            return Err(MetaError::Unsupported(format!("extending inline file {id} beyond {inline_max} bytes by truncate")));
         }
         data.resize(length as usize, 0);
     }
@@ -988,13 +955,7 @@ pub async fn create_unlinked(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent:
     Ok(inode)
 }
 
-pub async fn write_inline(
-    txn: &mut dyn Transaction,
-    ctx: &OpCtx<'_>,
-    id: InodeId,
-    offset: u64,
-    data: &[u8],
-) -> MetaResult<Inode> {
+pub async fn write_inline(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, offset: u64, data: &[u8]) -> MetaResult<Inode> {
     let mut inode = load_inode(txn, id).await?;
     perm::check(&inode, ctx.user, WRITE)?;
     let max = ctx.cfg.inline_max_bytes as u64;
@@ -1047,9 +1008,7 @@ async fn check_expected(
         (Some(Expected::Absent), Some(e)) => {
             return Err(MetaError::PreconditionFailed(format!("{parent}/{name} exists (inode {})", e.inode)))
         }
-        (Some(Expected::Inode { .. }), None) => {
-            return Err(MetaError::PreconditionFailed(format!("{parent}/{name} does not exist")))
-        }
+        (Some(Expected::Inode { .. }), None) => return Err(MetaError::PreconditionFailed(format!("{parent}/{name} does not exist"))),
         (Some(Expected::Inode { id, version }), Some(e)) => {
             let cur = load_inode(txn, e.inode).await?;
             if e.inode != *id || cur.version != *version {

@@ -60,8 +60,5 @@ pub fn check_sticky(dir: &Inode, victim: &Inode, user: &UserInfo) -> MetaResult<
     if dir.acl.mode & MODE_STICKY == 0 || user.uid == 0 || user.uid == dir.acl.uid || user.uid == victim.acl.uid {
         return Ok(());
     }
-    Err(MetaError::PermissionDenied(format!(
-        "sticky directory {}: uid {} owns neither it nor {}",
-        dir.id, user.uid, victim.id
-    )))
+    Err(MetaError::PermissionDenied(format!("sticky directory {}: uid {} owns neither it nor {}", dir.id, user.uid, victim.id)))
 }

@@ -117,10 +117,7 @@ pub fn alloc_key(shard: u8) -> Vec<u8> {
 
 /// The inode id in an `INOD`/`GCQU`/... key (bytes 4..12).
 pub fn id_from_key(key: &[u8]) -> MetaResult<InodeId> {
-    let raw: [u8; 8] = key
-        .get(4..12)
-        .and_then(|s| s.try_into().ok())
-        .ok_or_else(|| corrupt(key, "key shorter than prefix + inode id"))?;
+    let raw: [u8; 8] = key.get(4..12).and_then(|s| s.try_into().ok()).ok_or_else(|| corrupt(key, "key shorter than prefix + inode id"))?;
     Ok(InodeId(u64::from_le_bytes(raw)))
 }
 

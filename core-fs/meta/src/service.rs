@@ -418,8 +418,7 @@ impl Inner {
 
     /// Runs `items` in one transaction (all or nothing), retrying conflicts.
     async fn commit_group(&self, items: &[(MetaRequest, Prepared)]) -> MetaResult<Vec<MetaReply>> {
-        let retry_unknown =
-            items.iter().all(|(r, _)| is_read_only(&r.op) || (r.request_id != 0 && r.op.needs_idempotency()));
+        let retry_unknown = items.iter().all(|(r, _)| is_read_only(&r.op) || (r.request_id != 0 && r.op.needs_idempotency()));
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -495,9 +494,8 @@ impl Inner {
         }
         for item in items {
             let group = [(item.req, item.prep)];
-            let result = self.commit_group(&group).await.and_then(|mut r| {
-                r.pop().ok_or_else(|| MetaError::Internal("empty group result".into()))
-            });
+            let result =
+                self.commit_group(&group).await.and_then(|mut r| r.pop().ok_or_else(|| MetaError::Internal("empty group result".into())));
             let _ = item.reply.send(result);
         }
     }

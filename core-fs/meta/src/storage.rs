@@ -106,10 +106,7 @@ impl StorageBackend for FakeStorage {
     }
     async fn last_chunk(&self, inode: InodeId, chain: ChainId) -> Result<Option<LastChunk>, StorageError> {
         let map = self.chunks.lock();
-        Ok(map
-            .get(&(inode, chain))
-            .and_then(|m| m.iter().next_back())
-            .map(|(&index, &len_bytes)| LastChunk { index, len_bytes }))
+        Ok(map.get(&(inode, chain)).and_then(|m| m.iter().next_back()).map(|(&index, &len_bytes)| LastChunk { index, len_bytes }))
     }
     async fn remove_chunks(&self, inode: InodeId, _: &FileLayout) -> Result<u64, StorageError> {
         let mut map = self.chunks.lock();

@@ -17,13 +17,7 @@ const CHUNK: u32 = 4096;
 
 fn chunks_on(cluster: &LocalCluster, target: TargetId, inode: InodeId) -> Vec<(u64, u32)> {
     let engine = cluster.engine(target).expect("engine");
-    engine
-        .dump()
-        .expect("dump")
-        .into_iter()
-        .filter(|(id, _)| id.inode == inode)
-        .map(|(id, m)| (id.index, m.committed.len_bytes))
-        .collect()
+    engine.dump().expect("dump").into_iter().filter(|(id, _)| id.inode == inode).map(|(id, m)| (id.index, m.committed.len_bytes)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -41,15 +35,14 @@ async fn lengths_truncate_and_gc_go_through_the_storage_service() {
         root_layout: LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: CHUNK, stripe_size: 1 },
         ..common::test_config()
     };
-    let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend.clone() as Arc<dyn StorageBackend>, cfg)
-        .await
-        .unwrap();
+    let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend.clone() as Arc<dyn StorageBackend>, cfg).await.unwrap();
     let fs = Fs::over(svc);
 
-    let (file, session) = match fs.op(MetaOp::Create { parent: InodeId::ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
-        MetaReply::Opened { inode, session } => (inode, session),
-        other => panic!("{other:?}"),
-    };
+    let (file, session) =
+        match fs.op(MetaOp::Create { parent: InodeId::ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+            MetaReply::Opened { inode, session } => (inode, session),
+            other => panic!("{other:?}"),
+        };
     let layout = file.file().unwrap().layout.clone();
     // 3 full chunks and 100 bytes, written through the storage service, no length report.
     let length = 3 * u64::from(CHUNK) + 100;

@@ -48,7 +48,7 @@ async fn fsck_rpc_is_clean_on_a_fresh_tree_and_reports_corruption() {
     assert!(clean.problems.is_empty());
     assert_eq!(clean.inodes, 7, "{clean:#?}"); // root, d, sub, a, b, s, c
     assert_eq!(clean.entries, 7, "{clean:#?}"); // d, sub, a, b, b-link, s, c
-    // One key per range read: same counts.
+                                                // One key per range read: same counts.
     let paged = client.fsck(&req(100, 1), TIMEOUT_MS).await.unwrap();
     assert_eq!((paged.inodes, paged.entries, paged.problems_total), (clean.inodes, clean.entries, 0));
 

@@ -124,7 +124,9 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
             let (dir, name) = (m.dir(*d), name(*n));
             let expect = if m.entry(dir, &name).is_some() { err(ErrorCode::AlreadyExists) } else { Ok(()) };
             let (op, kind) = match s {
-                Step::Create(..) => (MetaOp::Create { parent: dir, name: name.clone(), mode: 0o644, exclusive: true, write: false }, InodeKind::File),
+                Step::Create(..) => {
+                    (MetaOp::Create { parent: dir, name: name.clone(), mode: 0o644, exclusive: true, write: false }, InodeKind::File)
+                }
                 Step::Mkdir(..) => (MetaOp::Mkdir { parent: dir, name: name.clone(), mode: 0o755 }, InodeKind::Directory),
                 _ => (MetaOp::Symlink { parent: dir, name: name.clone(), target: "t".into() }, InodeKind::Symlink),
             };
@@ -147,7 +149,8 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
                 Some((id, _)) if rmdir && !m.dirs[&id].is_empty() => err(ErrorCode::NotEmpty),
                 Some(_) => Ok(()),
             };
-            let op = if rmdir { MetaOp::Rmdir { parent: dir, name: name.clone() } } else { MetaOp::Unlink { parent: dir, name: name.clone() } };
+            let op =
+                if rmdir { MetaOp::Rmdir { parent: dir, name: name.clone() } } else { MetaOp::Unlink { parent: dir, name: name.clone() } };
             let got = fs.op(op).await.map(|_| ()).map_err(|e| e.code());
             assert_eq!(got, expect, "{s:?}");
             if got.is_ok() {
@@ -173,7 +176,14 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
                 Some((_, InodeKind::Directory)) => err(ErrorCode::IsDirectory),
                 _ => Ok(()),
             };
-            let op = MetaOp::CreateWritePublish { parent: dir, name: name.clone(), mode: 0o644, data: b"x".to_vec(), expected: None, attrs: Default::default() };
+            let op = MetaOp::CreateWritePublish {
+                parent: dir,
+                name: name.clone(),
+                mode: 0o644,
+                data: b"x".to_vec(),
+                expected: None,
+                attrs: Default::default(),
+            };
             let got = fs.inode(op).await;
             assert_eq!(got.as_ref().map(|_| ()).map_err(|e| e.code()), expect, "{s:?}");
             if let Ok(inode) = got {
@@ -231,8 +241,7 @@ async fn check_against_model(fs: &Fs, m: &Model) {
     assert_eq!(report.gc_queued, 0);
     assert_eq!(report.inodes, m.live_inodes(), "inode count (orphans or leaks)");
     for (dir, children) in &m.dirs {
-        let real: BTreeMap<String, Entry> =
-            fs.readdir_all(*dir).await.unwrap().into_iter().map(|e| (e.name, (e.inode, e.kind))).collect();
+        let real: BTreeMap<String, Entry> = fs.readdir_all(*dir).await.unwrap().into_iter().map(|e| (e.name, (e.inode, e.kind))).collect();
         assert_eq!(&real, children, "entries of {dir}");
     }
     for (id, links) in m.links() {

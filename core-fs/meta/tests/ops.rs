@@ -89,8 +89,14 @@ async fn permission_checks() {
     assert_eq!(code(bob.op(MetaOp::Open { inode: f.id, write: false }).await), ErrorCode::PermissionDenied);
     assert!(alice.op(MetaOp::Open { inode: f.id, write: false }).await.is_ok());
     // Only the owner chmods; only root chowns.
-    assert_eq!(code(bob.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(0o777), ..Default::default() } }).await), ErrorCode::PermissionDenied);
-    assert_eq!(code(alice.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { uid: Some(1001), ..Default::default() } }).await), ErrorCode::PermissionDenied);
+    assert_eq!(
+        code(bob.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(0o777), ..Default::default() } }).await),
+        ErrorCode::PermissionDenied
+    );
+    assert_eq!(
+        code(alice.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { uid: Some(1001), ..Default::default() } }).await),
+        ErrorCode::PermissionDenied
+    );
     // Group class: bob in group 1000 may read a 0640 file.
     alice.op(MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(0o640), ..Default::default() } }).await.unwrap();
     let mut bob_in_group = fs.as_user(1001, 1001);
@@ -121,10 +127,7 @@ async fn xattrs() {
     fs.op(set("user.a", b"3", XattrFlag::Replace)).await.unwrap();
     fs.op(set("user.b", &[7u8; 1000], XattrFlag::Any)).await.unwrap();
     assert_eq!(fs.op(MetaOp::GetXattr { inode: f.id, name: "user.a".into() }).await.unwrap(), MetaReply::Xattr(b"3".to_vec()));
-    assert_eq!(
-        fs.op(MetaOp::ListXattr { inode: f.id }).await.unwrap(),
-        MetaReply::XattrNames(vec!["user.a".into(), "user.b".into()])
-    );
+    assert_eq!(fs.op(MetaOp::ListXattr { inode: f.id }).await.unwrap(), MetaReply::XattrNames(vec!["user.a".into(), "user.b".into()]));
     assert_eq!(code(fs.op(set("user.big", &vec![0u8; MAX_XATTR_VALUE_BYTES + 1], XattrFlag::Any)).await), ErrorCode::ResourceExhausted);
     fs.op(MetaOp::RemoveXattr { inode: f.id, name: "user.a".into() }).await.unwrap();
     assert_eq!(code(fs.op(MetaOp::RemoveXattr { inode: f.id, name: "user.a".into() }).await), ErrorCode::NotFound);
@@ -163,12 +166,29 @@ async fn readdir_pagination_and_attrs() {
 async fn cas_replace_and_create_write_publish() {
     let fs = Fs::new().await;
     let v1 = fs
-        .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"one".to_vec(), expected: Some(Expected::Absent), attrs: Default::default() })
+        .inode(MetaOp::CreateWritePublish {
+            parent: ROOT,
+            name: "obj".into(),
+            mode: 0o644,
+            data: b"one".to_vec(),
+            expected: Some(Expected::Absent),
+            attrs: Default::default(),
+        })
         .await
         .unwrap();
     assert_eq!(v1.size_bytes(), 3);
     assert_eq!(
-        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "obj".into(), mode: 0o644, data: b"x".to_vec(), expected: Some(Expected::Absent), attrs: Default::default() }).await),
+        code(
+            fs.op(MetaOp::CreateWritePublish {
+                parent: ROOT,
+                name: "obj".into(),
+                mode: 0o644,
+                data: b"x".to_vec(),
+                expected: Some(Expected::Absent),
+                attrs: Default::default()
+            })
+            .await
+        ),
         ErrorCode::PreconditionFailed
     );
     // Temp inode, written, then published with the right expectation.
@@ -177,11 +197,23 @@ async fn cas_replace_and_create_write_publish() {
     fs.inode(MetaOp::WriteInline { inode: tmp.id, offset: 0, data: b"two!".to_vec() }).await.unwrap();
     let wrong = Expected::Inode { id: v1.id, version: v1.version + 5 };
     assert_eq!(
-        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(wrong), attrs: Default::default() }).await),
+        code(
+            fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(wrong), attrs: Default::default() })
+                .await
+        ),
         ErrorCode::PreconditionFailed
     );
     let right = Expected::Inode { id: v1.id, version: v1.version };
-    let v2 = fs.inode(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp.id, expected: Some(right.clone()), attrs: Default::default() }).await.unwrap();
+    let v2 = fs
+        .inode(MetaOp::Replace {
+            parent: ROOT,
+            name: "obj".into(),
+            inode: tmp.id,
+            expected: Some(right.clone()),
+            attrs: Default::default(),
+        })
+        .await
+        .unwrap();
     assert_eq!(v2.nlink, 1);
     assert_eq!(fs.lookup(ROOT, "obj").await.unwrap().id, tmp.id);
     assert_eq!(fs.op(MetaOp::ReadInline { inode: tmp.id, offset: 0, len: 100 }).await.unwrap(), MetaReply::Data(b"two!".to_vec()));
@@ -189,12 +221,25 @@ async fn cas_replace_and_create_write_publish() {
     assert_eq!(code(fs.stat(v1.id).await), ErrorCode::NotFound);
     let tmp2 = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
     assert_eq!(
-        code(fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp2.id, expected: Some(right), attrs: Default::default() }).await),
+        code(
+            fs.op(MetaOp::Replace { parent: ROOT, name: "obj".into(), inode: tmp2.id, expected: Some(right), attrs: Default::default() })
+                .await
+        ),
         ErrorCode::PreconditionFailed
     );
     // Inline size limit.
     assert_eq!(
-        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "big".into(), mode: 0o644, data: vec![0; 5000], expected: None, attrs: Default::default() }).await),
+        code(
+            fs.op(MetaOp::CreateWritePublish {
+                parent: ROOT,
+                name: "big".into(),
+                mode: 0o644,
+                data: vec![0; 5000],
+                expected: None,
+                attrs: Default::default()
+            })
+            .await
+        ),
         ErrorCode::ResourceExhausted
     );
     fs.fsck_clean().await;
@@ -218,7 +263,14 @@ async fn publish_sets_length_mtime_and_xattrs_in_the_same_transaction() {
     assert_eq!(fs.op(MetaOp::GetXattr { inode: tmp.id, name: "user.s3.meta".into() }).await.unwrap(), MetaReply::Xattr(b"etag".to_vec()));
     // Inline publish: xattrs and mtime too; the length is the data's.
     let inline = fs
-        .inode(MetaOp::CreateWritePublish { parent: ROOT, name: "small".into(), mode: 0o644, data: b"abc".to_vec(), expected: None, attrs: attrs.clone() })
+        .inode(MetaOp::CreateWritePublish {
+            parent: ROOT,
+            name: "small".into(),
+            mode: 0o644,
+            data: b"abc".to_vec(),
+            expected: None,
+            attrs: attrs.clone(),
+        })
         .await
         .unwrap();
     assert_eq!((inline.size_bytes(), inline.mtime_ns), (3, 1_700_000_000_000_000_000));
@@ -228,9 +280,20 @@ async fn publish_sets_length_mtime_and_xattrs_in_the_same_transaction() {
     let tmp2 = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
     assert!(fs.op(MetaOp::Replace { parent: ROOT, name: "other".into(), inode: tmp2.id, expected: None, attrs: bad }).await.is_err());
     assert_eq!(code(fs.lookup(ROOT, "other").await), ErrorCode::NotFound);
-    let many = PublishAttrs { xattrs: (0..=MAX_PUBLISH_XATTRS).map(|i| (format!("user.x{i}"), Vec::new())).collect(), ..Default::default() };
+    let many =
+        PublishAttrs { xattrs: (0..=MAX_PUBLISH_XATTRS).map(|i| (format!("user.x{i}"), Vec::new())).collect(), ..Default::default() };
     assert_eq!(
-        code(fs.op(MetaOp::CreateWritePublish { parent: ROOT, name: "many".into(), mode: 0o644, data: Vec::new(), expected: None, attrs: many }).await),
+        code(
+            fs.op(MetaOp::CreateWritePublish {
+                parent: ROOT,
+                name: "many".into(),
+                mode: 0o644,
+                data: Vec::new(),
+                expected: None,
+                attrs: many
+            })
+            .await
+        ),
         ErrorCode::ResourceExhausted
     );
 }
@@ -299,10 +362,11 @@ async fn idempotent_retry_returns_the_first_result() {
 #[tokio::test]
 async fn lengths_sessions_truncate_versions() {
     let fs = Fs::new().await;
-    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
-        MetaReply::Opened { inode, session } => (inode, session),
-        other => panic!("{other:?}"),
-    };
+    let (f, session) =
+        match fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+            MetaReply::Opened { inode, session } => (inode, session),
+            other => panic!("{other:?}"),
+        };
     let layout = f.file().unwrap().layout.clone();
     let chunk = u64::from(layout.chunk_size_bytes);
     // Periodic reports raise the length and the dynamic stripe.
@@ -327,10 +391,11 @@ async fn lengths_sessions_truncate_versions() {
 #[tokio::test]
 async fn open_session_defers_gc_of_unlinked_file() {
     let fs = Fs::new().await;
-    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
-        MetaReply::Opened { inode, session } => (inode, session),
-        other => panic!("{other:?}"),
-    };
+    let (f, session) =
+        match fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+            MetaReply::Opened { inode, session } => (inode, session),
+            other => panic!("{other:?}"),
+        };
     fs.storage.write_file(f.id, &f.file().unwrap().layout, 10);
     fs.op(MetaOp::Unlink { parent: ROOT, name: "f".into() }).await.unwrap();
     let s = fs.svc.run_gc_once().await.unwrap();
@@ -365,10 +430,11 @@ async fn exact_length_on_close_widens_the_dynamic_stripe() {
     cfg.root_layout.stripe_size = 64;
     cfg.root_layout.chunk_size_bytes = 4096;
     let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
-    let (f, session) = match fs.op(MetaOp::Create { parent: ROOT, name: "big".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
-        MetaReply::Opened { inode, session } => (inode, session),
-        other => panic!("{other:?}"),
-    };
+    let (f, session) =
+        match fs.op(MetaOp::Create { parent: ROOT, name: "big".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap() {
+            MetaReply::Opened { inode, session } => (inode, session),
+            other => panic!("{other:?}"),
+        };
     let data = f.file().unwrap();
     assert_eq!((data.layout.stripe_size(), data.dyn_stripe), (64, 16));
     // 40 chunks written, no length report: chains 17..40 (shuffled order) are beyond the hint.
@@ -403,7 +469,9 @@ async fn unpublished_temp_inodes_are_reclaimed_after_their_ttl() {
     // Written through the data path (chunks), then abandoned.
     fs.storage.write_file(tmp.id, &tmp.file().unwrap().layout, 100_000);
     let published = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
-    fs.inode(MetaOp::Replace { parent: ROOT, name: "kept".into(), inode: published.id, expected: None, attrs: Default::default() }).await.unwrap();
+    fs.inode(MetaOp::Replace { parent: ROOT, name: "kept".into(), inode: published.id, expected: None, attrs: Default::default() })
+        .await
+        .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     fs.svc.run_gc_until_idle().await.unwrap();
     assert_eq!(code(fs.stat(tmp.id).await), ErrorCode::NotFound);
@@ -496,7 +564,8 @@ async fn concurrent_creates_in_one_directory_do_not_conflict() {
 #[tokio::test]
 async fn close_without_writes_keeps_times_and_stale_hints_are_ignored() {
     let fs = Fs::new().await;
-    let (f, session) = opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
+    let (f, session) =
+        opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: false }).await.unwrap();
     assert_eq!((closed.ctime_ns, closed.mtime_ns), (f.ctime_ns, f.mtime_ns), "a close with no writes changes no time");
@@ -538,12 +607,14 @@ async fn truncate_through_an_open_write_session_skips_the_mode_check() {
 #[tokio::test]
 async fn truncate_cuts_storage_before_the_length_commits() {
     let fs = Fs::new().await;
-    let (f, session) = opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
+    let (f, session) =
+        opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
     let layout = f.file().unwrap().layout.clone();
     fs.storage.write_file(f.id, &layout, 23_456);
     let (_, s2) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
     fs.op(MetaOp::Truncate { inode: f.id, length: 1, session: s2 }).await.unwrap();
-    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: Some(23_456), truncate_version: 0, wrote: true }).await.unwrap();
+    let closed =
+        fs.inode(MetaOp::Close { inode: f.id, session, length_hint: Some(23_456), truncate_version: 0, wrote: true }).await.unwrap();
     assert_eq!(closed.size_bytes(), 1);
 }
 
@@ -599,7 +670,10 @@ async fn special_files_are_made_by_mknod() {
         .await
         .unwrap();
     assert_eq!(fs.lookup(ROOT, "d").await.unwrap().rdev(), 0x0801);
-    assert_eq!(code(fs.op(MetaOp::Mknod { parent: ROOT, name: "p".into(), mode: 0o600, kind: SpecialKind::Socket, rdev: 0 }).await), ErrorCode::AlreadyExists);
+    assert_eq!(
+        code(fs.op(MetaOp::Mknod { parent: ROOT, name: "p".into(), mode: 0o600, kind: SpecialKind::Socket, rdev: 0 }).await),
+        ErrorCode::AlreadyExists
+    );
     let home = fs.mkdir(ROOT, "home").await.unwrap();
     fs.op(MetaOp::SetAttr { inode: home.id, attr: SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() } }).await.unwrap();
     let alice = fs.as_user(1000, 1000);

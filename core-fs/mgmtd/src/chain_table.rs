@@ -310,8 +310,7 @@ impl fmt::Display for ChainTable {
             self.chains.len()
         )?;
         for (i, c) in self.chains.iter().enumerate() {
-            let members: Vec<String> =
-                c.nodes.iter().zip(&c.target_index).map(|(n, t)| format!("node{}/t{}", n + 1, t)).collect();
+            let members: Vec<String> = c.nodes.iter().zip(&c.target_index).map(|(n, t)| format!("node{}/t{}", n + 1, t)).collect();
             writeln!(f, "  chain {:>4}: {}", i + 1, members.join(" -> "))?;
         }
         if self.replicas < 2 || self.nodes < 2 {

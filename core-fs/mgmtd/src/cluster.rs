@@ -177,10 +177,7 @@ impl ClusterState {
         for (t, local) in &hb.targets {
             self.set_local(*t, *local);
         }
-        Ok(HeartbeatAck {
-            routing_version: self.routing_version,
-            lease_expires_ms: now_ms + self.config.heartbeat_timeout_ms / 2,
-        })
+        Ok(HeartbeatAck { routing_version: self.routing_version, lease_expires_ms: now_ms + self.config.heartbeat_timeout_ms / 2 })
     }
 
     fn set_local(&mut self, target: TargetId, local: LocalState) {
@@ -221,7 +218,12 @@ impl ClusterState {
                 let was_syncing = chain.targets.iter().any(|o| o.target == t.target && o.public == PublicState::Syncing);
                 if t.public == PublicState::Syncing && !was_syncing {
                     if let Some(pred) = next.targets[..i].iter().rev().find(|p| p.public == PublicState::Serving) {
-                        out.sync_orders.push(SyncOrder { chain: *id, chain_version: next.version, predecessor: pred.target, target: t.target });
+                        out.sync_orders.push(SyncOrder {
+                            chain: *id,
+                            chain_version: next.version,
+                            predecessor: pred.target,
+                            target: t.target,
+                        });
                     }
                 }
             }
@@ -258,7 +260,12 @@ mod tests {
     }
 
     fn hb(node: u32, generation: u64, local: LocalState) -> Heartbeat {
-        Heartbeat { node: NodeId(node), address: format!("127.0.0.1:{}", 9000 + node), generation, targets: vec![(TargetId(node as u64), local)] }
+        Heartbeat {
+            node: NodeId(node),
+            address: format!("127.0.0.1:{}", 9000 + node),
+            generation,
+            targets: vec![(TargetId(node as u64), local)],
+        }
     }
 
     fn states(c: &ClusterState) -> Vec<(u64, PublicState)> {

@@ -29,6 +29,7 @@ use crate::store::{self, Changes, NodeRecordKv};
 use bytes::Bytes;
 use fskv_client::mgmtd::{GetRouting, Heartbeat as HeartbeatMethod, MgmtdStatus};
 use fskv_kv::KvEngine;
+use fskv_rpc::watch;
 use fskv_rpc::{Router, Server, ServerConfig, TcpTransport, Transport};
 use fskv_types::mgmtd::*;
 use fskv_types::routing::{ChainInfo, ChainTable, ChainTarget, NodeInfo, RoutingInfo};
@@ -37,7 +38,6 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use fskv_rpc::watch;
 use tracing::{error, info, info_span, warn, Instrument};
 
 #[derive(Clone, Debug)]
@@ -153,12 +153,7 @@ fn routing_of(cluster: &ClusterState, nodes: &[NodeInfo]) -> RoutingInfo {
 }
 
 fn node_infos(cluster: &ClusterState) -> Vec<NodeInfo> {
-    cluster
-        .nodes()
-        .values()
-        .filter(|n| !n.address.is_empty())
-        .map(|n| NodeInfo { node_id: n.node, address: n.address.clone() })
-        .collect()
+    cluster.nodes().values().filter(|n| !n.address.is_empty()).map(|n| NodeInfo { node_id: n.node, address: n.address.clone() }).collect()
 }
 
 impl Mgmtd {
@@ -284,11 +279,8 @@ impl Mgmtd {
         let cfg = &self.inner.config;
         let persisted = store::load_or_bootstrap(&*self.inner.engine, &cfg.id, now, self.inner.layout).await?;
         let placement = Layout::placement(&persisted.chains);
-        let mut cluster = ClusterState::new(
-            ClusterConfig { heartbeat_timeout_ms: cfg.heartbeat_timeout_ms },
-            persisted.chains.clone(),
-            placement,
-        );
+        let mut cluster =
+            ClusterState::new(ClusterConfig { heartbeat_timeout_ms: cfg.heartbeat_timeout_ms }, persisted.chains.clone(), placement);
         // A new routing version, so everyone notices the new primary's view.
         let version = persisted.routing_version + 1;
         cluster.set_routing_version(version);
@@ -301,8 +293,7 @@ impl Mgmtd {
         let published_nodes = node_infos(&cluster);
         let routing = routing_of(&cluster, &published_nodes);
         info!(routing_version = version, chains = persisted.chains.len(), "became primary");
-        *self.inner.primary.lock() =
-            Some(Primary { cluster, lease_expires_ms, persisted_nodes: persisted.nodes, published_nodes });
+        *self.inner.primary.lock() = Some(Primary { cluster, lease_expires_ms, persisted_nodes: persisted.nodes, published_nodes });
         self.inner.routing_tx.send_replace(Arc::new(routing));
         Ok(())
     }
@@ -492,7 +483,12 @@ impl Mgmtd {
                         targets: v
                             .targets
                             .iter()
-                            .map(|t| TargetStatus { target_id: t.target, node_id: crate::layout::node_of(t.target), public: t.public, local: t.local })
+                            .map(|t| TargetStatus {
+                                target_id: t.target,
+                                node_id: crate::layout::node_of(t.target),
+                                public: t.public,
+                                local: t.local,
+                            })
                             .collect(),
                     })
                     .collect();

@@ -128,12 +128,8 @@ pub fn next_chain(chain: &ChainView) -> ChainView {
         }
     }
 
-    let mut targets: Vec<TargetView> = chain
-        .targets
-        .iter()
-        .zip(&next)
-        .map(|(t, n)| TargetView { public: n.unwrap_or(t.public), ..*t })
-        .collect();
+    let mut targets: Vec<TargetView> =
+        chain.targets.iter().zip(&next).map(|(t, n)| TargetView { public: n.unwrap_or(t.public), ..*t }).collect();
     // Stable sort keeps the old order inside each group.
     targets.sort_by_key(|t| group(t.public));
     debug_assert!(targets.iter().filter(|t| t.public == PublicState::Syncing).count() <= 1 || chain_had_two_syncing(chain));

@@ -71,8 +71,7 @@ fn encode<T: Serialize>(v: &T) -> std::result::Result<Vec<u8>, KvError> {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(key: &[u8], raw: &[u8]) -> Result<T> {
-    serde_json::from_slice(raw)
-        .map_err(|e| MgmtdError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), detail: e.to_string() })
+    serde_json::from_slice(raw).map_err(|e| MgmtdError::Corrupt { key: String::from_utf8_lossy(key).into_owned(), detail: e.to_string() })
 }
 
 fn decode_lease(raw: Option<Bytes>) -> std::result::Result<Option<LeaseRecord>, KvError> {

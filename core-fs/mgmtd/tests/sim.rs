@@ -143,11 +143,7 @@ impl SimTxn {
     }
 
     fn range(&mut self, r: &RangeRequest) -> RangeResult {
-        let mut kvs: Vec<KeyValue> = self
-            .view()
-            .range(r.begin.clone()..r.end.clone())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let mut kvs: Vec<KeyValue> = self.view().range(r.begin.clone()..r.end.clone()).map(|(k, v)| (k.clone(), v.clone())).collect();
         if r.reverse {
             kvs.reverse();
         }
@@ -326,12 +322,17 @@ impl Ctx {
             let history = s.chain_history.entry(chain.chain_id).or_default();
             let cv = chain.chain_version;
             let backwards = match history.get(&routing.version) {
-                Some(seen) if *seen != cv => Some(format!("routing version {} carries {}@{seen} and {}@{cv}", routing.version, chain.chain_id, chain.chain_id)),
+                Some(seen) if *seen != cv => {
+                    Some(format!("routing version {} carries {}@{seen} and {}@{cv}", routing.version, chain.chain_id, chain.chain_id))
+                }
                 _ => {
                     let before = history.range(..routing.version).next_back().filter(|(_, v)| **v > cv);
                     let after = history.range(routing.version + 1..).next().filter(|(_, v)| **v < cv);
                     before.or(after).map(|(rv, v)| {
-                        format!("{}: routing version {rv} has chain version {v}, routing version {} has {cv} ({who})", chain.chain_id, routing.version)
+                        format!(
+                            "{}: routing version {rv} has chain version {v}, routing version {} has {cv} ({who})",
+                            chain.chain_id, routing.version
+                        )
                     })
                 }
             };
@@ -584,9 +585,10 @@ async fn run_checker(ctx: Ctx) -> turmoil::Result {
                 let nodes_ok = st.nodes.len() == ctx.layout.nodes as usize
                     && st.nodes.iter().all(|n| n.alive && n.last_heartbeat_age_ms <= 3 * STORAGE_HEARTBEAT_MS);
                 let chains_ok = !st.chains.is_empty()
-                    && st.chains.iter().all(|c| {
-                        c.targets.iter().all(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate)
-                    });
+                    && st
+                        .chains
+                        .iter()
+                        .all(|c| c.targets.iter().all(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate));
                 let healthy = st.is_primary && nodes_ok && chains_ok;
                 if !healthy {
                     ctx.shared.lock().unwrap().last_status = Some(format!("nodes {:?} chains {:?}", st.nodes, st.chains));
@@ -908,8 +910,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                 i += 1;
             }
         }
-        let restart: Vec<String> =
-            crashed.iter().filter(|(_, end)| **end <= elapsed_ms || heal_all).map(|(h, _)| h.clone()).collect();
+        let restart: Vec<String> = crashed.iter().filter(|(_, end)| **end <= elapsed_ms || heal_all).map(|(h, _)| h.clone()).collect();
         for h in restart {
             crashed.remove(&h);
             ctx.shared.lock().unwrap().trace.push(format!("{elapsed_ms} restart {h}"));
@@ -932,10 +933,11 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                 }
                 takeover_watch = None;
             } else if elapsed_ms - since > TAKEOVER_BOUND_MS {
-                ctx.shared.lock().unwrap().violations.push(format!(
-                    "no standby took over within {TAKEOVER_BOUND_MS} ms of the fault of {} at {since} ms",
-                    mgmtd_host(old)
-                ));
+                ctx.shared
+                    .lock()
+                    .unwrap()
+                    .violations
+                    .push(format!("no standby took over within {TAKEOVER_BOUND_MS} ms of the fault of {} at {since} ms", mgmtd_host(old)));
                 takeover_watch = None;
             }
         }
@@ -1000,8 +1002,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
     for n in 1..=nodes {
         for t in ctx.node_targets(NodeId(n)) {
             let dir = ctx.root.join(format!("node-{n}")).join(format!("target-{}", t.0));
-            let engine = ChunkEngine::open(&dir, sim_engine_config())
-                .map_err(|e| format!("reopen {t}: {e}"))?;
+            let engine = ChunkEngine::open(&dir, sim_engine_config()).map_err(|e| format!("reopen {t}: {e}"))?;
             engines.insert(t, engine);
         }
     }
@@ -1025,10 +1026,8 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     // (reads there see "uncommitted"); reported in the summary.
                     stale_pending.push(format!("{t} {chunk} v{pv}"));
                 }
-                let data = engine
-                    .read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly)
-                    .map_err(|e| format!("read {t} {chunk}: {e}"))?
-                    .data;
+                let data =
+                    engine.read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly).map_err(|e| format!("read {t} {chunk}: {e}"))?.data;
                 let data = Bytes::from(data);
                 chunks.insert(chunk, (meta.committed_ver, data));
             }
@@ -1061,8 +1060,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         };
         let ok = match got {
             Some(bytes) => {
-                allowed.iter().any(|w| bytes == &pattern(w.writer, w.seq)[..])
-                    || (last_acked.is_none() && bytes.iter().all(|b| *b == 0))
+                allowed.iter().any(|w| bytes == &pattern(w.writer, w.seq)[..]) || (last_acked.is_none() && bytes.iter().all(|b| *b == 0))
             }
             None => last_acked.is_none(),
         };

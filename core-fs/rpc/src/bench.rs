@@ -5,7 +5,7 @@
 //! measures single-stream iperf3 on loopback for the same duration. Loops are
 //! bounded by time and by a maximum call count.
 
-use crate::{CallOptions, ClientConfig, Method, RpcClient, Router, Server, ServerConfig, TcpTransport};
+use crate::{CallOptions, ClientConfig, Method, Router, RpcClient, Server, ServerConfig, TcpTransport};
 use anyhow::Context;
 use bytes::Bytes;
 use serde::Serialize;
@@ -136,11 +136,7 @@ impl fmt::Display for BenchReport {
             _ => writeln!(f, "iperf3: {} ({})", self.iperf3.status, self.iperf3.note)?,
         }
         let ratio = |r: Option<f64>| r.map_or("n/a".to_string(), |r| format!("{r:.2}"));
-        writeln!(
-            f,
-            "ratio 1 MiB write (one direction) / iperf3: {}   [goal >= 0.6]",
-            ratio(self.ratio_write_one_direction_vs_iperf3)
-        )?;
+        writeln!(f, "ratio 1 MiB write (one direction) / iperf3: {}   [goal >= 0.6]", ratio(self.ratio_write_one_direction_vs_iperf3))?;
         write!(f, "ratio 1 MiB echo (both directions) / iperf3: {}", ratio(self.ratio_echo_both_directions_vs_iperf3))
     }
 }
@@ -168,7 +164,9 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     } else {
         Iperf3Report { status: "skipped".into(), mib_per_sec: None, gbit_per_sec: None, note: "disabled by options".into() }
     };
-    let best = |name: &str| scenarios.iter().filter(|s| s.name == name).map(|s| s.mib_per_sec).fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))));
+    let best = |name: &str| {
+        scenarios.iter().filter(|s| s.name == name).map(|s| s.mib_per_sec).fold(None, |a: Option<f64>, b| Some(a.map_or(b, |a| a.max(b))))
+    };
     let ratio = |rpc: Option<f64>| match (rpc, iperf3.mib_per_sec) {
         (Some(rpc), Some(ip)) if ip > 0.0 => Some(rpc / ip),
         _ => None,
@@ -183,15 +181,13 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
 }
 
 async fn start_server() -> anyhow::Result<Server> {
-    let router = Router::new()
-        .route::<BenchEcho, _, _>(|_ctx, n, payload| async move { Ok((n, payload)) })
-        .route::<BenchWrite, _, _>(|_ctx, n, payload: Bytes| async move {
+    let router = Router::new().route::<BenchEcho, _, _>(|_ctx, n, payload| async move { Ok((n, payload)) }).route::<BenchWrite, _, _>(
+        |_ctx, n, payload: Bytes| async move {
             std::hint::black_box(payload.len());
             Ok((n, Bytes::new()))
-        });
-    Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, ServerConfig::default())
-        .await
-        .context("starting the bench server")
+        },
+    );
+    Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, ServerConfig::default()).await.context("starting the bench server")
 }
 
 #[derive(Clone, Copy)]
@@ -223,9 +219,8 @@ async fn run_scenario(addr: &str, opts: &BenchOptions, sc: Scenario) -> anyhow::
     }
     let start = Instant::now();
     let end = start + Duration::from_secs(sc.seconds);
-    let tasks: Vec<_> = (0..sc.callers)
-        .map(|_| tokio::spawn(caller_loop(client.clone(), addr.to_string(), sc.method_id, payload.clone(), end)))
-        .collect();
+    let tasks: Vec<_> =
+        (0..sc.callers).map(|_| tokio::spawn(caller_loop(client.clone(), addr.to_string(), sc.method_id, payload.clone(), end))).collect();
     let mut all = CallerStats::default();
     for task in tasks {
         let stats = task.await.context("bench caller task")?;
@@ -358,10 +353,8 @@ async fn measure_iperf3(seconds: u64) -> anyhow::Result<f64> {
     // its single (-1) session, so retry a bounded number of times.
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let client = tokio::process::Command::new("iperf3")
-            .args(["-c", "127.0.0.1", "-p", &port, "-t", &secs, "-J"])
-            .kill_on_drop(true)
-            .output();
+        let client =
+            tokio::process::Command::new("iperf3").args(["-c", "127.0.0.1", "-p", &port, "-t", &secs, "-J"]).kill_on_drop(true).output();
         let out = tokio::time::timeout(Duration::from_secs(seconds + IPERF3_SLACK_SECS), client)
             .await
             .context("iperf3 client timed out")?

@@ -13,11 +13,11 @@ use crate::frame::{Frame, FrameKind, OutFrame, DEFAULT_MAX_FRAME_BYTES, STATUS_O
 use crate::io::{write_loop, FrameReader};
 use crate::method::{decode_body, encode_body, Method};
 use crate::transport::{connect_with_timeout, Transport};
+use crate::DetHashMap;
 use bytes::Bytes;
 use fskv_types::{ErrorCode, Status};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use crate::DetHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -169,12 +169,7 @@ impl Drop for PendingGuard {
 impl RpcClient {
     pub fn new(transport: Arc<dyn Transport>, config: ClientConfig) -> Self {
         RpcClient {
-            inner: Arc::new(ClientInner {
-                transport,
-                config,
-                pools: Mutex::new(BTreeMap::new()),
-                next_request_id: AtomicU64::new(1),
-            }),
+            inner: Arc::new(ClientInner { transport, config, pools: Mutex::new(BTreeMap::new()), next_request_id: AtomicU64::new(1) }),
         }
     }
 
@@ -184,13 +179,7 @@ impl RpcClient {
 
     /// Calls `M` on the server at `addr` with `req` and a bulk `payload`;
     /// returns the typed reply and the reply payload.
-    pub async fn call<M: Method>(
-        &self,
-        addr: &str,
-        req: &M::Req,
-        payload: Bytes,
-        opts: CallOptions,
-    ) -> Result<(M::Resp, Bytes)> {
+    pub async fn call<M: Method>(&self, addr: &str, req: &M::Req, payload: Bytes, opts: CallOptions) -> Result<(M::Resp, Bytes)> {
         let request_id = self.inner.next_request_id.fetch_add(1, Ordering::Relaxed);
         let span = debug_span!("rpc_call", request_id, method = M::NAME, addr);
         let deadline = (opts.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(opts.timeout_ms));
@@ -209,9 +198,9 @@ impl RpcClient {
         let exchange = self.exchange(addr, request_id, frame).instrument(span);
         let reply = match deadline {
             // On timeout `exchange` is dropped: its guard sends the Cancel.
-            Some(at) => tokio::time::timeout_at(at, exchange)
-                .await
-                .map_err(|_| RpcError::DeadlineExceeded { timeout_ms: opts.timeout_ms })??,
+            Some(at) => {
+                tokio::time::timeout_at(at, exchange).await.map_err(|_| RpcError::DeadlineExceeded { timeout_ms: opts.timeout_ms })??
+            }
             None => exchange.await?,
         };
         decode_reply::<M>(reply)
@@ -220,12 +209,7 @@ impl RpcClient {
     /// Sends one request frame and waits for its response frame.
     async fn exchange(&self, addr: &str, request_id: u64, frame: OutFrame) -> Result<Frame> {
         let conn = self.conn_for(addr).await?;
-        let permit = conn
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| RpcError::connection(addr, "connection closed"))?;
+        let permit = conn.permits.clone().acquire_owned().await.map_err(|_| RpcError::connection(addr, "connection closed"))?;
         let rx = conn.shared.register(request_id)?;
         let mut guard = PendingGuard { conn: conn.clone(), request_id, armed: true, _permit: permit };
         if conn.tx.send(frame).await.is_err() {
@@ -246,10 +230,7 @@ impl RpcClient {
                 .entry(addr.to_string())
                 .or_insert_with(|| {
                     let n = self.inner.config.connections_per_addr.max(1);
-                    Arc::new(Pool {
-                        slots: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(),
-                        next_slot: AtomicUsize::new(0),
-                    })
+                    Arc::new(Pool { slots: (0..n).map(|_| tokio::sync::Mutex::new(None)).collect(), next_slot: AtomicUsize::new(0) })
                 })
                 .clone()
         };
@@ -274,7 +255,8 @@ impl RpcClient {
         let config = &self.inner.config;
         let connection = connect_with_timeout(self.inner.transport.as_ref(), addr, config.connect_timeout_ms).await?;
         let max_in_flight = config.max_in_flight_per_connection.max(1);
-        let shared = Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(DetHashMap::default()), closed: AtomicBool::new(false) });
+        let shared =
+            Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(DetHashMap::default()), closed: AtomicBool::new(false) });
         // Capacity: one request plus one cancel per permit (see PendingGuard).
         let (tx, rx) = mpsc::channel(max_in_flight.saturating_mul(2).saturating_add(16));
         let span = debug_span!("rpc_client_conn", peer = %connection.peer);

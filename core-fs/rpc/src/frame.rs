@@ -243,15 +243,7 @@ impl OutFrame {
 
     /// A cancel frame for `request_id`.
     pub fn cancel(request_id: u64) -> OutFrame {
-        let header = FrameHeader {
-            kind: FrameKind::Cancel,
-            flags: 0,
-            request_id,
-            code: 0,
-            timeout_ms: 0,
-            body_len: 0,
-            payload_len: 0,
-        };
+        let header = FrameHeader { kind: FrameKind::Cancel, flags: 0, request_id, code: 0, timeout_ms: 0, body_len: 0, payload_len: 0 };
         OutFrame { head: encode_head(&header, &[]), payload: Bytes::new() }
     }
 
@@ -277,8 +269,7 @@ mod tests {
 
     #[test]
     fn round_trip_split_is_zero_copy() {
-        let f = OutFrame::build(FrameKind::Request, 7, 3, 100, b"body", Bytes::from_static(b"payload"), 1024)
-            .unwrap();
+        let f = OutFrame::build(FrameKind::Request, 7, 3, 100, b"body", Bytes::from_static(b"payload"), 1024).unwrap();
         let mut buf = BytesMut::from(&frame_bytes(&f)[..]);
         let base = buf.as_ptr() as usize;
         let got = FrameDecoder::new(1024).decode(&mut buf).unwrap().unwrap();
@@ -324,8 +315,7 @@ mod tests {
 
     #[test]
     fn build_rejects_oversized() {
-        let err = OutFrame::build(FrameKind::Request, 1, 1, 0, &[0u8; 10], Bytes::from(vec![0u8; 100]), 64)
-            .unwrap_err();
+        let err = OutFrame::build(FrameKind::Request, 1, 1, 0, &[0u8; 10], Bytes::from(vec![0u8; 100]), 64).unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { frame_bytes: 142, .. }));
     }
 

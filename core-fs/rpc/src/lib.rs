@@ -74,6 +74,6 @@ pub use error::RpcError;
 pub use fskv_types::{ErrorCode, Status};
 pub use method::Method;
 pub use server::{RequestContext, Router, Server, ServerConfig};
-pub use transport::{RemoteBuf, TcpTransport, Transport};
 #[cfg(feature = "sim")]
 pub use sim::SimTransport;
+pub use transport::{RemoteBuf, TcpTransport, Transport};

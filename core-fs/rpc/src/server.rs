@@ -10,18 +10,18 @@ use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, DEFAULT_MAX_FR
 use crate::io::{write_loop, FrameReader};
 use crate::method::{decode_body, encode_body, Method};
 use crate::transport::{Connection, Listener, Transport};
+use crate::watch;
+use crate::DetHashMap;
 use bytes::Bytes;
 use fskv_types::{ErrorCode, Status};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use crate::DetHashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use crate::watch;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
@@ -117,9 +117,7 @@ impl Server {
         let local_addr = listener.local_addr().map_err(|e| RpcError::connection(addr, e))?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let shared = Arc::new(Shared { router, config });
-        let accept_task = tokio::spawn(
-            accept_loop(listener, shared, shutdown_rx).instrument(info_span!("rpc_server", addr = %local_addr)),
-        );
+        let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx).instrument(info_span!("rpc_server", addr = %local_addr)));
         Ok(Server { local_addr, shutdown_tx, accept_task: Some(accept_task) })
     }
 
@@ -353,21 +351,13 @@ impl ConnState {
         if self.shutting_down {
             return Err(Status::new(ErrorCode::ShuttingDown, "server is shutting down"));
         }
-        let route = u16::try_from(header.code)
-            .ok()
-            .and_then(|id| self.shared.router.routes.get(&id).map(|r| (id, r)));
+        let route = u16::try_from(header.code).ok().and_then(|id| self.shared.router.routes.get(&id).map(|r| (id, r)));
         let Some((method_id, route)) = route else {
             return Err(Status::new(ErrorCode::UnknownMethod, format!("unknown method id {}", header.code)));
         };
         let seq = self.reserve_slot(header.request_id)?;
         let deadline = (header.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(header.timeout_ms.into()));
-        let ctx = RequestContext {
-            request_id: header.request_id,
-            method_id,
-            method_name: route.name,
-            peer: self.peer.clone(),
-            deadline,
-        };
+        let ctx = RequestContext { request_id: header.request_id, method_id, method_name: route.name, peer: self.peer.clone(), deadline };
         let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
         let fut = (route.handler)(ctx, frame.body, frame.payload);
         let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);
@@ -382,10 +372,7 @@ impl ConnState {
     fn reserve_slot(&self, request_id: u64) -> std::result::Result<u64, Status> {
         let mut tasks = self.in_flight.tasks.lock();
         if tasks.len() >= self.shared.config.max_in_flight_per_connection {
-            return Err(Status::new(
-                ErrorCode::Overloaded,
-                format!("{} requests in flight on this connection", tasks.len()),
-            ));
+            return Err(Status::new(ErrorCode::Overloaded, format!("{} requests in flight on this connection", tasks.len())));
         }
         if tasks.contains_key(&request_id) {
             return Err(Status::new(ErrorCode::InvalidArgument, "request id already in flight"));
@@ -424,11 +411,8 @@ async fn run_handler(
         Some(Ok(result)) => result,
     };
     let frame = match result {
-        Ok((body, payload)) => {
-            OutFrame::build(FrameKind::Response, request_id, STATUS_OK, 0, &body, payload, max_frame_bytes).unwrap_or_else(
-                |e| error_frame(request_id, &Status::new(ErrorCode::FrameTooLarge, e.to_string())),
-            )
-        }
+        Ok((body, payload)) => OutFrame::build(FrameKind::Response, request_id, STATUS_OK, 0, &body, payload, max_frame_bytes)
+            .unwrap_or_else(|e| error_frame(request_id, &Status::new(ErrorCode::FrameTooLarge, e.to_string()))),
         Err(status) => error_frame(request_id, &status),
     };
     let _ = tx.send(frame).await;

@@ -197,11 +197,7 @@ impl Transport for TcpTransport {
 
 /// Connects with a bound on the time spent, mapping failures to
 /// [`RpcError::ConnectionFailed`].
-pub(crate) async fn connect_with_timeout(
-    transport: &dyn Transport,
-    addr: &str,
-    connect_timeout_ms: u64,
-) -> Result<Connection> {
+pub(crate) async fn connect_with_timeout(transport: &dyn Transport, addr: &str, connect_timeout_ms: u64) -> Result<Connection> {
     match tokio::time::timeout(Duration::from_millis(connect_timeout_ms), transport.connect(addr)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(RpcError::connection(addr, e)),

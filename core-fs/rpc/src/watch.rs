@@ -52,7 +52,8 @@ impl std::error::Error for Closed {}
 
 /// A channel holding `init`.
 pub fn channel<T>(init: T) -> (Sender<T>, Receiver<T>) {
-    let shared = Arc::new(Shared { value: RwLock::new(init), version: AtomicU64::new(0), senders: AtomicUsize::new(1), notify: Notify::new() });
+    let shared =
+        Arc::new(Shared { value: RwLock::new(init), version: AtomicU64::new(0), senders: AtomicUsize::new(1), notify: Notify::new() });
     (Sender { shared: shared.clone() }, Receiver { shared, seen: 0 })
 }
 

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use fskv_rpc::frame::{FrameHeader, FrameKind, HEADER_BYTES};
-use fskv_rpc::{CallOptions, ClientConfig, ErrorCode, Method, RpcClient, RpcError, Router, Server, ServerConfig, Status, TcpTransport};
+use fskv_rpc::{CallOptions, ClientConfig, ErrorCode, Method, Router, RpcClient, RpcError, Server, ServerConfig, Status, TcpTransport};
 use rand::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -84,8 +84,16 @@ pub struct StorageBenchReport {
 
 impl fmt::Display for StorageBenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "storage bench: {} s per workload, {} x 1 MiB chunks, loopback TCP, engine sync_writes=off", self.seconds_per_workload, self.chunk_count)?;
-        writeln!(f, "{:>6} {:>14} {:>14} {:>14} {:>10} {:>10}", "chain", "write 1M MiB/s", "read 1M MiB/s", "4K rand IOPS", "w p50 ms", "w p99 ms")?;
+        writeln!(
+            f,
+            "storage bench: {} s per workload, {} x 1 MiB chunks, loopback TCP, engine sync_writes=off",
+            self.seconds_per_workload, self.chunk_count
+        )?;
+        writeln!(
+            f,
+            "{:>6} {:>14} {:>14} {:>14} {:>10} {:>10}",
+            "chain", "write 1M MiB/s", "read 1M MiB/s", "4K rand IOPS", "w p50 ms", "w p99 ms"
+        )?;
         for c in &self.chains {
             writeln!(
                 f,

@@ -210,10 +210,7 @@ mod tests {
     #[test]
     fn write_checks_version_first_then_state_then_role() {
         let c = chain(&[Serving, Serving, Offline]);
-        assert_eq!(
-            check_write(&c, TargetId(3), 4, Origin::Client),
-            Err(RouteReject::StaleChainVersion { request: 4, current: 5 })
-        );
+        assert_eq!(check_write(&c, TargetId(3), 4, Origin::Client), Err(RouteReject::StaleChainVersion { request: 4, current: 5 }));
         assert_eq!(check_write(&c, TargetId(3), 5, Origin::Client), Err(RouteReject::NotServing { state: Offline }));
         assert_eq!(check_write(&c, TargetId(2), 5, Origin::Client), Err(RouteReject::NotHead));
         assert!(check_write(&c, TargetId(1), 5, Origin::Client).is_ok());

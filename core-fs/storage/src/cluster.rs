@@ -68,13 +68,8 @@ impl LocalCluster {
         }
         let routing = RoutingInfo { version: 1, nodes: Vec::new(), chains: infos, chain_tables: Vec::new() };
         let (publisher, _) = RoutingPublisher::new(routing);
-        let mut cluster = LocalCluster {
-            root: root.to_path_buf(),
-            options,
-            publisher,
-            nodes: (0..node_count).map(|_| None).collect(),
-            node_targets,
-        };
+        let mut cluster =
+            LocalCluster { root: root.to_path_buf(), options, publisher, nodes: (0..node_count).map(|_| None).collect(), node_targets };
         for n in 0..node_count {
             cluster.start_node(n, false).await?;
         }
@@ -118,10 +113,8 @@ impl LocalCluster {
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let deadline = tokio::time::Instant::now() + Duration::from_millis(REOPEN_RETRY_MS);
         let service = loop {
-            let config = StorageConfig {
-                sync_pause_between_chunks_ms: self.options.sync_pause_between_chunks_ms,
-                ..StorageConfig::new(node_id(n))
-            };
+            let config =
+                StorageConfig { sync_pause_between_chunks_ms: self.options.sync_pause_between_chunks_ms, ..StorageConfig::new(node_id(n)) };
             let opened = StorageService::open(
                 config,
                 &dir,

@@ -41,10 +41,9 @@ impl StorageError {
         match self {
             StorageError::Route { reject, .. } => match reject {
                 RouteReject::StaleChainVersion { .. } => ErrorCode::StaleChainVersion,
-                RouteReject::NotInChain
-                | RouteReject::NotServing { .. }
-                | RouteReject::NotHead
-                | RouteReject::WrongPredecessor { .. } => ErrorCode::TargetNotServing,
+                RouteReject::NotInChain | RouteReject::NotServing { .. } | RouteReject::NotHead | RouteReject::WrongPredecessor { .. } => {
+                    ErrorCode::TargetNotServing
+                }
             },
             StorageError::UnknownTarget(_) | StorageError::UnknownChain(_) | StorageError::NoAddress(_) => ErrorCode::TargetNotServing,
             StorageError::Checksum { .. } => ErrorCode::ChecksumMismatch,

@@ -15,5 +15,5 @@ pub mod mgmtd_link;
 pub mod service;
 pub mod sync;
 
-pub use error::{StorageError, Result};
+pub use error::{Result, StorageError};
 pub use service::{RunningStorage, StorageConfig, StorageService};

@@ -62,7 +62,12 @@ pub fn safe_to_start(routing: &RoutingInfo, node: NodeId, targets: &[TargetId]) 
 }
 
 /// Waits (bounded) until [`safe_to_start`] holds on mgmtd's routing.
-pub async fn wait_until_safe_to_start(source: &MgmtdRoutingSource, node: NodeId, targets: &[TargetId], max_wait_ms: u64) -> anyhow::Result<()> {
+pub async fn wait_until_safe_to_start(
+    source: &MgmtdRoutingSource,
+    node: NodeId,
+    targets: &[TargetId],
+    max_wait_ms: u64,
+) -> anyhow::Result<()> {
     let mut rx = source.subscribe();
     let deadline = Instant::now() + Duration::from_millis(max_wait_ms);
     let mut logged = false;
@@ -80,7 +85,12 @@ pub async fn wait_until_safe_to_start(source: &MgmtdRoutingSource, node: NodeId,
 }
 
 /// Heartbeats until the service must stop; returns why.
-pub async fn run_heartbeats(service: StorageService, source: Arc<MgmtdRoutingSource>, address: String, config: MgmtdLinkConfig) -> ExitReason {
+pub async fn run_heartbeats(
+    service: StorageService,
+    source: Arc<MgmtdRoutingSource>,
+    address: String,
+    config: MgmtdLinkConfig,
+) -> ExitReason {
     let node = service.node_id();
     let targets = service.target_ids();
     let interval = Duration::from_millis(config.heartbeat_interval_ms.max(1));

@@ -234,7 +234,6 @@ fn check_payload(chunk: ChunkId, payload: &[u8], len_bytes: u32, crc: u32) -> Re
     Ok(())
 }
 
-
 impl StorageService {
     /// A service over already opened engines.
     pub fn new(config: StorageConfig, engines: Vec<(TargetId, Arc<ChunkEngine>)>, routing: RoutingHandle, rpc: RpcClient) -> Self {
@@ -309,9 +308,8 @@ impl StorageService {
         let routing = self.inner.routing.current();
         let located = routing.locate_target(target);
         let serving = located.is_some_and(|(_, ct)| ct.state.can_read());
-        let synced = located.is_some_and(|(chain, ct)| {
-            ct.state == PublicTargetState::Syncing && *t.sync_done.lock() == Some(chain.chain_version)
-        });
+        let synced =
+            located.is_some_and(|(chain, ct)| ct.state == PublicTargetState::Syncing && *t.sync_done.lock() == Some(chain.chain_version));
         Some(if serving || synced { LocalTargetState::UpToDate } else { LocalTargetState::Online })
     }
 
@@ -416,11 +414,20 @@ impl StorageService {
 
     /// Routing check of a write: the current routing info, through the pure
     /// decision function.
-    fn check_write(&self, chain_id: ChainId, target: TargetId, chain_ver: u32, origin: Origin) -> Result<(Arc<RoutingInfo>, ChainPosition)> {
+    fn check_write(
+        &self,
+        chain_id: ChainId,
+        target: TargetId,
+        chain_ver: u32,
+        origin: Origin,
+    ) -> Result<(Arc<RoutingInfo>, ChainPosition)> {
         let routing = self.inner.routing.current();
         let chain = Self::chain_of(&routing, chain_id)?;
-        let pos = chain::check_write(chain, target, chain_ver, origin)
-            .map_err(|reject| StorageError::Route { chain: chain_id, target, reject })?;
+        let pos = chain::check_write(chain, target, chain_ver, origin).map_err(|reject| StorageError::Route {
+            chain: chain_id,
+            target,
+            reject,
+        })?;
         Ok((routing, pos))
     }
 
@@ -519,7 +526,11 @@ impl StorageService {
             Ok(r) => r.data,
             Err(e) if e.code() == fskv_types::ErrorCode::NotFound => Bytes::new(),
             Err(e) => {
-                return Err(StorageError::CopySource { chain: src.chain_id, chunk: src.chunk, status: Status::new(e.code(), e.to_string()) });
+                return Err(StorageError::CopySource {
+                    chain: src.chain_id,
+                    chunk: src.chunk,
+                    status: Status::new(e.code(), e.to_string()),
+                });
             }
         };
         let want = src.len_bytes as usize;
@@ -599,7 +610,11 @@ impl StorageService {
             .await?
         };
         let version = outcome.pending_ver;
-        assert!(version >= outcome.committed_ver && version > 0, "update produced version {version} under committed {}", outcome.committed_ver);
+        assert!(
+            version >= outcome.committed_ver && version > 0,
+            "update produced version {version} under committed {}",
+            outcome.committed_ver
+        );
         let already_committed = outcome.duplicate && outcome.pending_ver == outcome.committed_ver;
         match chain::after_apply(&pos, already_committed) {
             AfterApply::AckDuplicate => {
@@ -739,7 +754,14 @@ impl StorageService {
     }
 
     /// The whole pending content of `chunk` at `version` as a replace.
-    async fn full_content(&self, target: &Arc<Target>, chunk: ChunkId, version: u64, chain_ver: u32, op: UpdateOp) -> Result<(ForwardMode, Bytes)> {
+    async fn full_content(
+        &self,
+        target: &Arc<Target>,
+        chunk: ChunkId,
+        version: u64,
+        chain_ver: u32,
+        op: UpdateOp,
+    ) -> Result<(ForwardMode, Bytes)> {
         if op == UpdateOp::Remove {
             return Ok((ForwardMode::ReplaceRemove, Bytes::new()));
         }
@@ -749,12 +771,8 @@ impl StorageService {
             return Err(StorageError::Internal(format!("{chunk}: expected pending {version} under the lock, found {}", read.version)));
         }
         let data = Bytes::from(read.data);
-        let mode = ForwardMode::FullReplace {
-            version,
-            chunk_chain_ver: chain_ver,
-            len_bytes: data.len() as u32,
-            crc: crc32c::crc32c(&data),
-        };
+        let mode =
+            ForwardMode::FullReplace { version, chunk_chain_ver: chain_ver, len_bytes: data.len() as u32, crc: crc32c::crc32c(&data) };
         Ok((mode, data))
     }
 
@@ -793,35 +811,39 @@ impl StorageService {
         for io in &req.ios {
             let checked = self.target(io.target).and_then(|t| {
                 let chain = Self::chain_of(&routing, io.chain_id)?;
-                chain::check_read(chain, io.target, io.chain_ver)
-                    .map_err(|reject| StorageError::Route { chain: io.chain_id, target: io.target, reject })?;
+                chain::check_read(chain, io.target, io.chain_ver).map_err(|reject| StorageError::Route {
+                    chain: io.chain_id,
+                    target: io.target,
+                    reject,
+                })?;
                 Ok(t)
             });
             jobs.push((io.clone(), checked.map(|t| t.engine.clone())));
         }
-        let results = self.blocking(move || {
-            let mut payload = BytesMut::with_capacity(total as usize);
-            let mut results = Vec::with_capacity(jobs.len());
-            for (io, engine) in jobs {
-                let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
-                let r = engine.and_then(|e| Ok(e.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)?));
-                results.push(match r {
-                    Ok(read) => {
-                        payload.extend_from_slice(&read.data);
-                        Ok(ReadOk {
-                            len_bytes: read.data.len() as u32,
-                            crc: crc32c::crc32c(&read.data),
-                            version: read.version,
-                            chunk_len_bytes: read.chunk_len_bytes,
-                            uncommitted: read.uncommitted,
-                        })
-                    }
-                    Err(e) => Err(Status::from(e)),
-                });
-            }
-            Ok((BatchReadResp { results }, payload.freeze()))
-        })
-        .await?;
+        let results = self
+            .blocking(move || {
+                let mut payload = BytesMut::with_capacity(total as usize);
+                let mut results = Vec::with_capacity(jobs.len());
+                for (io, engine) in jobs {
+                    let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
+                    let r = engine.and_then(|e| Ok(e.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)?));
+                    results.push(match r {
+                        Ok(read) => {
+                            payload.extend_from_slice(&read.data);
+                            Ok(ReadOk {
+                                len_bytes: read.data.len() as u32,
+                                crc: crc32c::crc32c(&read.data),
+                                version: read.version,
+                                chunk_len_bytes: read.chunk_len_bytes,
+                                uncommitted: read.uncommitted,
+                            })
+                        }
+                        Err(e) => Err(Status::from(e)),
+                    });
+                }
+                Ok((BatchReadResp { results }, payload.freeze()))
+            })
+            .await?;
         Ok(results)
     }
 
@@ -837,8 +859,11 @@ impl StorageService {
         let target = self.target(req.target)?;
         let routing = self.inner.routing.current();
         let chain = Self::chain_of(&routing, req.chain_id)?;
-        chain::check_read(chain, req.target, req.chain_ver)
-            .map_err(|reject| StorageError::Route { chain: req.chain_id, target: req.target, reject })?;
+        chain::check_read(chain, req.target, req.chain_ver).map_err(|reject| StorageError::Route {
+            chain: req.chain_id,
+            target: req.target,
+            reject,
+        })?;
         let engine = target.engine.clone();
         let last = self.blocking(move || Ok(engine.last_chunk(req.inode)?)).await?;
         Ok(QueryLastChunkResp { last: last.map(|(id, m)| (id, sync::remote_meta(&m))) })

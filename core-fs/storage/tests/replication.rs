@@ -19,7 +19,10 @@ const TEST_TIMEOUT_SECS: u64 = 120;
 fn options() -> ClusterOptions {
     // Recovery pauses 5 ms between chunks so that a sync of a few dozen
     // chunks overlaps with the writers for sure.
-    ClusterOptions { engine: EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() }, sync_pause_between_chunks_ms: 5 }
+    ClusterOptions {
+        engine: EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() },
+        sync_pause_between_chunks_ms: 5,
+    }
 }
 
 async fn three_node_cluster(dir: &std::path::Path) -> LocalCluster {

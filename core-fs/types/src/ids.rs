@@ -79,10 +79,7 @@ impl ChunkId {
         if bytes.len() != Self::ENCODED_LEN {
             return None;
         }
-        Some(ChunkId {
-            inode: InodeId(u64::from_be_bytes(inode)),
-            index: u64::from_be_bytes(index),
-        })
+        Some(ChunkId { inode: InodeId(u64::from_be_bytes(inode)), index: u64::from_be_bytes(index) })
     }
 }
 

@@ -7,10 +7,10 @@
 
 pub mod error;
 pub mod ids;
+pub mod meta;
 pub mod mgmtd;
 pub mod routing;
 pub mod storage;
-pub mod meta;
 
 pub use error::{ErrorCode, Status};
 pub use ids::{ChainId, ChunkId, InodeId, NodeId, TargetId};

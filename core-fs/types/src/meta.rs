@@ -172,9 +172,14 @@ pub struct DirData {
 pub enum InodeData {
     File(FileData),
     Directory(DirData),
-    Symlink { target: String },
+    Symlink {
+        target: String,
+    },
     /// A special file; `rdev` is the device number of a device node (0 otherwise).
-    Special { kind: SpecialKind, rdev: u64 },
+    Special {
+        kind: SpecialKind,
+        rdev: u64,
+    },
 }
 
 /// One inode as stored and as returned by stat.
@@ -312,59 +317,166 @@ pub struct SetAttr {
 /// without `/` or NUL, and not `.` or `..`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaOp {
-    Lookup { parent: InodeId, name: String },
-    Stat { inode: InodeId },
+    Lookup {
+        parent: InodeId,
+        name: String,
+    },
+    Stat {
+        inode: InodeId,
+    },
     /// Creates a file (or opens the existing one unless `exclusive`).
     /// With `write` a write session is opened too ([`MetaReply::Opened`]).
-    Create { parent: InodeId, name: String, mode: u32, exclusive: bool, write: bool },
-    Open { inode: InodeId, write: bool },
+    Create {
+        parent: InodeId,
+        name: String,
+        mode: u32,
+        exclusive: bool,
+        write: bool,
+    },
+    Open {
+        inode: InodeId,
+        write: bool,
+    },
     /// Ends a write session and fixes the length: exact from storage when it
     /// knows, else the larger of the stored length and `length_hint` (ignored
     /// when `truncate_version` is older than the file's: a truncate since).
     /// `wrote`: the handle wrote data (mtime/ctime move only then, or when
     /// the length changes).
-    Close { inode: InodeId, session: u64, length_hint: Option<u64>, truncate_version: u64, wrote: bool },
-    Mkdir { parent: InodeId, name: String, mode: u32 },
-    Rmdir { parent: InodeId, name: String },
-    Unlink { parent: InodeId, name: String },
-    Rename { src_parent: InodeId, src_name: String, dst_parent: InodeId, dst_name: String },
-    Symlink { parent: InodeId, name: String, target: String },
-    Readlink { inode: InodeId },
+    Close {
+        inode: InodeId,
+        session: u64,
+        length_hint: Option<u64>,
+        truncate_version: u64,
+        wrote: bool,
+    },
+    Mkdir {
+        parent: InodeId,
+        name: String,
+        mode: u32,
+    },
+    Rmdir {
+        parent: InodeId,
+        name: String,
+    },
+    Unlink {
+        parent: InodeId,
+        name: String,
+    },
+    Rename {
+        src_parent: InodeId,
+        src_name: String,
+        dst_parent: InodeId,
+        dst_name: String,
+    },
+    Symlink {
+        parent: InodeId,
+        name: String,
+        target: String,
+    },
+    Readlink {
+        inode: InodeId,
+    },
     /// Hard link: a new entry for an existing non-directory inode.
-    Link { inode: InodeId, parent: InodeId, name: String },
+    Link {
+        inode: InodeId,
+        parent: InodeId,
+        name: String,
+    },
     /// Entries after `start_after` (exclusive; empty = from the start), in
     /// byte order of names, at most `limit` (≤ [`MAX_READDIR_LIMIT`]).
-    Readdir { dir: InodeId, start_after: String, limit: u32, with_attrs: bool },
-    SetAttr { inode: InodeId, attr: SetAttr },
+    Readdir {
+        dir: InodeId,
+        start_after: String,
+        limit: u32,
+        with_attrs: bool,
+    },
+    SetAttr {
+        inode: InodeId,
+        attr: SetAttr,
+    },
     /// Sets the length. `session` (0 = none) names an open write session of
     /// this client on the inode: it stands for the write permission checked
     /// at open (ftruncate on a descriptor opened for writing).
-    Truncate { inode: InodeId, length: u64, session: u64 },
+    Truncate {
+        inode: InodeId,
+        length: u64,
+        session: u64,
+    },
     /// A writer's periodic report of the largest offset it wrote.
-    ReportLength { inode: InodeId, length: u64, truncate_version: u64 },
-    GetXattr { inode: InodeId, name: String },
-    SetXattr { inode: InodeId, name: String, value: Vec<u8>, flag: XattrFlag },
-    ListXattr { inode: InodeId },
-    RemoveXattr { inode: InodeId, name: String },
+    ReportLength {
+        inode: InodeId,
+        length: u64,
+        truncate_version: u64,
+    },
+    GetXattr {
+        inode: InodeId,
+        name: String,
+    },
+    SetXattr {
+        inode: InodeId,
+        name: String,
+        value: Vec<u8>,
+        flag: XattrFlag,
+    },
+    ListXattr {
+        inode: InodeId,
+    },
+    RemoveXattr {
+        inode: InodeId,
+        name: String,
+    },
     StatFs,
     /// Detaches the whole tree under `parent/name` in one transaction; it is
     /// reclaimed (chunks, then inodes) in the background.
-    RemoveTree { parent: InodeId, name: String },
+    RemoveTree {
+        parent: InodeId,
+        name: String,
+    },
     /// A file without a name (nlink 0), to be written and then published with
     /// [`MetaOp::Replace`]. `parent` supplies the layout and permissions.
-    CreateUnlinked { parent: InodeId, mode: u32 },
+    CreateUnlinked {
+        parent: InodeId,
+        mode: u32,
+    },
     /// Writes bytes of an inline file (the file must stay within the inline limit).
-    WriteInline { inode: InodeId, offset: u64, data: Vec<u8> },
+    WriteInline {
+        inode: InodeId,
+        offset: u64,
+        data: Vec<u8>,
+    },
     /// Reads bytes of an inline file.
-    ReadInline { inode: InodeId, offset: u64, len: u32 },
+    ReadInline {
+        inode: InodeId,
+        offset: u64,
+        len: u32,
+    },
     /// Publishes the unlinked `inode` under `parent/name`, atomically
     /// replacing what is there (not a directory), if `expected` holds.
-    Replace { parent: InodeId, name: String, inode: InodeId, expected: Option<Expected>, attrs: PublishAttrs },
+    Replace {
+        parent: InodeId,
+        name: String,
+        inode: InodeId,
+        expected: Option<Expected>,
+        attrs: PublishAttrs,
+    },
     /// Creates an inline file with `data` and publishes it under
     /// `parent/name` in one transaction (replacing a file there if `expected` holds).
-    CreateWritePublish { parent: InodeId, name: String, mode: u32, data: Vec<u8>, expected: Option<Expected>, attrs: PublishAttrs },
+    CreateWritePublish {
+        parent: InodeId,
+        name: String,
+        mode: u32,
+        data: Vec<u8>,
+        expected: Option<Expected>,
+        attrs: PublishAttrs,
+    },
     /// Makes a FIFO, socket or device node (`rdev` for devices; root only).
-    Mknod { parent: InodeId, name: String, mode: u32, kind: SpecialKind, rdev: u64 },
+    Mknod {
+        parent: InodeId,
+        name: String,
+        mode: u32,
+        kind: SpecialKind,
+        rdev: u64,
+    },
 }
 
 impl MetaOp {
@@ -477,11 +589,17 @@ pub enum MetaReply {
     /// CreateWritePublish, Open (read).
     Inode(Inode),
     /// Open / Create with `write`: the inode and the write session id.
-    Opened { inode: Inode, session: u64 },
+    Opened {
+        inode: Inode,
+        session: u64,
+    },
     /// Rmdir, Unlink, Rename, SetXattr, RemoveXattr, RemoveTree.
     Done,
     Target(String),
-    Entries { entries: Vec<DirEntry>, more: bool },
+    Entries {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     Xattr(Vec<u8>),
     XattrNames(Vec<String>),
     StatFs(StatFs),
@@ -564,13 +682,7 @@ mod tests {
     use super::*;
 
     fn layout(n: u32, seed: u64) -> FileLayout {
-        FileLayout {
-            table_id: 1,
-            table_version: 1,
-            chunk_size_bytes: 1 << 20,
-            chains: (1..=n).map(ChainId).collect(),
-            seed,
-        }
+        FileLayout { table_id: 1, table_version: 1, chunk_size_bytes: 1 << 20, chains: (1..=n).map(ChainId).collect(), seed }
     }
 
     #[test]

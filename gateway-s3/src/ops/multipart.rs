@@ -266,7 +266,15 @@ impl Gateway {
         }
     }
 
-    async fn write_in_place(&self, up: &Upload, n: i32, offset: u64, size: u64, body: Option<StreamingBlob>, digests: &mut Digests) -> Result<(), S3Error> {
+    async fn write_in_place(
+        &self,
+        up: &Upload,
+        n: i32,
+        offset: u64,
+        size: u64,
+        body: Option<StreamingBlob>,
+        digests: &mut Digests,
+    ) -> Result<(), S3Error> {
         let flags = fskv_client::OpenFlags::read_write();
         let handle = Arc::new(self.store.fs.open_at(up.dir, DATA_FILE, flags).await.map_err(|e| error::from_file(e, "upload data"))?);
         let limits = &self.cfg.limits;
@@ -279,7 +287,10 @@ impl Gateway {
         closed?;
         if digests.size != size {
             // The entry stays without a record: the part counts as not uploaded.
-            return Err(S3Error::with_message(S3ErrorCode::IncompleteBody, format!("part {n}: {} bytes received, Content-Length said {size}", digests.size)));
+            return Err(S3Error::with_message(
+                S3ErrorCode::IncompleteBody,
+                format!("part {n}: {} bytes received, Content-Length said {size}", digests.size),
+            ));
         }
         Ok(())
     }
@@ -301,7 +312,13 @@ impl Gateway {
         let attrs = PublishAttrs { length: None, mtime_ns: Some(record.mtime_ns), xattrs: vec![(XATTR_PART.into(), record.encode())] };
         let name = part_name(n);
         let r = match data {
-            Data::Inline(b) => self.store.fs.meta().create_write_publish(dir, &name, FILE_MODE, b, None, attrs).await.map_err(|e| (e.code(), e.to_string())),
+            Data::Inline(b) => self
+                .store
+                .fs
+                .meta()
+                .create_write_publish(dir, &name, FILE_MODE, b, None, attrs)
+                .await
+                .map_err(|e| (e.code(), e.to_string())),
             Data::Temp(h) => self.store.fs.publish(h, dir, &name, None, attrs).await.map_err(|e| (e.code(), e.to_string())),
         };
         match r {
@@ -391,7 +408,11 @@ impl Gateway {
             }
             let files: Vec<_> = entries.into_iter().filter_map(|e| Some((e.name.parse::<i32>().ok()?, e.attr?))).collect();
             let ops = files.iter().map(|(_, i)| MetaOp::GetXattr { inode: i.id, name: XATTR_PART.into() }).collect::<Vec<_>>();
-            let replies = if ops.is_empty() { Vec::new() } else { self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "parts"))? };
+            let replies = if ops.is_empty() {
+                Vec::new()
+            } else {
+                self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "parts"))?
+            };
             for ((n, inode), r) in files.into_iter().zip(replies) {
                 let Ok(MetaReply::Xattr(d)) = r else { continue };
                 let Ok(record) = serde_json::from_slice::<PartRecord>(&d) else { continue };
@@ -455,9 +476,12 @@ impl Gateway {
         let path = parse(&input.key)?;
         let bucket = self.store.bucket(&input.bucket).await?.id;
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
-        let wanted = input.multipart_upload.as_ref().and_then(|m| m.parts.as_ref()).filter(|p| !p.is_empty()).ok_or_else(|| {
-            S3Error::with_message(S3ErrorCode::MalformedXML, "CompleteMultipartUpload lists no parts")
-        })?;
+        let wanted = input
+            .multipart_upload
+            .as_ref()
+            .and_then(|m| m.parts.as_ref())
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| S3Error::with_message(S3ErrorCode::MalformedXML, "CompleteMultipartUpload lists no parts"))?;
         let (stored, _) = self.parts(up.dir, 0, self.cfg.limits.max_parts as usize).await?;
         let stored: BTreeMap<i32, (Inode, PartRecord)> = stored.into_iter().map(|(n, i, m)| (n, (i, m))).collect();
         // Every listed part must exist with its ETag before sizes are judged.
@@ -469,11 +493,17 @@ impl Gateway {
                 return Err(S3Error::with_message(S3ErrorCode::InvalidPartOrder, "parts must be listed in ascending order of number"));
             }
             last = n;
-            let (inode, rec) = stored.get(&n).cloned().ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
+            let (inode, rec) = stored
+                .get(&n)
+                .cloned()
+                .ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
             if let Some(e) = &p.e_tag {
                 // The XML form may carry the quotes of the header form.
                 if e.value().trim_matches('"') != rec.etag {
-                    return Err(S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n}: the ETag does not match the uploaded part")));
+                    return Err(S3Error::with_message(
+                        S3ErrorCode::InvalidPart,
+                        format!("part {n}: the ETag does not match the uploaded part"),
+                    ));
                 }
             }
             chosen.push((inode, rec));
@@ -482,7 +512,12 @@ impl Gateway {
             if i + 1 < chosen.len() && rec.size < self.cfg.limits.min_part_bytes {
                 return Err(S3Error::with_message(
                     S3ErrorCode::EntityTooSmall,
-                    format!("part {} has {} bytes; every part but the last needs at least {}", i + 1, rec.size, self.cfg.limits.min_part_bytes),
+                    format!(
+                        "part {} has {} bytes; every part but the last needs at least {}",
+                        i + 1,
+                        rec.size,
+                        self.cfg.limits.min_part_bytes
+                    ),
                 ));
             }
         }
@@ -506,7 +541,9 @@ impl Gateway {
         let meta = if !conditional && all_in_place(&chosen) && size > fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
             self.complete_in_place(bucket, &path, &input.key, up.dir, meta, tags).await?
         } else {
-            let expected = object::write_expectation(&self.store, bucket, &path, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref()).await?;
+            let expected =
+                object::write_expectation(&self.store, bucket, &path, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref())
+                    .await?;
             let parent = self.store.ensure_dirs(bucket, path.parent(), &input.key).await?;
             tracing::info!(key = %input.key, bytes = size, parts = chosen.len(), conditional, "multipart upload completed by copying its parts inside the cluster");
             let data = self.concatenate(parent, up.dir, &chosen, size).await?;
@@ -540,7 +577,8 @@ impl Gateway {
         tags: Option<&TagList>,
     ) -> Result<ObjectMeta, S3Error> {
         let fs = &self.store.fs;
-        let handle = fs.open_at(dir, DATA_FILE, fskv_client::OpenFlags::read_write()).await.map_err(|e| error::from_file(e, "upload data"))?;
+        let handle =
+            fs.open_at(dir, DATA_FILE, fskv_client::OpenFlags::read_write()).await.map_err(|e| error::from_file(e, "upload data"))?;
         handle.truncate(meta.size).await.map_err(|e| error::from_file(e, "upload data"))?;
         let closed = handle.close().await.map_err(|e| error::from_file(e, "upload data"))?;
         if closed != meta.size {
@@ -552,7 +590,10 @@ impl Gateway {
         fs.meta().setattr(data.id, attr).await.map_err(|e| error::from_meta(e, key))?;
         fs.meta().set_xattr(data.id, XATTR_META, &meta.encode(), XattrFlag::Any).await.map_err(|e| error::from_meta(e, key))?;
         if let Some(t) = tags {
-            fs.meta().set_xattr(data.id, objmeta::XATTR_TAGS, &objmeta::encode_tags(t), XattrFlag::Any).await.map_err(|e| error::from_meta(e, key))?;
+            fs.meta()
+                .set_xattr(data.id, objmeta::XATTR_TAGS, &objmeta::encode_tags(t), XattrFlag::Any)
+                .await
+                .map_err(|e| error::from_meta(e, key))?;
         }
         let mut attempt = 0;
         loop {
@@ -585,7 +626,14 @@ impl Gateway {
             for (inode, rec) in parts {
                 let bytes = match (rec.offset, &data_file) {
                     (Some(off), Some(d)) => d.read_at(off, rec.size).await.map_err(|e| error::from_file(e, "upload data"))?,
-                    _ => self.store.fs.reader(inode.clone()).map_err(|e| error::from_file(e, "part"))?.read_at(0, rec.size).await.map_err(|e| error::from_file(e, "part"))?,
+                    _ => self
+                        .store
+                        .fs
+                        .reader(inode.clone())
+                        .map_err(|e| error::from_file(e, "part"))?
+                        .read_at(0, rec.size)
+                        .await
+                        .map_err(|e| error::from_file(e, "part"))?,
                 };
                 all.extend_from_slice(&bytes);
             }
@@ -628,9 +676,14 @@ impl Gateway {
         if let Some(dir) = self.uploads_dir(&input.bucket, false).await? {
             let mut cursor = String::new();
             loop {
-                let (entries, more) = self.store.fs.meta().readdir(dir, &cursor, 1000, false).await.map_err(|e| error::from_meta(e, "uploads"))?;
+                let (entries, more) =
+                    self.store.fs.meta().readdir(dir, &cursor, 1000, false).await.map_err(|e| error::from_meta(e, "uploads"))?;
                 let ops: Vec<MetaOp> = entries.iter().map(|e| MetaOp::GetXattr { inode: e.inode, name: XATTR_UPLOAD.into() }).collect();
-                let replies = if ops.is_empty() { Vec::new() } else { self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "uploads"))? };
+                let replies = if ops.is_empty() {
+                    Vec::new()
+                } else {
+                    self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "uploads"))?
+                };
                 for (e, r) in entries.iter().zip(replies) {
                     if let Ok(MetaReply::Xattr(d)) = r {
                         if let Ok(rec) = serde_json::from_slice::<UploadRecord>(&d) {
@@ -657,7 +710,9 @@ impl Gateway {
         let id_marker = input.upload_id_marker.clone().unwrap_or_default();
         let rest: Vec<_> = all
             .into_iter()
-            .filter(|(k, id, _)| k.as_str() > key_marker.as_str() || (k == &key_marker && !id_marker.is_empty() && id.as_str() > id_marker.as_str()))
+            .filter(|(k, id, _)| {
+                k.as_str() > key_marker.as_str() || (k == &key_marker && !id_marker.is_empty() && id.as_str() > id_marker.as_str())
+            })
             .collect();
         // Roll keys up at the delimiter after the prefix, as listings do.
         let delim = input.delimiter.as_deref().filter(|d| !d.is_empty());
@@ -697,7 +752,12 @@ impl Gateway {
             delimiter: input.delimiter.clone(),
             uploads: Some(
                 page.into_iter()
-                    .map(|(key, id, ns)| MultipartUpload { key: Some(key), upload_id: Some(id), initiated: Some(timestamp(ns)), ..MultipartUpload::default() })
+                    .map(|(key, id, ns)| MultipartUpload {
+                        key: Some(key),
+                        upload_id: Some(id),
+                        initiated: Some(timestamp(ns)),
+                        ..MultipartUpload::default()
+                    })
                     .collect(),
             ),
             ..ListMultipartUploadsOutput::default()
@@ -715,7 +775,8 @@ impl Gateway {
             for u in ups {
                 // The id starts with the start time; a directory without a
                 // record (a crash between mkdir and setxattr) goes by its ctime.
-                let started = u64::from_str_radix(u.name.get(..16).unwrap_or(""), 16).ok().or(u.attr.as_ref().map(|a| a.ctime_ns)).unwrap_or(0);
+                let started =
+                    u64::from_str_radix(u.name.get(..16).unwrap_or(""), 16).ok().or(u.attr.as_ref().map(|a| a.ctime_ns)).unwrap_or(0);
                 if started < cutoff && self.store.fs.meta().remove_tree(b.inode, &u.name).await.is_ok() {
                     removed += 1;
                 }
@@ -739,7 +800,12 @@ fn all_in_place(parts: &[(Inode, PartRecord)]) -> bool {
 
 /// `bytes=a-b` of a copy source of `size` bytes, as `[a, b+1)`.
 fn parse_copy_range(r: &str, size: u64) -> Result<(u64, u64), S3Error> {
-    let bad = || S3Error::with_message(S3ErrorCode::InvalidArgument, format!("x-amz-copy-source-range {r:?}: expected bytes=first-last within the source"));
+    let bad = || {
+        S3Error::with_message(
+            S3ErrorCode::InvalidArgument,
+            format!("x-amz-copy-source-range {r:?}: expected bytes=first-last within the source"),
+        )
+    };
     let spec = r.strip_prefix("bytes=").ok_or_else(bad)?;
     let (a, b) = spec.split_once('-').ok_or_else(bad)?;
     let a: u64 = a.trim().parse().map_err(|_| bad())?;

@@ -235,12 +235,26 @@ impl Gateway {
         let (md5, checksums) = digests.finish();
         let trailer_map = trailers.and_then(|t| t.take());
         body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums)?;
-        let meta = ObjectMeta { etag: hex::encode(md5), size, mtime_ns: 0, headers: args.headers, user: args.user, checksums, part_sizes: Vec::new() };
+        let meta = ObjectMeta {
+            etag: hex::encode(md5),
+            size,
+            mtime_ns: 0,
+            headers: args.headers,
+            user: args.user,
+            checksums,
+            part_sizes: Vec::new(),
+        };
         let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
         Ok(meta)
     }
 
-    async fn put_dir_object(&self, bucket: InodeId, path: &ObjectPath, args: PutArgs<'_>, body: Option<StreamingBlob>) -> Result<ObjectMeta, S3Error> {
+    async fn put_dir_object(
+        &self,
+        bucket: InodeId,
+        path: &ObjectPath,
+        args: PutArgs<'_>,
+        body: Option<StreamingBlob>,
+    ) -> Result<ObjectMeta, S3Error> {
         let mut digests = Digests::new(&[]);
         if let Some(mut b) = body {
             use futures::StreamExt;
@@ -248,7 +262,10 @@ impl Gateway {
                 let piece = piece.map_err(|e| error::invalid_request(format!("reading the body: {e}")))?;
                 digests.update(&piece);
                 if digests.size > 0 {
-                    return Err(error::invalid_argument(format!("{:?} ends in '/': such a key names a directory and takes no data", args.key)));
+                    return Err(error::invalid_argument(format!(
+                        "{:?} ends in '/': such a key names a directory and takes no data",
+                        args.key
+                    )));
                 }
             }
         }
@@ -268,7 +285,12 @@ impl Gateway {
             Err(e) => return Err(error::from_meta(e, args.key)),
         }
         if let Some(t) = args.tags.filter(|t| !t.is_empty()) {
-            self.store.fs.meta().set_xattr(dir, XATTR_TAGS, &objmeta::encode_tags(&t), XattrFlag::Any).await.map_err(|e| error::from_meta(e, args.key))?;
+            self.store
+                .fs
+                .meta()
+                .set_xattr(dir, XATTR_TAGS, &objmeta::encode_tags(&t), XattrFlag::Any)
+                .await
+                .map_err(|e| error::from_meta(e, args.key))?;
         }
         Ok(meta)
     }
@@ -409,9 +431,7 @@ impl Gateway {
         let replace_meta = input.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let same = src_bucket_id == dst_bucket && src_path == dst_path;
         if same && !replace_meta {
-            return Err(error::invalid_request(
-                "copying an object onto itself needs a change: set x-amz-metadata-directive: REPLACE",
-            ));
+            return Err(error::invalid_request("copying an object onto itself needs a change: set x-amz-metadata-directive: REPLACE"));
         }
         let (headers, user) = if replace_meta {
             let h = crate::input_headers!(input);
@@ -489,9 +509,10 @@ fn part_range(m: &ObjectMeta, part: Option<i32>) -> Result<Option<(u64, u64)>, S
     if m.part_sizes.is_empty() {
         return if n == 1 { Ok(Some((0, m.size))) } else { Err(error::invalid_part_number(format!("part {n} of a single-part object"))) };
     }
-    let idx = usize::try_from(n).ok().filter(|&i| (1..=m.part_sizes.len()).contains(&i)).ok_or_else(|| {
-        error::invalid_part_number(format!("part {n}: the object has {} parts", m.part_sizes.len()))
-    })?;
+    let idx = usize::try_from(n)
+        .ok()
+        .filter(|&i| (1..=m.part_sizes.len()).contains(&i))
+        .ok_or_else(|| error::invalid_part_number(format!("part {n}: the object has {} parts", m.part_sizes.len())))?;
     let start: u64 = m.part_sizes[..idx - 1].iter().sum();
     Ok(Some((start, start + m.part_sizes[idx - 1])))
 }

@@ -27,12 +27,8 @@ impl Gateway {
     }
 
     pub async fn put_tagging(&self, input: &PutObjectTaggingInput) -> Result<(), S3Error> {
-        let tags: TagList = input
-            .tagging
-            .tag_set
-            .iter()
-            .map(|t| (t.key.clone().unwrap_or_default(), t.value.clone().unwrap_or_default()))
-            .collect();
+        let tags: TagList =
+            input.tagging.tag_set.iter().map(|t| (t.key.clone().unwrap_or_default(), t.value.clone().unwrap_or_default())).collect();
         objmeta::check_tags(&tags).map_err(error::invalid_argument)?;
         let inode = self.tagged_inode(&input.bucket, &input.key).await?;
         self.store

@@ -189,10 +189,15 @@ pub async fn publish(
         attempt += 1;
         let parent = store.ensure_dirs(bucket, path.parent(), key).await?;
         let result = match data {
-            Data::Inline(b) => {
-                store.fs.meta().create_write_publish(parent, path.name(), FILE_MODE, b, expected.clone(), attrs.clone()).await.map_err(|e| (e.code(), e.to_string()))
+            Data::Inline(b) => store
+                .fs
+                .meta()
+                .create_write_publish(parent, path.name(), FILE_MODE, b, expected.clone(), attrs.clone())
+                .await
+                .map_err(|e| (e.code(), e.to_string())),
+            Data::Temp(h) => {
+                store.fs.publish(h, parent, path.name(), expected.clone(), attrs.clone()).await.map_err(|e| (e.code(), e.to_string()))
             }
-            Data::Temp(h) => store.fs.publish(h, parent, path.name(), expected.clone(), attrs.clone()).await.map_err(|e| (e.code(), e.to_string())),
         };
         match result {
             Ok(inode) => return Ok((inode, meta)),

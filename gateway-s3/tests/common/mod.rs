@@ -14,7 +14,8 @@ use std::sync::Arc;
 /// server must be shut down by the caller.
 pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rpc::Server) {
     let cfg = MetaConfig { gc_interval_ms: 0, ..MetaConfig::default() };
-    let svc = MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), Arc::new(NoStorage) as Arc<dyn StorageBackend>, cfg).await.expect("meta");
+    let svc =
+        MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), Arc::new(NoStorage) as Arc<dyn StorageBackend>, cfg).await.expect("meta");
     let server = svc.serve("127.0.0.1:0").await.expect("serve");
     let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("client");
     let (publisher, _) = RoutingPublisher::new(RoutingInfo::default());

@@ -35,7 +35,13 @@ impl Fs {
 
     /// Acting as root on an existing service (whose storage is not the fake).
     pub fn over(svc: MetaService) -> Fs {
-        Fs { svc, storage: Arc::new(FakeStorage::new()), user: UserInfo::root(), client_id: rand::random::<u64>() | 1, next: Arc::new(AtomicU64::new(1)) }
+        Fs {
+            svc,
+            storage: Arc::new(FakeStorage::new()),
+            user: UserInfo::root(),
+            client_id: rand::random::<u64>() | 1,
+            next: Arc::new(AtomicU64::new(1)),
+        }
     }
 
     pub fn as_user(&self, uid: u32, gid: u32) -> Fs {
