@@ -10,7 +10,7 @@ use crate::objmeta::{self, ObjectMeta, XATTR_META};
 use crate::walk::{Bound, Event, Walker};
 use base64::Engine as _;
 use fskv_client::FsClient;
-use fskv_types::meta::{Inode, MetaOp, MetaReply, MAX_BATCH_OPS};
+use fskv_proto::meta::{Inode, MetaOp, MetaReply, MAX_BATCH_OPS};
 use fskv_types::{ErrorCode, InodeId};
 use s3s::S3Error;
 

@@ -11,7 +11,7 @@
 //! mtime), so a file made through FUSE has an ETag that changes exactly
 //! when the file does.
 
-use fskv_types::meta::Inode;
+use fskv_proto::meta::Inode;
 use s3s::crypto::{Checksum as _, Md5};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

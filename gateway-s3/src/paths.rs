@@ -7,7 +7,7 @@
 //! empty component (`a//b`, a leading `/`), `.` or `..`, NUL, a component
 //! longer than the filesystem allows, or a key over 1024 bytes.
 
-use fskv_types::meta::MAX_NAME_BYTES;
+use fskv_proto::meta::MAX_NAME_BYTES;
 
 /// Longest key S3 allows (bytes of UTF-8).
 pub const MAX_KEY_BYTES: usize = 1024;

@@ -6,7 +6,7 @@ use crate::error;
 use crate::objmeta::XATTR_META;
 use crate::paths::{self, ObjectPath};
 use fskv_client::FsClient;
-use fskv_types::meta::{Inode, InodeKind};
+use fskv_proto::meta::{Inode, InodeKind};
 use fskv_types::{ErrorCode, InodeId};
 use s3s::S3Error;
 use std::collections::HashMap;

@@ -15,7 +15,7 @@
 
 use crate::objmeta::XATTR_META;
 use fskv_client::FsClient;
-use fskv_types::meta::{DirEntry, Inode, InodeKind, MetaOp, MetaReply};
+use fskv_proto::meta::{DirEntry, Inode, InodeKind, MetaOp, MetaReply};
 use fskv_types::{ErrorCode, InodeId};
 use std::collections::{BTreeMap, VecDeque};
 

@@ -1,6 +1,6 @@
 //! Inode → `FileAttr` conversion.
 
-use fskv_types::meta::{Inode, InodeKind, SpecialKind};
+use fskv_proto::meta::{Inode, InodeKind, SpecialKind};
 use fuser::{FileAttr, FileType, INodeNo};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -11,7 +11,7 @@ use crate::handles::{CacheStamps, DirState, HandleTable, ListedEntry, OpenDir, O
 use crate::MountConfig;
 use bytes::Bytes;
 use fskv_client::{FsClient, OpenFlags as FskvOpenFlags};
-use fskv_types::meta::{Inode, InodeData, SetAttr, UserInfo, XattrFlag};
+use fskv_proto::meta::{Inode, InodeData, SetAttr, UserInfo, XattrFlag};
 use fskv_types::InodeId;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle as Fh, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenAccMode,
@@ -318,7 +318,7 @@ impl Ctx {
                 let blocks = s.capacity_bytes / STATFS_BLOCK_BYTES;
                 let free = s.capacity_bytes.saturating_sub(s.used_bytes) / STATFS_BLOCK_BYTES;
                 let bsize = STATFS_BLOCK_BYTES as u32;
-                let name_max = fskv_types::meta::MAX_NAME_BYTES as u32;
+                let name_max = fskv_proto::meta::MAX_NAME_BYTES as u32;
                 reply.statfs(blocks, free, free, s.inodes + STATFS_FREE_INODES, STATFS_FREE_INODES, bsize, name_max, bsize);
             }
             Err(e) => reply.error(FsError::from(e).0),

@@ -19,4 +19,4 @@ pub mod mgmtd;
 pub mod storage;
 
 pub use file::{FileError, FileHandle, FsClient, FsClientConfig, OpenFlags};
-pub use meta::{CloseEnd, MetaBatchCall, MetaCall, MetaClient, MetaClientConfig, MetaClientError};
+pub use meta::{CloseEnd, MetaClient, MetaClientConfig, MetaClientError};

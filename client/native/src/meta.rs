@@ -11,14 +11,13 @@
 //!   server in the list is tried, up to `max_attempts`.
 
 use bytes::Bytes;
-use fskv_rpc::{CallOptions, ClientConfig, Method, RpcClient, RpcError, TcpTransport};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
+use fskv_rpc::{CallOptions, ClientConfig, RpcClient, RpcError, TcpTransport};
 use fskv_types::{ErrorCode, InodeId, Status};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// `meta.Call`: one [`MetaRequest`].
 /// What a closing write handle reports (see [`MetaOp::Close`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CloseEnd {
@@ -28,32 +27,6 @@ pub struct CloseEnd {
     pub truncate_version: u64,
     /// Whether the handle wrote data.
     pub wrote: bool,
-}
-
-pub struct MetaCall;
-impl Method for MetaCall {
-    const ID: u16 = 1000;
-    const NAME: &'static str = "meta.Call";
-    type Req = MetaRequest;
-    type Resp = MetaReply;
-}
-
-/// `meta.Batch`: several independent requests in one round trip.
-pub struct MetaBatchCall;
-impl Method for MetaBatchCall {
-    const ID: u16 = 1001;
-    const NAME: &'static str = "meta.Batch";
-    type Req = MetaBatchRequest;
-    type Resp = MetaBatchResponse;
-}
-
-/// `meta.Fsck`: the read-only consistency check of the namespace (admin).
-pub struct MetaFsckCall;
-impl Method for MetaFsckCall {
-    const ID: u16 = 1002;
-    const NAME: &'static str = "meta.Fsck";
-    type Req = FsckRequest;
-    type Resp = FsckReply;
 }
 
 /// The client's single error type.

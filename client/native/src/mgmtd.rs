@@ -6,9 +6,9 @@
 
 use crate::storage::{RoutingHandle, RoutingPublisher, RoutingSource};
 use bytes::Bytes;
+use fskv_proto::mgmtd::*;
+use fskv_proto::routing::RoutingInfo;
 use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};
-use fskv_types::mgmtd::*;
-use fskv_types::routing::RoutingInfo;
 use fskv_types::ErrorCode;
 use parking_lot::Mutex;
 use std::future::Future;
@@ -16,19 +16,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
-
-fskv_rpc::rpc_method!(
-    /// Storage service → primary mgmtd: lease renewal + local target states.
-    "mgmtd", Heartbeat = 3001, HeartbeatReq => HeartbeatResp
-);
-fskv_rpc::rpc_method!(
-    /// Anyone → primary mgmtd: routing info newer than a known version (long poll).
-    "mgmtd", GetRouting = 3002, GetRoutingReq => GetRoutingResp
-);
-fskv_rpc::rpc_method!(
-    /// Anyone → any mgmtd: its view (primary or not) for `fskv admin status`.
-    "mgmtd", MgmtdStatus = 3003, MgmtdStatusReq => MgmtdStatusResp
-);
 
 /// Limits of [`MgmtdClient`] and [`MgmtdRoutingSource`].
 #[derive(Clone, Debug)]

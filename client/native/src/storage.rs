@@ -24,10 +24,10 @@
 //! post an announce and the client would answer with a grant.
 
 use bytes::Bytes;
+use fskv_proto::routing::{ChainInfo, RoutingInfo};
+use fskv_proto::storage::*;
 use fskv_rpc::watch;
 use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};
-use fskv_types::routing::{ChainInfo, RoutingInfo};
-use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, Status, TargetId};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -36,37 +36,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-
-// ----- methods -----
-
-fskv_rpc::rpc_method!(
-    /// Client write at the head; payload = data of a `Write` op.
-    "storage", WriteChunk = 2001, WriteReq => WriteResp
-);
-fskv_rpc::rpc_method!(
-    /// Predecessor → successor; payload = data (op data or full chunk).
-    "storage", ForwardChunk = 2002, ForwardReq => ForwardResp
-);
-fskv_rpc::rpc_method!(
-    /// Reads; reply payload = data of the successful reads back to back.
-    "storage", BatchRead = 2003, BatchReadReq => BatchReadResp
-);
-fskv_rpc::rpc_method!("storage", CommitChunk = 2004, CommitReq => CommitResp);
-fskv_rpc::rpc_method!("storage", QueryLastChunk = 2005, QueryLastChunkReq => QueryLastChunkResp);
-fskv_rpc::rpc_method!(
-    /// Peer → tail: one chunk's metadata (settling a left-over pending version).
-    "storage", QueryChunk = 2011, QueryChunkReq => QueryChunkResp
-);
-fskv_rpc::rpc_method!("storage", RemoveChunks = 2006, RemoveChunksReq => RemoveChunksResp);
-fskv_rpc::rpc_method!("storage", SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp);
-fskv_rpc::rpc_method!("storage", DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
-fskv_rpc::rpc_method!("storage", SyncStart = 2009, SyncReq => SyncResp);
-fskv_rpc::rpc_method!("storage", SyncDone = 2010, SyncReq => SyncResp);
-fskv_rpc::rpc_method!(
-    /// Server-side copy at the destination head: it reads the source range
-    /// from the source chain and writes it like a `WriteChunk`; no payload.
-    "storage", CopyRange = 2012, CopyRangeReq => CopyRangeResp
-);
 
 // ----- routing handle -----
 
@@ -678,8 +647,8 @@ impl StorageClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fskv_proto::routing::{ChainTarget, NodeInfo, PublicTargetState};
     use fskv_rpc::Method;
-    use fskv_types::routing::{ChainTarget, NodeInfo, PublicTargetState};
     use fskv_types::NodeId;
 
     #[test]

@@ -13,10 +13,10 @@ use fskv_client::storage::StorageClientConfig;
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_kv::KvEngine;
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
+use fskv_proto::meta::{InodeData, LayoutPolicy};
+use fskv_proto::routing::PublicTargetState;
+use fskv_proto::storage::CopySource;
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
-use fskv_types::meta::{InodeData, LayoutPolicy};
-use fskv_types::routing::PublicTargetState;
-use fskv_types::storage::CopySource;
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, TargetId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -209,9 +209,9 @@ async fn copy_from_an_inline_source_and_the_refused_copies() {
         // A retried piece with the same tag is applied once (storage client level).
         let src = fs.open("/src", OpenFlags::create_new()).await.expect("create src");
         src.write_at(0, Bytes::from(pattern(5, 100))).await.expect("write src");
-        let src_chain = fskv_types::meta::chain_for_chunk(src.layout(), 0).expect("src chain");
+        let src_chain = fskv_proto::meta::chain_for_chunk(src.layout(), 0).expect("src chain");
         let target = fs.open("/target", OpenFlags::create_new()).await.expect("create target");
-        let dst_chain = fskv_types::meta::chain_for_chunk(target.layout(), 0).expect("dst chain");
+        let dst_chain = fskv_proto::meta::chain_for_chunk(target.layout(), 0).expect("dst chain");
         let source = CopySource { chain_id: src_chain, chunk: ChunkId::new(src.inode(), 0), offset_bytes: 0, len_bytes: 100 };
         let storage = fs.storage();
         let tag = storage.new_tag();

@@ -10,9 +10,9 @@ use fskv_client::file::{FsClient, FsClientConfig, OpenFlags};
 use fskv_client::storage::StorageClientConfig;
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
+use fskv_proto::meta::LayoutPolicy;
+use fskv_proto::routing::PublicTargetState;
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
-use fskv_types::meta::LayoutPolicy;
-use fskv_types::routing::PublicTargetState;
 use fskv_types::{ChainId, ErrorCode, InodeId, TargetId};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeSet;
@@ -262,7 +262,7 @@ async fn close_finds_a_chunk_past_the_initial_dynamic_stripe() {
     let h = env.fs.open("/sparse", OpenFlags::create_new()).await.expect("create");
     let index = (0..64u64)
         .find(|&i| {
-            let chain = fskv_types::meta::chain_for_chunk(h.layout(), i).expect("chain");
+            let chain = fskv_proto::meta::chain_for_chunk(h.layout(), i).expect("chain");
             h.layout().shuffled_chains().iter().position(|c| *c == chain).unwrap_or(0) >= 16
         })
         .expect("a chunk beyond the first 16 shuffled chains");

@@ -9,7 +9,7 @@
 use crate::storage::{LastChunk, StorageBackend, StorageError};
 use async_trait::async_trait;
 use fskv_client::storage::StorageClient;
-use fskv_types::meta::{chain_for_chunk, FileLayout};
+use fskv_proto::meta::{chain_for_chunk, FileLayout};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
 
 pub struct ChainStorage {

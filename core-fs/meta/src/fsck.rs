@@ -25,7 +25,7 @@ use crate::error::{MetaError, MetaResult};
 use crate::schema::*;
 use bytes::Bytes;
 use fskv_kv::{key_after, KeyValue, KvEngine, KvError, RangeRequest, Transaction};
-use fskv_types::meta::{FsckProblem, FsckProblemKind, FsckReply, Inode, InodeKind, DEFAULT_FSCK_PROBLEMS, MAX_FSCK_INODES};
+use fskv_proto::meta::{FsckProblem, FsckProblemKind, FsckReply, Inode, InodeKind, DEFAULT_FSCK_PROBLEMS, MAX_FSCK_INODES};
 use fskv_types::InodeId;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;

@@ -19,7 +19,7 @@ use crate::ops::{delete_inode, drop_link, load_inode_opt, queue_gc, save_inode, 
 use crate::schema::*;
 use crate::storage::StorageBackend;
 use fskv_kv::{KvEngine, RangeRequest, Transaction};
-use fskv_types::meta::{Inode, InodeData};
+use fskv_proto::meta::{Inode, InodeData};
 use fskv_types::InodeId;
 use std::sync::Arc;
 
@@ -188,7 +188,7 @@ async fn drain_tree(engine: &Arc<dyn KvEngine>, dir: InodeId, stats: &mut GcStat
                 for (k, v) in &children.kvs {
                     let entry: DentryValue = decode(k, v)?;
                     txn.clear(k)?;
-                    if entry.kind == fskv_types::meta::InodeKind::Directory {
+                    if entry.kind == fskv_proto::meta::InodeKind::Directory {
                         if let Some(mut child) = load_inode_opt(txn, entry.inode).await? {
                             child.nlink = 0;
                             save_inode(txn, &child)?;

@@ -14,7 +14,7 @@ use crate::error::{MetaError, MetaResult};
 use crate::perm::{self, EXEC, READ, WRITE};
 use crate::schema::*;
 use fskv_kv::{key_after, prefix_end, RangeRequest, Transaction};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::{ChainId, InodeId};
 
 /// Limits and layout settings of a meta server.

@@ -7,7 +7,7 @@
 //! of the entry, the owner of the directory, or root.
 
 use crate::error::{MetaError, MetaResult};
-use fskv_types::meta::{Inode, UserInfo, MODE_STICKY};
+use fskv_proto::meta::{Inode, UserInfo, MODE_STICKY};
 
 pub const READ: u32 = 4;
 pub const WRITE: u32 = 2;

@@ -7,7 +7,7 @@
 
 use crate::error::{MetaError, MetaResult};
 use bincode::Options;
-use fskv_types::meta::{InodeKind, MetaReply};
+use fskv_proto::meta::{InodeKind, MetaReply};
 use fskv_types::InodeId;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

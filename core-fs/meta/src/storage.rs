@@ -4,7 +4,7 @@
 //! [`NoStorage`] stands in until then and [`FakeStorage`] serves tests.
 
 use async_trait::async_trait;
-use fskv_types::meta::{chain_for_chunk, FileLayout};
+use fskv_proto::meta::{chain_for_chunk, FileLayout};
 use fskv_types::{ChainId, InodeId};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};

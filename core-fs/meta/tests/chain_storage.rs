@@ -8,8 +8,8 @@ use common::Fs;
 use fskv_chunk_engine::EngineConfig;
 use fskv_client::storage::StorageClientConfig;
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, StorageBackend};
+use fskv_proto::meta::*;
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
-use fskv_types::meta::*;
 use fskv_types::{ChainId, ChunkId, InodeId, TargetId};
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@ mod common;
 
 use common::{test_config, Fs};
 use fskv_kv::{KvEngine, MemoryEngine, RocksEngine, RocksOptions};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::{ErrorCode, InodeId};
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_kv::{KvEngine, MemoryEngine};
 use fskv_meta::schema::{dentry_key, inode_key};
 use fskv_meta::{FakeStorage, MetaService, StorageBackend};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::InodeId;
 use std::collections::HashSet;
 use std::sync::Arc;

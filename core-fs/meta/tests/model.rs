@@ -9,7 +9,7 @@ mod common;
 
 use common::Fs;
 use fskv_meta::fsck;
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::{ErrorCode, InodeId};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};

@@ -6,7 +6,7 @@ mod common;
 
 use common::Fs;
 use fskv_meta::MetaError;
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::{ErrorCode, InodeId};
 
 const ROOT: InodeId = InodeId::ROOT;

@@ -7,7 +7,7 @@ use common::test_config;
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_kv::{KvEngine, MemoryEngine};
 use fskv_meta::{FakeStorage, MetaService, StorageBackend};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::{ErrorCode, InodeId};
 use std::sync::Arc;
 

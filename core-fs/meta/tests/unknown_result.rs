@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use common::Fs;
 use fskv_kv::{KvEngine, KvError, KvResult, MemoryEngine, RangeRequest, RangeResult, Transaction};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::{ErrorCode, InodeId};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -35,7 +35,7 @@
 use fskv_types::TargetId;
 use serde::{Deserialize, Serialize};
 
-pub use fskv_types::routing::{LocalTargetState as LocalState, PublicTargetState as PublicState};
+pub use fskv_proto::routing::{LocalTargetState as LocalState, PublicTargetState as PublicState};
 
 /// Position of a state's group in the chain order.
 fn group(state: PublicState) -> u8 {

@@ -4,9 +4,9 @@
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig};
 use fskv_kv::KvEngine;
 use fskv_mgmtd::{Layout, ManualClock, Mgmtd, MgmtdConfig, SystemClock};
+use fskv_proto::mgmtd::HeartbeatReq;
+use fskv_proto::routing::{LocalTargetState, PublicTargetState};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
-use fskv_types::mgmtd::HeartbeatReq;
-use fskv_types::routing::{LocalTargetState, PublicTargetState};
 use fskv_types::{ErrorCode, NodeId, TargetId};
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! Every decision the async shell makes about routing goes through these
 //! functions, so a simulator can drive them deterministically.
 
-use fskv_types::routing::{ChainInfo, ChainTarget, PublicTargetState};
+use fskv_proto::routing::{ChainInfo, ChainTarget, PublicTargetState};
 use fskv_types::{NodeId, TargetId};
 
 /// Where a write came from.

@@ -5,8 +5,8 @@
 use crate::service::{RunningStorage, StorageConfig, StorageService};
 use fskv_chunk_engine::{ChunkEngine, EngineConfig};
 use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig};
+use fskv_proto::routing::{ChainInfo, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
-use fskv_types::routing::{ChainInfo, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
 use fskv_types::{ChainId, NodeId, TargetId};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

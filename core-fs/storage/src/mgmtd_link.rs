@@ -17,8 +17,8 @@
 
 use crate::service::StorageService;
 use fskv_client::mgmtd::MgmtdRoutingSource;
-use fskv_types::mgmtd::HeartbeatReq;
-use fskv_types::routing::{PublicTargetState, RoutingInfo};
+use fskv_proto::mgmtd::HeartbeatReq;
+use fskv_proto::routing::{PublicTargetState, RoutingInfo};
 use fskv_types::{ErrorCode, NodeId, TargetId};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -152,7 +152,7 @@ pub async fn run_heartbeats(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fskv_types::routing::{ChainInfo, ChainTarget, NodeInfo};
+    use fskv_proto::routing::{ChainInfo, ChainTarget, NodeInfo};
     use fskv_types::ChainId;
 
     fn routing(registered: bool, state: PublicTargetState) -> RoutingInfo {

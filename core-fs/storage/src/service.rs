@@ -9,13 +9,14 @@ use crate::locks::ChunkLocks;
 use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::{Bytes, BytesMut};
 use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode, UpdateKind, UpdateOptions, UpdateRequest, UpdateTag};
-use fskv_client::storage::{
-    BatchRead, CommitChunk, CopyRange, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, RoutingHandle, SpaceInfo,
-    StorageClient, StorageClientConfig, SyncDone, SyncStart, WriteChunk,
+use fskv_client::storage::{RoutingHandle, StorageClient, StorageClientConfig};
+use fskv_proto::routing::{ChainInfo, LocalTargetState, PublicTargetState, RoutingInfo};
+use fskv_proto::storage::*;
+use fskv_proto::storage::{
+    BatchRead, CommitChunk, CopyRange, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, SpaceInfo, SyncDone,
+    SyncStart, WriteChunk,
 };
 use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport, Transport};
-use fskv_types::routing::{ChainInfo, LocalTargetState, PublicTargetState, RoutingInfo};
-use fskv_types::storage::*;
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -1120,9 +1121,10 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fskv_client::storage::{ForwardChunk, QueryChunk, RoutingPublisher};
+    use fskv_client::storage::RoutingPublisher;
+    use fskv_proto::routing::{ChainTarget, NodeInfo};
+    use fskv_proto::storage::{ForwardChunk, QueryChunk};
     use fskv_rpc::ClientConfig;
-    use fskv_types::routing::{ChainTarget, NodeInfo};
     use fskv_types::InodeId;
 
     /// Found by the simulation (seed 98 of 200): the head crashed while the

@@ -29,7 +29,7 @@
 //! deletes live data.
 
 use fskv_chunk_engine::ChunkMeta;
-use fskv_types::storage::RemoteChunkMeta;
+use fskv_proto::storage::RemoteChunkMeta;
 use fskv_types::ChunkId;
 use std::collections::BTreeMap;
 

@@ -4,12 +4,13 @@
 
 use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
-use fskv_client::storage::{CopyRange, StorageClient, StorageClientConfig};
+use fskv_client::storage::{StorageClient, StorageClientConfig};
+use fskv_proto::routing::PublicTargetState;
+use fskv_proto::storage::CopyRange;
+use fskv_proto::storage::{CopyRangeReq, CopySource, RequestTag};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
 use fskv_storage::service::MAX_COPY_BYTES;
-use fskv_types::routing::PublicTargetState;
-use fskv_types::storage::{CopyRangeReq, CopySource, RequestTag};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, NodeId, TargetId};
 use std::sync::Arc;
 use std::time::Duration;

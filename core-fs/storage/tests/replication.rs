@@ -2,11 +2,12 @@
 
 use bytes::Bytes;
 use fskv_chunk_engine::EngineConfig;
-use fskv_client::storage::{StorageClient, StorageClientConfig, WriteChunk};
+use fskv_client::storage::{StorageClient, StorageClientConfig};
+use fskv_proto::routing::{LocalTargetState, PublicTargetState};
+use fskv_proto::storage::WriteChunk;
+use fskv_proto::storage::{RequestTag, UpdateOp, WriteReq};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
 use fskv_storage::cluster::{ClusterOptions, LocalCluster};
-use fskv_types::routing::{LocalTargetState, PublicTargetState};
-use fskv_types::storage::{RequestTag, UpdateOp, WriteReq};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId, TargetId};
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -32,7 +32,7 @@ use crate::body::{self, Digests};
 use crate::error;
 use crate::objmeta::{self, Checksums, Headers, ObjectMeta, TagList, XATTR_META};
 use crate::store::{DIR_MODE, FILE_MODE, UPLOADS_DIR};
-use fskv_types::meta::{Inode, MetaOp, MetaReply, PublishAttrs, XattrFlag};
+use fskv_proto::meta::{Inode, MetaOp, MetaReply, PublishAttrs, XattrFlag};
 use fskv_types::{ErrorCode, InodeId};
 use http::HeaderMap;
 use s3s::dto::*;
@@ -538,7 +538,7 @@ impl Gateway {
         };
         let tags = (!up.record.tags.is_empty()).then_some(&up.record.tags);
         let conditional = input.if_match.is_some() || input.if_none_match.is_some();
-        let meta = if !conditional && all_in_place(&chosen) && size > fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
+        let meta = if !conditional && all_in_place(&chosen) && size > fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
             self.complete_in_place(bucket, &path, &input.key, up.dir, meta, tags).await?
         } else {
             let expected =
@@ -586,7 +586,7 @@ impl Gateway {
         }
         let data = fs.meta().lookup(dir, DATA_FILE).await.map_err(|e| error::from_meta(e, "upload data"))?;
         meta.mtime_ns = write::now_ns();
-        let attr = fskv_types::meta::SetAttr { mtime_ns: Some(meta.mtime_ns), atime_ns: Some(meta.mtime_ns), ..Default::default() };
+        let attr = fskv_proto::meta::SetAttr { mtime_ns: Some(meta.mtime_ns), atime_ns: Some(meta.mtime_ns), ..Default::default() };
         fs.meta().setattr(data.id, attr).await.map_err(|e| error::from_meta(e, key))?;
         fs.meta().set_xattr(data.id, XATTR_META, &meta.encode(), XattrFlag::Any).await.map_err(|e| error::from_meta(e, key))?;
         if let Some(t) = tags {
@@ -621,7 +621,7 @@ impl Gateway {
         } else {
             None
         };
-        if size <= fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
+        if size <= fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
             let mut all = Vec::with_capacity(size as usize);
             for (inode, rec) in parts {
                 let bytes = match (rec.offset, &data_file) {

@@ -7,7 +7,7 @@ use crate::error;
 use crate::objmeta::{self, Headers, ObjectMeta, TagList, XATTR_META, XATTR_TAGS};
 use crate::paths::{self, ObjectPath};
 use crate::store::{Found, Store};
-use fskv_types::meta::{Expected, Inode, XattrFlag};
+use fskv_proto::meta::{Expected, Inode, XattrFlag};
 use fskv_types::{ErrorCode, InodeId};
 use http::HeaderMap;
 use s3s::dto::*;
@@ -491,7 +491,7 @@ impl Gateway {
             let e = (end as usize).min(inline.len());
             return Ok(Data::Inline(bytes::Bytes::copy_from_slice(&inline[s..e])));
         }
-        if len <= fskv_types::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
+        if len <= fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
             let reader = self.store.fs.reader(src.clone()).map_err(|e| error::from_file(e, "copy source"))?;
             let data = reader.read_at(start, len).await.map_err(|e| error::from_file(e, "copy source"))?;
             return Ok(Data::Inline(data));

@@ -4,7 +4,7 @@ use super::object::{find_object, parse};
 use super::Gateway;
 use crate::error;
 use crate::objmeta::{self, TagList, XATTR_TAGS};
-use fskv_types::meta::XattrFlag;
+use fskv_proto::meta::XattrFlag;
 use fskv_types::ErrorCode;
 use s3s::dto::*;
 use s3s::S3Error;

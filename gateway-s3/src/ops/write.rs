@@ -11,7 +11,7 @@ use crate::paths::ObjectPath;
 use crate::store::{Store, FILE_MODE};
 use bytes::{Bytes, BytesMut};
 use fskv_client::FileHandle;
-use fskv_types::meta::{Expected, Inode, PublishAttrs, DEFAULT_INLINE_MAX_BYTES};
+use fskv_proto::meta::{Expected, Inode, PublishAttrs, DEFAULT_INLINE_MAX_BYTES};
 use fskv_types::{ErrorCode, InodeId};
 use futures::StreamExt;
 use s3s::dto::StreamingBlob;

@@ -7,7 +7,7 @@ use fskv_gateway_s3::ops::Gateway;
 use fskv_gateway_s3::store::Store;
 use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
 use fskv_meta::{MetaConfig, MetaService, NoStorage, StorageBackend};
-use fskv_types::routing::RoutingInfo;
+use fskv_proto::routing::RoutingInfo;
 use std::sync::Arc;
 
 /// A writer gateway with bucket `bkt`, changed by `tune` first; the meta

@@ -3,7 +3,7 @@
 
 use fskv_kv::{KvEngine, MemoryEngine};
 use fskv_meta::{fsck, FakeStorage, MetaConfig, MetaResult, MetaService, StorageBackend};
-use fskv_types::meta::*;
+use fskv_proto::meta::*;
 use fskv_types::InodeId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

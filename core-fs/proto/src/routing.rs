@@ -11,7 +11,7 @@
 //! order inside each group. So the head is the first serving target and a
 //! syncing target always comes after every serving one.
 
-use crate::ids::{ChainId, NodeId, TargetId};
+use fskv_types::ids::{ChainId, NodeId, TargetId};
 use serde::{Deserialize, Serialize};
 
 /// The public state of a target, as listed in the chain table.

@@ -4,7 +4,7 @@
 //! primary mgmtd crashed, isolated and paused too). Every seed replays
 //! bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
-//! * `cargo test -p fskv-mgmtd --test sim` runs `FSKV_SIM_SEEDS` seeds
+//! * `cargo test -p fskv-sim --test sim` runs `FSKV_SIM_SEEDS` seeds
 //!   (default [`DEFAULT_SEEDS`]) starting at `FSKV_SIM_FIRST_SEED` (default 1);
 //! * `FSKV_SIM_SEED=<n>` replays one seed (with `RUST_LOG=info` for a trace).
 //!
@@ -22,10 +22,10 @@ use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_kv::{KeyValue, KvEngine, KvResult, RangeRequest, RangeResult, Transaction};
 use fskv_mgmtd::{Clock, Layout, Mgmtd, MgmtdConfig};
+use fskv_proto::routing::{ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_rpc::{ClientConfig, RpcClient, SimTransport};
 use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
 use fskv_storage::{StorageConfig, StorageService};
-use fskv_types::routing::{ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_types::{ChainId, ChunkId, InodeId, NodeId, TargetId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -1142,7 +1142,7 @@ fn simulated_cluster_survives_random_faults() {
         match run_seed(seed) {
             Ok(o) => eprintln!("{} (trace {:016x}, {:.1} s)", o.summary, o.trace_hash, started.elapsed().as_secs_f64()),
             Err(e) => {
-                eprintln!("FAILED {e}\n  replay: FSKV_SIM_SEED={seed} cargo test -p fskv-mgmtd --test sim");
+                eprintln!("FAILED {e}\n  replay: FSKV_SIM_SEED={seed} cargo test -p fskv-sim --test sim");
                 failures.push(seed);
             }
         }

@@ -5,11 +5,11 @@
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig};
-use fskv_client::storage::SpaceInfo;
 use fskv_mgmtd::chain_table::{generate, ChainTableSpec};
+use fskv_proto::mgmtd::MgmtdStatusResp;
+use fskv_proto::storage::SpaceInfo;
+use fskv_proto::storage::{SpaceInfoReq, TargetSpace};
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
-use fskv_types::mgmtd::MgmtdStatusResp;
-use fskv_types::storage::{SpaceInfoReq, TargetSpace};
 use std::sync::Arc;
 
 /// Deadline of one status / space call.
@@ -40,7 +40,7 @@ pub struct FsckArgs {
     #[arg(long, required = true, value_delimiter = ',')]
     meta: Vec<String>,
     /// Problems to list (all are counted; the server lists at most 10000).
-    #[arg(long, default_value_t = fskv_types::meta::DEFAULT_FSCK_PROBLEMS)]
+    #[arg(long, default_value_t = fskv_proto::meta::DEFAULT_FSCK_PROBLEMS)]
     max_problems: u32,
     /// Deadline of the check, in seconds (a large namespace takes long).
     #[arg(long, default_value_t = 600)]
@@ -127,7 +127,7 @@ const FSCK_PROGRESS_INTERVAL_MS: u64 = 2_000;
 async fn fsck(a: &FsckArgs) -> anyhow::Result<u64> {
     use anyhow::Context;
     use fskv_client::meta::{MetaClient, MetaClientConfig};
-    use fskv_types::meta::FsckRequest;
+    use fskv_proto::meta::FsckRequest;
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let config = MgmtdClientConfig { call_timeout_ms: ADMIN_CALL_TIMEOUT_MS, ..Default::default() };
     let mgmtd = MgmtdClient::new(rpc.clone(), a.mgmtd.clone(), config);
@@ -186,7 +186,7 @@ async fn fsck(a: &FsckArgs) -> anyhow::Result<u64> {
     Ok(problems)
 }
 
-fn render_fsck(r: &fskv_types::meta::FsckReply, routing_version: Option<u64>) -> String {
+fn render_fsck(r: &fskv_proto::meta::FsckReply, routing_version: Option<u64>) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     if let Some(v) = routing_version {

@@ -1,9 +1,8 @@
-//! Messages of the mgmtd RPCs (method ids 3000–3999, declared in
-//! `fskv_client::mgmtd`). Plain data shared by mgmtd, storage services and
-//! clients.
+//! Messages and methods of the mgmtd RPCs (ids 3000–3999). Plain data
+//! shared by mgmtd, storage services and clients.
 
-use crate::ids::{ChainId, NodeId, TargetId};
 use crate::routing::{LocalTargetState, PublicTargetState, RoutingInfo};
+use fskv_types::ids::{ChainId, NodeId, TargetId};
 use serde::{Deserialize, Serialize};
 
 /// A storage service's lease renewal and local-state report.
@@ -84,3 +83,18 @@ pub struct MgmtdStatusResp {
     pub nodes: Vec<NodeStatus>,
     pub chains: Vec<ChainStatus>,
 }
+
+// ----- methods -----
+
+fskv_rpc::rpc_method!(
+    /// Storage service → primary mgmtd: lease renewal + local target states.
+    "mgmtd", Heartbeat = 3001, HeartbeatReq => HeartbeatResp
+);
+fskv_rpc::rpc_method!(
+    /// Anyone → primary mgmtd: routing info newer than a known version (long poll).
+    "mgmtd", GetRouting = 3002, GetRoutingReq => GetRoutingResp
+);
+fskv_rpc::rpc_method!(
+    /// Anyone → any mgmtd: its view (primary or not) for `fskv admin status`.
+    "mgmtd", MgmtdStatus = 3003, MgmtdStatusReq => MgmtdStatusResp
+);

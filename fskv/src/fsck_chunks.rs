@@ -16,11 +16,11 @@
 //! published) are skipped: GC removes their chunks.
 
 use fskv_client::meta::MetaClient;
-use fskv_client::storage::DumpChunkMeta;
+use fskv_proto::meta::{chain_for_chunk, Inode, InodeData};
+use fskv_proto::routing::{PublicTargetState, RoutingInfo};
+use fskv_proto::storage::DumpChunkMeta;
+use fskv_proto::storage::DumpChunkMetaReq;
 use fskv_rpc::{CallOptions, RpcClient};
-use fskv_types::meta::{chain_for_chunk, Inode, InodeData};
-use fskv_types::routing::{PublicTargetState, RoutingInfo};
-use fskv_types::storage::DumpChunkMetaReq;
 use fskv_types::{ChainId, ErrorCode, InodeId};
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -177,7 +177,7 @@ pub fn render(s: &ChunkScan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fskv_types::meta::{Acl, FileData, FileLayout};
+    use fskv_proto::meta::{Acl, FileData, FileLayout};
 
     fn file(length: u64, chains: Vec<ChainId>, inline: bool) -> Inode {
         let layout = FileLayout { table_id: 1, table_version: 1, chunk_size_bytes: 100, chains, seed: 0 };

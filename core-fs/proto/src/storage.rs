@@ -1,12 +1,11 @@
-//! Wire messages of the storage service (SPEC §5). The method definitions
-//! (ids 2000–2999) live with the calling side in `fskv-client::storage`.
+//! Wire messages and methods of the storage service (SPEC §5), ids 2000–2999.
 //!
 //! Bulk data never goes in these bodies: it travels as the RPC payload, and
 //! each message that describes data carries its length and CRC32C, checked
 //! at every hop.
 
-use crate::error::Status;
-use crate::ids::{ChainId, ChunkId, InodeId, TargetId};
+use fskv_types::ids::{ChainId, ChunkId, InodeId, TargetId};
+use fskv_types::Status;
 use serde::{Deserialize, Serialize};
 
 /// Identifies one client request so a retry is applied once: the storage
@@ -285,3 +284,34 @@ pub struct CopyRangeResp {
     /// zeros); 0 for a missing source chunk.
     pub src_found_bytes: u32,
 }
+
+// ----- methods -----
+
+fskv_rpc::rpc_method!(
+    /// Client write at the head; payload = data of a `Write` op.
+    "storage", WriteChunk = 2001, WriteReq => WriteResp
+);
+fskv_rpc::rpc_method!(
+    /// Predecessor → successor; payload = data (op data or full chunk).
+    "storage", ForwardChunk = 2002, ForwardReq => ForwardResp
+);
+fskv_rpc::rpc_method!(
+    /// Reads; reply payload = data of the successful reads back to back.
+    "storage", BatchRead = 2003, BatchReadReq => BatchReadResp
+);
+fskv_rpc::rpc_method!("storage", CommitChunk = 2004, CommitReq => CommitResp);
+fskv_rpc::rpc_method!("storage", QueryLastChunk = 2005, QueryLastChunkReq => QueryLastChunkResp);
+fskv_rpc::rpc_method!("storage", RemoveChunks = 2006, RemoveChunksReq => RemoveChunksResp);
+fskv_rpc::rpc_method!("storage", SpaceInfo = 2007, SpaceInfoReq => SpaceInfoResp);
+fskv_rpc::rpc_method!("storage", DumpChunkMeta = 2008, DumpChunkMetaReq => DumpChunkMetaResp);
+fskv_rpc::rpc_method!("storage", SyncStart = 2009, SyncReq => SyncResp);
+fskv_rpc::rpc_method!("storage", SyncDone = 2010, SyncReq => SyncResp);
+fskv_rpc::rpc_method!(
+    /// Peer → tail: one chunk's metadata (settling a left-over pending version).
+    "storage", QueryChunk = 2011, QueryChunkReq => QueryChunkResp
+);
+fskv_rpc::rpc_method!(
+    /// Server-side copy at the destination head: it reads the source range
+    /// from the source chain and writes it like a `WriteChunk`; no payload.
+    "storage", CopyRange = 2012, CopyRangeReq => CopyRangeResp
+);

@@ -6,10 +6,11 @@ mod common;
 
 use bytes::Bytes;
 use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
-use fskv_client::storage::{DumpChunkMeta, RoutingPublisher, StorageClient, StorageClientConfig};
+use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig};
+use fskv_proto::routing::{ChainInfo, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
+use fskv_proto::storage::DumpChunkMeta;
+use fskv_proto::storage::DumpChunkMetaReq;
 use fskv_rpc::{CallOptions, ClientConfig, RpcClient, TcpTransport};
-use fskv_types::routing::{ChainInfo, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
-use fskv_types::storage::DumpChunkMetaReq;
 use fskv_types::{ChainId, ChunkId, InodeId, NodeId, TargetId};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

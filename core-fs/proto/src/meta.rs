@@ -6,8 +6,8 @@
 //! that a client in any language reproduces it bit for bit: a Fisher–Yates
 //! shuffle driven by SplitMix64 seeded with the file's `seed`.
 
-use crate::ids::{ChainId, InodeId};
-use crate::Status;
+use fskv_types::ids::{ChainId, InodeId};
+use fskv_types::Status;
 use serde::{Deserialize, Serialize};
 
 /// Longest name of a directory entry, in bytes.
@@ -676,6 +676,21 @@ pub struct FsckReply {
     pub transactions: u32,
     pub elapsed_ms: u64,
 }
+
+// ----- methods -----
+
+fskv_rpc::rpc_method!(
+    /// One [`MetaRequest`].
+    "meta", MetaCall = 1000, MetaRequest => MetaReply
+);
+fskv_rpc::rpc_method!(
+    /// Several independent requests in one round trip.
+    "meta", MetaBatchCall = 1001, MetaBatchRequest => MetaBatchResponse
+);
+fskv_rpc::rpc_method!(
+    /// The read-only consistency check of the namespace (admin).
+    "meta", MetaFsckCall = 1002, FsckRequest => FsckReply
+);
 
 #[cfg(test)]
 mod tests {
