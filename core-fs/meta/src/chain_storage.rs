@@ -8,7 +8,7 @@
 
 use crate::storage::{LastChunk, StorageBackend, StorageError};
 use async_trait::async_trait;
-use fskv_client::storage::StorageClient;
+use fskv_client::storage::{StorageClient, StorageClientError};
 use fskv_proto::meta::{chain_for_chunk, FileLayout};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
 
@@ -22,8 +22,8 @@ impl ChainStorage {
     }
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> StorageError {
-    StorageError(format!("{what}: {e}"))
+fn err(what: &str, e: StorageClientError) -> StorageError {
+    StorageError::new(e.code(), format!("{what}: {e}"))
 }
 
 /// The distinct chains of a layout, in layout order.

@@ -33,7 +33,7 @@ pub enum MetaError {
     #[error("corrupt metadata at {key}: {reason}")]
     Corrupt { key: String, reason: String },
     #[error("storage backend: {0}")]
-    Storage(String),
+    Storage(#[from] crate::storage::StorageError),
     #[error("kv: {0}")]
     Kv(#[from] KvError),
     #[error("internal: {0}")]
@@ -61,7 +61,7 @@ impl MetaError {
             MetaError::Unsupported(_) => ErrorCode::Unsupported,
             MetaError::TooLarge(_) => ErrorCode::ResourceExhausted,
             MetaError::Corrupt { .. } | MetaError::Internal(_) => ErrorCode::Internal,
-            MetaError::Storage(_) => ErrorCode::TargetNotServing,
+            MetaError::Storage(e) => e.code,
             MetaError::Kv(e) => e.code(),
             MetaError::StalePrepare(_) => ErrorCode::KvNotCommitted,
         }
@@ -84,3 +84,18 @@ impl From<MetaError> for Status {
 }
 
 pub type MetaResult<T> = Result<T, MetaError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::StorageError;
+
+    #[test]
+    fn a_storage_failure_keeps_its_typed_code() {
+        for code in [ErrorCode::ChunkUncommitted, ErrorCode::ConnectionFailed, ErrorCode::ChecksumMismatch, ErrorCode::InvalidArgument] {
+            let e = MetaError::from(StorageError::new(code, "remove chunks of 7 on chain 3"));
+            assert_eq!(e.code(), code);
+            assert_eq!(Status::from(e).code, code);
+        }
+    }
+}

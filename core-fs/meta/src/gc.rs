@@ -143,7 +143,7 @@ async fn reclaim_file(
         }
         if let InodeData::File(f) = &inode.data {
             if f.inline.is_none() {
-                stats.chunks_removed += storage.remove_chunks(id, &f.layout).await.map_err(|e| MetaError::Storage(e.to_string()))?;
+                stats.chunks_removed += storage.remove_chunks(id, &f.layout).await?;
             }
         }
     }

@@ -365,7 +365,7 @@ impl Inner {
             ops::truncate_check(&mut *txn, &ctx, id, session).await?
         };
         if let Some(layout) = layout {
-            self.storage.truncate_chunks(id, &layout, length).await.map_err(|e| MetaError::Storage(e.to_string()))?;
+            self.storage.truncate_chunks(id, &layout, length).await?;
         }
         Ok(())
     }
@@ -400,7 +400,7 @@ impl Inner {
         let mut max_index: Option<u64> = None;
         loop {
             for chain in shuffled.get(asked..upto).unwrap_or(&[]) {
-                let last = self.storage.last_chunk(id, *chain).await.map_err(|e| MetaError::Storage(e.to_string()))?;
+                let last = self.storage.last_chunk(id, *chain).await?;
                 if let Some(lc) = last {
                     length = length.max(lc.index * chunk + u64::from(lc.len_bytes));
                     max_index = Some(max_index.map_or(lc.index, |m| m.max(lc.index)));

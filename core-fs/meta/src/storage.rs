@@ -5,13 +5,25 @@
 
 use async_trait::async_trait;
 use fskv_proto::meta::{chain_for_chunk, FileLayout};
-use fskv_types::{ChainId, InodeId};
+use fskv_types::{ChainId, ErrorCode, InodeId};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 
+/// A failed storage call, with the typed code the storage side answered
+/// (retryable or not, as the storage client decided), so meta passes it on
+/// instead of flattening every storage failure into one code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("storage: {0}")]
-pub struct StorageError(pub String);
+#[error("storage: {message}")]
+pub struct StorageError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl StorageError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        StorageError { code, message: message.into() }
+    }
+}
 
 /// The last chunk of a file on one chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

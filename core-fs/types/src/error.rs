@@ -7,11 +7,29 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A stable numeric error code. Values are part of the wire format: never
-/// renumber, only add.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[repr(u32)]
-pub enum ErrorCode {
+/// Declares [`ErrorCode`] and the list of all its variants from one table, so
+/// the decoder can never miss a variant.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $name:ident = $value:literal,)*) => {
+        /// A stable numeric error code. Values are part of the wire format:
+        /// never renumber, only add. On the wire a code travels as its
+        /// number (a `u32`), not as a position in the enum, so adding a
+        /// variant changes no other code's encoding and a code this build does
+        /// not know (from a newer peer) decodes as [`ErrorCode::Internal`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $name = $value,)*
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$name,)*];
+        }
+    };
+}
+
+error_codes! {
     // --- transport / RPC (1xx) ---
     /// The connection could not be made or broke; the request may not have run.
     ConnectionFailed = 100,
@@ -111,42 +129,19 @@ impl ErrorCode {
 
     /// Decodes a wire value; unknown codes (from a newer peer) map to `Internal`.
     pub fn from_u32(v: u32) -> ErrorCode {
-        use ErrorCode::*;
-        const ALL: &[ErrorCode] = &[
-            ConnectionFailed,
-            DeadlineExceeded,
-            Cancelled,
-            FrameTooLarge,
-            MalformedMessage,
-            UnknownMethod,
-            Overloaded,
-            ShuttingDown,
-            InvalidArgument,
-            NotFound,
-            AlreadyExists,
-            PermissionDenied,
-            Internal,
-            Unsupported,
-            ResourceExhausted,
-            KvNotCommitted,
-            KvCommitUnknownResult,
-            KvTransactionTooOld,
-            KvTooLarge,
-            StaleChainVersion,
-            ChunkUncommitted,
-            ChecksumMismatch,
-            TargetNotServing,
-            ChunkVersionMismatch,
-            NotDirectory,
-            IsDirectory,
-            NotEmpty,
-            NameTooLong,
-            PreconditionFailed,
-            WouldCreateCycle,
-            NotPrimary,
-            StaleNodeGeneration,
-        ];
-        ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(Internal)
+        ErrorCode::ALL.iter().copied().find(|c| c.as_u32() == v).unwrap_or(ErrorCode::Internal)
+    }
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u32(self.as_u32())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        u32::deserialize(deserializer).map(ErrorCode::from_u32)
     }
 }
 
@@ -186,5 +181,31 @@ mod tests {
         assert!(ErrorCode::StaleChainVersion.is_retryable());
         assert!(ErrorCode::StaleChainVersion.needs_routing_refresh());
         assert!(!ErrorCode::InvalidArgument.is_retryable());
+    }
+
+    #[test]
+    fn every_code_round_trips_as_its_number() {
+        let mut numbers = std::collections::BTreeSet::new();
+        for &code in ErrorCode::ALL {
+            assert!(numbers.insert(code.as_u32()), "{code:?} reuses a number");
+            assert_eq!(ErrorCode::from_u32(code.as_u32()), code);
+            // bincode (the RPC body codec: fixed-width little-endian) writes the number itself.
+            let raw = bincode::serialize(&code).expect("encode");
+            assert_eq!(raw, code.as_u32().to_le_bytes(), "{code:?} must travel as its number");
+            assert_eq!(bincode::deserialize::<ErrorCode>(&raw).expect("decode"), code);
+            let status = Status::new(code, "m");
+            let raw = bincode::serialize(&status).expect("encode");
+            assert_eq!(bincode::deserialize::<Status>(&raw).expect("decode"), status);
+        }
+    }
+
+    #[test]
+    fn an_unknown_code_from_a_newer_peer_decodes_as_internal() {
+        let raw = bincode::serialize(&7777u32).expect("encode");
+        assert_eq!(bincode::deserialize::<ErrorCode>(&raw).expect("decode"), ErrorCode::Internal);
+        // A status carrying it keeps its message.
+        let raw = bincode::serialize(&(7777u32, "from the future".to_string())).expect("encode");
+        let status: Status = bincode::deserialize(&raw).expect("decode");
+        assert_eq!(status, Status::new(ErrorCode::Internal, "from the future"));
     }
 }
