@@ -223,6 +223,7 @@ pub struct ChunkEngine {
     journal: Journal,
     cache: Vec<RwLock<ChunkMap<Arc<Cached>>>>,
     locks: Vec<Mutex<()>>,
+    #[cfg(feature = "crash-points")]
     crash_point: Mutex<Option<CrashPoint>>,
     poisoned: AtomicBool,
 }
@@ -290,6 +291,7 @@ impl ChunkEngine {
             journal,
             cache: (0..CACHE_SHARDS).map(|_| RwLock::new(ChunkMap::default())).collect(),
             locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+            #[cfg(feature = "crash-points")]
             crash_point: Mutex::new(None),
             poisoned: AtomicBool::new(false),
         };
@@ -1030,7 +1032,8 @@ impl ChunkEngine {
 
     /// Makes the next operation reaching `point` fail as if the process died
     /// there; the engine is then poisoned and must be dropped and reopened.
-    #[doc(hidden)]
+    /// Feature `crash-points` (tests only).
+    #[cfg(feature = "crash-points")]
     pub fn inject_crash(&self, point: CrashPoint) {
         *self.crash_point.lock() = Some(point);
     }
@@ -1041,6 +1044,7 @@ impl ChunkEngine {
         drop(self);
     }
 
+    #[cfg(feature = "crash-points")]
     fn crash_at(&self, point: CrashPoint) -> Result<()> {
         let mut cp = self.crash_point.lock();
         if *cp == Some(point) {
@@ -1048,6 +1052,13 @@ impl ChunkEngine {
             self.poisoned.store(true, Ordering::SeqCst);
             return Err(ChunkError::InjectedCrash(point));
         }
+        Ok(())
+    }
+
+    /// Without the `crash-points` feature a crash point costs nothing.
+    #[cfg(not(feature = "crash-points"))]
+    #[inline(always)]
+    fn crash_at(&self, _point: CrashPoint) -> Result<()> {
         Ok(())
     }
 

@@ -8,6 +8,8 @@
 //! argument.
 
 pub mod alloc;
+/// `fskv bench chunk` (feature `bench`).
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod checksum;
 pub mod engine;

@@ -22,7 +22,11 @@
 //!
 //! Use [`run_transaction`] for the retry loop.
 
+/// `fskv bench kv` (feature `bench`).
+#[cfg(feature = "bench")]
 pub mod bench;
+/// The conformance suite every engine runs (feature `testkit`).
+#[cfg(feature = "testkit")]
 pub mod conformance;
 mod error;
 #[cfg(feature = "fdb")]

@@ -13,6 +13,8 @@
 //! * [`bench`]: `fskv bench meta`.
 
 pub mod alloc;
+/// `fskv bench meta` (feature `bench`).
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod chain_storage;
 pub mod error;

@@ -51,6 +51,8 @@
 //! ([`frame::FLAG_PAYLOAD_REMOTE`]); TCP reports no remote memory. Time comes
 //! from `tokio::time` only, which a simulator can drive.
 
+/// `fskv bench rpc` (feature `bench`).
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod client;
 pub mod error;

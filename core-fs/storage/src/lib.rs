@@ -6,8 +6,12 @@
 //! [`service`] is the async shell around them (RPC handlers, chunk locks,
 //! forwarding, the sync worker). See `docs/storage.md`.
 
+/// `fskv bench storage` (feature `bench`).
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod chain;
+/// `LocalCluster`: services in one process on loopback (feature `testkit`).
+#[cfg(feature = "testkit")]
 pub mod cluster;
 pub mod error;
 pub mod locks;
