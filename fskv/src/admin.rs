@@ -37,7 +37,8 @@ pub struct FsckArgs {
     #[arg(long, required = true, value_delimiter = ',')]
     mgmtd: Vec<String>,
     /// Meta server address(es), `host:port`; the check runs on the first that answers.
-    #[arg(long, required = true, value_delimiter = ',')]
+    /// Optional: without it, the meta servers registered with mgmtd are used.
+    #[arg(long, value_delimiter = ',')]
     meta: Vec<String>,
     /// Problems to list (all are counted; the server lists at most 10000).
     #[arg(long, default_value_t = fskv_proto::meta::DEFAULT_FSCK_PROBLEMS)]
@@ -122,6 +123,14 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
 /// Pause between two progress lines of a long fsck.
 const FSCK_PROGRESS_INTERVAL_MS: u64 = 2_000;
 
+/// The meta servers registered with mgmtd (`--meta` not given).
+async fn discover_meta(mgmtd: &MgmtdClient) -> anyhow::Result<Vec<String>> {
+    let resp = mgmtd.get_routing(0, 0).await.map_err(|e| anyhow::anyhow!("routing from mgmtd {:?}: {e}", mgmtd.addrs()))?;
+    let addrs: Vec<String> = resp.routing.map(|r| r.meta_servers.into_iter().map(|n| n.address).collect()).unwrap_or_default();
+    anyhow::ensure!(!addrs.is_empty(), "no meta server is registered with mgmtd {:?}; pass --meta", mgmtd.addrs());
+    Ok(addrs)
+}
+
 /// Runs `meta.Fsck`, then the chunk scan, and prints both; returns the
 /// number of problems (the caller maps them to exit 1).
 async fn fsck(a: &FsckArgs) -> anyhow::Result<u64> {
@@ -138,9 +147,10 @@ async fn fsck(a: &FsckArgs) -> anyhow::Result<u64> {
             None
         }
     };
-    let mut cfg = MetaClientConfig::new(a.meta.clone());
+    let meta_addrs = if a.meta.is_empty() { discover_meta(&mgmtd).await? } else { a.meta.clone() };
+    let mut cfg = MetaClientConfig::new(meta_addrs.clone());
     // Read-only, but a full re-run: at most one attempt per server.
-    cfg.max_attempts = a.meta.len().clamp(1, 8) as u32;
+    cfg.max_attempts = meta_addrs.len().clamp(1, 8) as u32;
     let client = MetaClient::new(cfg).context("meta client")?;
     let req = FsckRequest { max_problems: a.max_problems, page_keys: 0 };
     let timeout_ms = a.timeout_secs.saturating_mul(1000).max(1);
@@ -151,7 +161,7 @@ async fn fsck(a: &FsckArgs) -> anyhow::Result<u64> {
     tick.tick().await; // the first tick is immediate
     let reply = loop {
         tokio::select! {
-            r = &mut call => break r.with_context(|| format!("fsck on meta {:?}", a.meta))?,
+            r = &mut call => break r.with_context(|| format!("fsck on meta {meta_addrs:?}"))?,
             _ = tick.tick() => eprintln!("fsck: scanning the metadata… {} s", started.elapsed().as_secs()),
         }
     };
@@ -287,6 +297,10 @@ fn render(st: &MgmtdStatusResp, space: &[NodeSpace]) -> String {
             n.last_heartbeat_age_ms,
             n.generation
         );
+    }
+    let _ = writeln!(s, "meta servers ({}):", st.meta_servers.len());
+    for m in &st.meta_servers {
+        let _ = writeln!(s, "  {:<8} {}", m.node_id.to_string(), m.address);
     }
     let _ = writeln!(s, "chains ({}):", st.chains.len());
     for c in &st.chains {

@@ -26,7 +26,8 @@ pub struct S3Args {
     #[arg(long, required = true, value_delimiter = ',')]
     mgmtd: Vec<String>,
     /// Meta server address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
+    /// Optional: without it, the meta servers registered with mgmtd are used.
+    #[arg(long, value_delimiter = ',')]
     meta: Vec<String>,
     /// Filesystem directory whose subdirectories are the buckets (a writer creates it).
     #[arg(long, default_value = "/s3")]

@@ -125,3 +125,9 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// A process generation that grows across restarts (the start time in ns),
+/// as mgmtd's fencing of storage and meta heartbeats requires.
+fn generation_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}

@@ -32,6 +32,14 @@ pub struct MetaArgs {
     /// Bound on the wait for mgmtd's first routing info at start.
     #[arg(long, default_value_t = 30_000)]
     mgmtd_wait_ms: u64,
+    /// This meta server's node id in mgmtd's list of meta servers (unique
+    /// per meta server of the cluster).
+    #[arg(long, default_value_t = 1)]
+    node_id: u32,
+    /// Address clients should use, registered with mgmtd (default: the
+    /// address served on).
+    #[arg(long)]
+    advertise: Option<String>,
 }
 
 /// The storage backend and the chain table, from mgmtd's routing info.
@@ -104,12 +112,24 @@ pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
     let service = MetaService::open(engine, storage, meta_config).await?;
     let server = service.serve(&args.listen).await?;
     println!("fskv meta: serving on {} (engine {spec}; {storage_note})", server.local_addr());
+    let registration = routing.as_ref().map(|source| {
+        let reg = fskv_meta::mgmtd_link::MetaRegistration {
+            node_id: fskv_types::NodeId(args.node_id),
+            address: args.advertise.clone().unwrap_or_else(|| server.local_addr().to_string()),
+            generation: crate::generation_now(),
+            initial_interval_ms: 1_000,
+        };
+        tokio::spawn(fskv_meta::mgmtd_link::run_registration(source.client().clone(), reg))
+    });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         r = tokio::signal::ctrl_c() => r?,
         _ = term.recv() => {}
     }
     println!("fskv meta: stopping");
+    if let Some(task) = registration {
+        task.abort();
+    }
     server.shutdown().await;
     if let Some(source) = routing {
         source.stop();

@@ -14,7 +14,8 @@ pub struct MountArgs {
     #[arg(long, required = true, value_delimiter = ',')]
     mgmtd: Vec<String>,
     /// Meta server address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
+    /// Optional: without it, the meta servers registered with mgmtd are used.
+    #[arg(long, value_delimiter = ',')]
     meta: Vec<String>,
     /// Kernel attribute and entry cache timeout.
     #[arg(long, default_value_t = 1_000)]

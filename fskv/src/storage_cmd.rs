@@ -116,10 +116,7 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
 
 async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
     let node = NodeId(args.node_id);
-    let generation = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(1);
+    let generation = crate::generation_now();
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let client_config = MgmtdClientConfig { call_timeout_ms: args.heartbeat_interval_ms.clamp(200, 2_000), ..MgmtdClientConfig::default() };
     let client = MgmtdClient::new(rpc.clone(), args.mgmtd.clone(), client_config);

@@ -21,7 +21,8 @@ pub struct ClusterArgs {
     #[arg(long, required = true, value_delimiter = ',')]
     mgmtd: Vec<String>,
     /// Meta server address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
+    /// Optional: without it, the meta servers registered with mgmtd are used.
+    #[arg(long, value_delimiter = ',')]
     meta: Vec<String>,
 }
 

@@ -214,7 +214,8 @@ async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -
     let creds = data.join("credentials.json").display().to_string();
     let s3 = |role: &str, listen: &str| {
         let mut args: Vec<String> = vec!["gateway".into(), "s3".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
-        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--meta".into(), ports.meta.clone(), "--credentials".into(), creds.clone()]);
+        // No --meta: the gateways find meta through mgmtd's routing info.
+        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
         if role == "reader" {
             args.extend(["--writer-endpoint".into(), format!("http://{}", ports.s3)]);
         }
@@ -244,7 +245,8 @@ const MOUNT_READY_TIMEOUT_MS: u64 = 30_000;
 async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restart: bool) -> anyhow::Result<Supervisor> {
     std::fs::create_dir_all(path).with_context(|| format!("cannot create mount point {}", path.display()))?;
     let path = path.canonicalize()?;
-    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), "--meta".into(), ports.meta.clone(), path.display().to_string()];
+    // No --meta: the mount finds meta through mgmtd's routing info.
+    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), path.display().to_string()];
     let opts = SupervisorOptions { restart, ..SupervisorOptions::new(data) };
     let supervisor = Supervisor::start(vec![child("mount", exe, args)], opts).await?;
     let start = Instant::now();
@@ -333,7 +335,8 @@ fn meta_spec(exe: &Path, data: &Path, ports: &Ports) -> ChildSpec {
 const READY_STABLE_MS: u64 = 2_500;
 
 /// Waits until every storage node is listening and heartbeating, every target
-/// is serving and up to date, and meta accepts connections — continuously for
+/// is serving and up to date, and meta accepts connections and is registered
+/// with mgmtd (so clients find it through routing info) — continuously for
 /// [`READY_STABLE_MS`]. Prints progress.
 async fn wait_ready(ports: &Ports, timeout: Duration) -> anyhow::Result<()> {
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
@@ -382,10 +385,14 @@ fn summarize(s: &MgmtdStatusResp) -> Result<(), String> {
     let alive = s.nodes.iter().filter(|n| n.alive && n.last_heartbeat_age_ms < fresh_ms && !n.address.is_empty()).count();
     let targets: Vec<_> = s.chains.iter().flat_map(|c| c.targets.iter()).collect();
     let ready = targets.iter().filter(|t| t.public == PublicTargetState::Serving && t.local == LocalTargetState::UpToDate).count();
-    if alive >= STORAGE_NODES as usize && !targets.is_empty() && ready == targets.len() {
+    let meta = s.meta_servers.len();
+    if alive >= STORAGE_NODES as usize && !targets.is_empty() && ready == targets.len() && meta > 0 {
         Ok(())
     } else {
-        Err(format!("{ready}/{} targets serving and up to date, {alive}/{STORAGE_NODES} storage nodes heartbeating", targets.len()))
+        Err(format!(
+            "{ready}/{} targets serving and up to date, {alive}/{STORAGE_NODES} storage nodes heartbeating, {meta} meta server(s) registered",
+            targets.len()
+        ))
     }
 }
 

@@ -27,12 +27,16 @@ fn admin_status_and_put_get_round_trip_against_up() {
             assert_eq!(t["public"], "serving", "chain {}: {t}", c["chain_id"]);
         }
     }
+    // The meta server registered itself with mgmtd.
+    let metas = v["mgmtd"]["meta_servers"].as_array().expect("meta_servers");
+    assert_eq!(metas.iter().map(|m| m["address"].as_str().unwrap_or("")).collect::<Vec<_>>(), vec![meta.as_str()], "{v:#}");
     let space = v["space"].as_array().expect("space");
     assert_eq!(space.len(), 3);
     assert!(space.iter().all(|n| n["error"].is_null() && !n["targets"].as_array().unwrap().is_empty()), "{space:?}");
     // And as text.
     let text = String::from_utf8(fskv(&["admin", "status", "--mgmtd", &mgmtd]).stdout).unwrap();
     assert!(text.contains("nodes (3):") && text.contains("serving/up-to-date") && text.contains("MiB"), "{text}");
+    assert!(text.contains("meta servers (1):") && text.contains(&meta), "{text}");
 
     // put / get of 5 MiB + a tail, compared byte for byte.
     let data: Vec<u8> = (0..(5 << 20) + 12345u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
@@ -41,7 +45,8 @@ fn admin_status_and_put_get_round_trip_against_up() {
     let back = dir.path().join("out.bin");
     let put = fskv(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), "/big.bin"]);
     assert!(String::from_utf8_lossy(&put.stdout).contains(&format!("{} bytes", data.len())));
-    fskv(&["get", "--mgmtd", &mgmtd, "--meta", &meta, "/big.bin", back.to_str().unwrap()]);
+    // No --meta: found through mgmtd's routing info.
+    fskv(&["get", "--mgmtd", &mgmtd, "/big.bin", back.to_str().unwrap()]);
     let got = std::fs::read(&back).unwrap();
     assert_eq!(got.len(), data.len());
     assert!(got == data, "downloaded bytes differ");

@@ -123,6 +123,7 @@ async fn kill9_mid_writes_keeps_every_acked_write() {
                 .collect(),
         }],
         chain_tables: vec![],
+        meta_servers: vec![],
     };
     let routing_file = dir.join("routing.json");
     write_routing(&routing_file, &routing);

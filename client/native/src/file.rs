@@ -49,6 +49,10 @@ pub const DEFAULT_FILE_MODE: u32 = 0o644;
 /// fails with EIO), and no longer: a call gives up after this long even if
 /// a target hangs, since attempts still running then are cut off.
 pub const FAILOVER_RETRY_BUDGET_MS: u64 = 30_000;
+/// How long [`FsClient::connect`] without meta addresses waits for a meta
+/// server to appear in mgmtd's routing info (one registers within a second
+/// of starting).
+pub const META_DISCOVERY_WAIT_MS: u64 = 30_000;
 /// Attempts within that budget (quick failures back off 5, 10, 20, 40,
 /// then 80 ms): the budget, not this count, is meant to end the retries.
 pub const FAILOVER_STORAGE_ATTEMPTS: u32 = 1_000;
@@ -197,7 +201,8 @@ impl FsClient {
     }
 
     /// Connects to a cluster: routing from mgmtd (kept fresh by a long poll),
-    /// metadata from the meta servers.
+    /// metadata from the meta servers — `meta_addrs`, or when it is empty the
+    /// meta servers registered with mgmtd (`RoutingInfo::meta_servers`).
     pub async fn connect(mgmtd_addrs: Vec<String>, meta_addrs: Vec<String>, config: FsClientConfig) -> Result<Self> {
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let mgmtd = MgmtdClient::new(rpc.clone(), mgmtd_addrs.clone(), MgmtdClientConfig::default());
@@ -210,6 +215,18 @@ impl FsClient {
             ..StorageClientConfig::default()
         };
         let storage = StorageClient::new(rpc, source.handle(), storage_config);
+        let meta_addrs = if meta_addrs.is_empty() {
+            let found = source.wait_for_meta_servers(Duration::from_millis(META_DISCOVERY_WAIT_MS)).await;
+            if found.is_empty() {
+                return Err(FileError::Connect(format!(
+                    "no meta server registered with mgmtd {mgmtd_addrs:?} within {META_DISCOVERY_WAIT_MS} ms; \
+                     start `fskv meta --mgmtd ...` or pass the meta addresses"
+                )));
+            }
+            found
+        } else {
+            meta_addrs
+        };
         let meta = MetaClient::new(MetaClientConfig::new(meta_addrs)).map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
         let mut client = FsClient::new(meta, storage, config);
         client.routing_source = Some(source);

@@ -93,6 +93,10 @@ impl MgmtdClient {
         self.call::<Heartbeat>(req, 0).await
     }
 
+    pub async fn meta_heartbeat(&self, req: &MetaHeartbeatReq) -> Result<MetaHeartbeatResp, RpcError> {
+        self.call::<MetaHeartbeat>(req, 0).await
+    }
+
     pub async fn get_routing(&self, known_version: u64, wait_ms: u64) -> Result<GetRoutingResp, RpcError> {
         self.call::<GetRouting>(&GetRoutingReq { known_version, wait_ms }, wait_ms).await
     }
@@ -201,6 +205,26 @@ impl MgmtdRoutingSource {
         })
         .await
         .unwrap_or(false)
+    }
+
+    /// The meta servers registered with mgmtd (`RoutingInfo::meta_servers`),
+    /// waiting at most `timeout` for at least one: how a client finds meta
+    /// when it was given no address. Empty if none registered in time.
+    pub async fn wait_for_meta_servers(&self, timeout: Duration) -> Vec<String> {
+        let mut rx = self.subscribe();
+        let found = tokio::time::timeout(timeout, async {
+            loop {
+                let listed: Vec<String> = rx.borrow_and_update().meta_servers.iter().map(|n| n.address.clone()).collect();
+                if !listed.is_empty() {
+                    return listed;
+                }
+                if rx.changed().await.is_err() {
+                    return Vec::new();
+                }
+            }
+        })
+        .await;
+        found.unwrap_or_default()
     }
 
     /// Pulls routing now (e.g. a heartbeat ack announced a newer version).

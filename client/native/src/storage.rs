@@ -685,6 +685,7 @@ mod tests {
                 targets: vec![ChainTarget { target_id: TargetId(1), node_id: NodeId(1), state: PublicTargetState::Serving }],
             }],
             chain_tables: vec![],
+            meta_servers: vec![],
         };
         let (publisher, handle) = RoutingPublisher::new(info);
         let h2 = handle.clone();
@@ -705,6 +706,7 @@ mod tests {
                 targets: vec![ChainTarget { target_id: TargetId(1), node_id: NodeId(1), state: PublicTargetState::Serving }],
             }],
             chain_tables: vec![],
+            meta_servers: vec![],
         }
     }
 

@@ -26,6 +26,7 @@ pub mod clock;
 pub mod cluster;
 pub mod error;
 pub mod layout;
+pub mod meta_registry;
 pub mod service;
 pub mod state;
 pub mod store;

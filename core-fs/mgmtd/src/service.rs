@@ -24,6 +24,7 @@ use crate::clock::Clock;
 use crate::cluster::{ClusterConfig, ClusterState, Heartbeat};
 use crate::error::{MgmtdError, Result};
 use crate::layout::Layout;
+use crate::meta_registry::MetaRegistry;
 use crate::state::ChainView;
 use crate::store::{self, Changes, NodeRecordKv};
 use bytes::Bytes;
@@ -52,11 +53,21 @@ pub struct MgmtdConfig {
     pub lease_ms: u64,
     /// Cap on a GetRouting long poll.
     pub max_routing_wait_ms: u64,
+    /// A meta server silent this long is left out of routing info (meta
+    /// servers heartbeat every third of it).
+    pub meta_timeout_ms: u64,
 }
 
 impl MgmtdConfig {
     pub fn new(id: impl Into<String>) -> Self {
-        MgmtdConfig { id: id.into(), heartbeat_timeout_ms: 60_000, tick_interval_ms: 1_000, lease_ms: 10_000, max_routing_wait_ms: 5_000 }
+        MgmtdConfig {
+            id: id.into(),
+            heartbeat_timeout_ms: 60_000,
+            tick_interval_ms: 1_000,
+            lease_ms: 10_000,
+            max_routing_wait_ms: 5_000,
+            meta_timeout_ms: 6_000,
+        }
     }
 }
 
@@ -68,6 +79,10 @@ struct Primary {
     persisted_nodes: BTreeMap<NodeId, NodeRecordKv>,
     /// Node addresses in the published routing info.
     published_nodes: Vec<NodeInfo>,
+    meta: MetaRegistry,
+    persisted_meta: BTreeMap<NodeId, NodeRecordKv>,
+    /// Meta servers in the published routing info.
+    published_meta: Vec<NodeInfo>,
 }
 
 struct Inner {
@@ -129,7 +144,7 @@ impl RunningMgmtd {
     }
 }
 
-fn routing_of(cluster: &ClusterState, nodes: &[NodeInfo]) -> RoutingInfo {
+fn routing_of(cluster: &ClusterState, nodes: &[NodeInfo], meta_servers: &[NodeInfo]) -> RoutingInfo {
     let placement = cluster.placement();
     let chains: Vec<ChainInfo> = cluster
         .chains()
@@ -149,7 +164,13 @@ fn routing_of(cluster: &ClusterState, nodes: &[NodeInfo]) -> RoutingInfo {
         })
         .collect();
     let table = ChainTable { table_id: 1, table_version: 1, chains: chains.iter().map(|c| c.chain_id).collect() };
-    RoutingInfo { version: cluster.routing_version(), nodes: nodes.to_vec(), chains, chain_tables: vec![table] }
+    RoutingInfo {
+        version: cluster.routing_version(),
+        nodes: nodes.to_vec(),
+        chains,
+        chain_tables: vec![table],
+        meta_servers: meta_servers.to_vec(),
+    }
 }
 
 fn node_infos(cluster: &ClusterState) -> Vec<NodeInfo> {
@@ -289,11 +310,24 @@ impl Mgmtd {
             cluster.restore_node(node, rec.address, rec.generation, now);
         }
         cluster.assume_local_states_from_public();
+        let mut meta = MetaRegistry::default();
+        for (node, rec) in &persisted.meta_servers {
+            meta.restore(*node, rec.address.clone(), rec.generation, now);
+        }
+        let published_meta = meta.alive(now, cfg.meta_timeout_ms);
         store::write_changes(&*self.inner.engine, &cfg.id, now, &Changes { routing_version: Some(version), ..Default::default() }).await?;
         let published_nodes = node_infos(&cluster);
-        let routing = routing_of(&cluster, &published_nodes);
+        let routing = routing_of(&cluster, &published_nodes, &published_meta);
         info!(routing_version = version, chains = persisted.chains.len(), "became primary");
-        *self.inner.primary.lock() = Some(Primary { cluster, lease_expires_ms, persisted_nodes: persisted.nodes, published_nodes });
+        *self.inner.primary.lock() = Some(Primary {
+            cluster,
+            lease_expires_ms,
+            persisted_nodes: persisted.nodes,
+            published_nodes,
+            meta,
+            persisted_meta: persisted.meta_servers,
+            published_meta,
+        });
         self.inner.routing_tx.send_replace(Arc::new(routing));
         Ok(())
     }
@@ -319,7 +353,8 @@ impl Mgmtd {
                 info!(chain = %o.chain, chain_ver = o.chain_version, predecessor = %o.predecessor, target = %o.target, "sync order");
             }
             let nodes = node_infos(&p.cluster);
-            let nodes_changed = nodes != p.published_nodes;
+            let meta_servers = p.meta.alive(now, self.inner.config.meta_timeout_ms);
+            let nodes_changed = nodes != p.published_nodes || meta_servers != p.published_meta;
             if nodes_changed && out.changed_chains.is_empty() {
                 p.cluster.bump_routing_version();
             }
@@ -330,7 +365,13 @@ impl Mgmtd {
                     changes.nodes.push((n.node, rec));
                 }
             }
-            if out.changed_chains.is_empty() && !nodes_changed && changes.nodes.is_empty() {
+            for (id, r) in p.meta.records() {
+                let rec = NodeRecordKv { address: r.address.clone(), generation: r.generation };
+                if p.persisted_meta.get(id) != Some(&rec) {
+                    changes.meta_servers.push((*id, rec));
+                }
+            }
+            if out.changed_chains.is_empty() && !nodes_changed && changes.nodes.is_empty() && changes.meta_servers.is_empty() {
                 return Ok(false);
             }
             for id in &out.changed_chains {
@@ -344,8 +385,9 @@ impl Mgmtd {
             if routing_changed {
                 changes.routing_version = Some(p.cluster.routing_version());
                 p.published_nodes = nodes.clone();
+                p.published_meta = meta_servers.clone();
             }
-            let routing = routing_changed.then(|| routing_of(&p.cluster, &nodes));
+            let routing = routing_changed.then(|| routing_of(&p.cluster, &nodes, &meta_servers));
             (changes, routing)
         };
         if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, now, &changes).await {
@@ -356,6 +398,9 @@ impl Mgmtd {
         if let Some(p) = self.inner.primary.lock().as_mut() {
             for (id, rec) in &changes.nodes {
                 p.persisted_nodes.insert(*id, rec.clone());
+            }
+            for (id, rec) in &changes.meta_servers {
+                p.persisted_meta.insert(*id, rec.clone());
             }
         }
         match routing {
@@ -436,6 +481,22 @@ impl Mgmtd {
         }
     }
 
+    /// The MetaHeartbeat RPC (primary only): a meta server registers or
+    /// renews; the next tick publishes a changed list of meta servers.
+    pub fn meta_heartbeat(&self, req: &MetaHeartbeatReq) -> Result<MetaHeartbeatResp> {
+        let now = self.inner.clock.now_ms();
+        let mut guard = self.inner.primary.lock();
+        let Some(p) = guard.as_mut() else { return Err(self.not_primary()) };
+        if p.lease_expires_ms <= now {
+            return Err(self.not_primary());
+        }
+        if let Err(e) = p.meta.heartbeat(req.node_id, &req.address, req.generation, now) {
+            warn!(node = %req.node_id, generation = req.generation, error = %e, "meta heartbeat rejected");
+            return Err(e.into());
+        }
+        Ok(MetaHeartbeatResp { routing_version: p.cluster.routing_version(), timeout_ms: self.inner.config.meta_timeout_ms })
+    }
+
     /// The GetRouting RPC (long poll, bounded).
     pub async fn get_routing(&self, req: &GetRoutingReq) -> Result<GetRoutingResp> {
         if !self.is_primary() {
@@ -459,6 +520,7 @@ impl Mgmtd {
         let now = self.inner.clock.now_ms();
         let primary = self.inner.lease_seen.lock().as_ref().filter(|l| l.expires_ms > now).map(|l| (l.holder.clone(), l.address.clone()));
         let guard = self.inner.primary.lock();
+        let meta_servers = guard.as_ref().map(|p| p.published_meta.clone()).unwrap_or_default();
         let (nodes, chains, routing_version) = match guard.as_ref() {
             Some(p) => {
                 let nodes = p
@@ -504,6 +566,7 @@ impl Mgmtd {
             heartbeat_timeout_ms: self.inner.config.heartbeat_timeout_ms,
             nodes,
             chains,
+            meta_servers,
         }
     }
 
@@ -517,6 +580,11 @@ impl Mgmtd {
         let router = router.route::<GetRouting, _, _>(move |_ctx, req: GetRoutingReq, _payload| {
             let m = m.clone();
             async move { m.get_routing(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+        });
+        let m = self.clone();
+        let router = router.route::<MetaHeartbeat, _, _>(move |_ctx, req: MetaHeartbeatReq, _payload| {
+            let m = m.clone();
+            async move { m.meta_heartbeat(&req).map(|r| (r, Bytes::new())).map_err(Status::from) }
         });
         let m = self.clone();
         router.route::<MgmtdStatus, _, _>(move |_ctx, _req: MgmtdStatusReq, _payload| {

@@ -7,6 +7,7 @@
 //! | `mgmtd/routing_version` | `u64` | with every routing change |
 //! | `mgmtd/chain/<chain id, 10 digits>` | [`ChainView`] (version, order, public states) | when the chain changes |
 //! | `mgmtd/node/<node id, 10 digits>` | [`NodeRecordKv`] (address, generation) | when a node's address or generation changes |
+//! | `mgmtd/meta/<node id, 10 digits>` | [`NodeRecordKv`] of a meta server | when a meta server's address or generation changes |
 //!
 //! Local states are not stored (SPEC §6: they live in memory and come back
 //! with the next heartbeats). Every write of a primary checks, in the same
@@ -27,6 +28,7 @@ pub const KEY_LEASE: &[u8] = b"mgmtd/lease";
 pub const KEY_ROUTING_VERSION: &[u8] = b"mgmtd/routing_version";
 pub const PREFIX_CHAIN: &[u8] = b"mgmtd/chain/";
 pub const PREFIX_NODE: &[u8] = b"mgmtd/node/";
+pub const PREFIX_META: &[u8] = b"mgmtd/meta/";
 
 fn chain_key(id: ChainId) -> Vec<u8> {
     format!("mgmtd/chain/{:010}", id.0).into_bytes()
@@ -34,6 +36,10 @@ fn chain_key(id: ChainId) -> Vec<u8> {
 
 fn node_key(id: NodeId) -> Vec<u8> {
     format!("mgmtd/node/{:010}", id.0).into_bytes()
+}
+
+fn meta_key(id: NodeId) -> Vec<u8> {
+    format!("mgmtd/meta/{:010}", id.0).into_bytes()
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +62,7 @@ pub struct Persisted {
     pub routing_version: u64,
     pub chains: BTreeMap<ChainId, ChainView>,
     pub nodes: BTreeMap<NodeId, NodeRecordKv>,
+    pub meta_servers: BTreeMap<NodeId, NodeRecordKv>,
 }
 
 /// A batch of changes a primary writes in one transaction.
@@ -64,6 +71,7 @@ pub struct Changes {
     pub routing_version: Option<u64>,
     pub chains: Vec<(ChainId, ChainView)>,
     pub nodes: Vec<(NodeId, NodeRecordKv)>,
+    pub meta_servers: Vec<(NodeId, NodeRecordKv)>,
 }
 
 fn encode<T: Serialize>(v: &T) -> std::result::Result<Vec<u8>, KvError> {
@@ -142,7 +150,7 @@ pub async fn release_lease(engine: &dyn KvEngine, me: &str) -> Result<()> {
 pub async fn load_or_bootstrap(engine: &dyn KvEngine, me: &str, now_ms: u64, layout: Layout) -> Result<Persisted> {
     let initial = layout.initial_chains().map_err(MgmtdError::Layout)?;
     let me = me.to_string();
-    type Raw = (Option<Bytes>, Option<Bytes>, Vec<(Bytes, Bytes)>, Vec<(Bytes, Bytes)>);
+    type Raw = (Option<Bytes>, Option<Bytes>, Vec<(Bytes, Bytes)>, Vec<(Bytes, Bytes)>, Vec<(Bytes, Bytes)>);
     let raw: Option<Raw> = run_transaction(engine, &retry(), |txn| {
         let (me, initial) = (me.clone(), initial.clone());
         Box::pin(async move {
@@ -164,11 +172,12 @@ pub async fn load_or_bootstrap(engine: &dyn KvEngine, me: &str, now_ms: u64, lay
             }
             let chains = read_all(txn, PREFIX_CHAIN).await?;
             let nodes = read_all(txn, PREFIX_NODE).await?;
-            Ok(Some((layout_raw, version_raw, chains, nodes)))
+            let metas = read_all(txn, PREFIX_META).await?;
+            Ok(Some((layout_raw, version_raw, chains, nodes, metas)))
         })
     })
     .await?;
-    let Some((layout_raw, version_raw, chain_kvs, node_kvs)) = raw else { return Err(MgmtdError::LeaseLost) };
+    let Some((layout_raw, version_raw, chain_kvs, node_kvs, meta_kvs)) = raw else { return Err(MgmtdError::LeaseLost) };
     let stored: Layout = decode(KEY_LAYOUT, layout_raw.as_deref().unwrap_or_default())?;
     if stored != layout {
         return Err(MgmtdError::Layout(format!("the KV engine holds layout {stored:?}, mgmtd was started with {layout:?}")));
@@ -185,7 +194,12 @@ pub async fn load_or_bootstrap(engine: &dyn KvEngine, me: &str, now_ms: u64, lay
         let rec: NodeRecordKv = decode(&k, &v)?;
         nodes.insert(NodeId(parse_id(&k, PREFIX_NODE)?), rec);
     }
-    Ok(Persisted { layout: stored, routing_version, chains, nodes })
+    let mut meta_servers = BTreeMap::new();
+    for (k, v) in meta_kvs {
+        let rec: NodeRecordKv = decode(&k, &v)?;
+        meta_servers.insert(NodeId(parse_id(&k, PREFIX_META)?), rec);
+    }
+    Ok(Persisted { layout: stored, routing_version, chains, nodes, meta_servers })
 }
 
 fn parse_id(key: &[u8], prefix: &[u8]) -> Result<u32> {
@@ -226,6 +240,9 @@ pub async fn write_changes(engine: &dyn KvEngine, me: &str, now_ms: u64, changes
             }
             for (id, rec) in &changes.nodes {
                 txn.set(&node_key(*id), &encode(rec)?)?;
+            }
+            for (id, rec) in &changes.meta_servers {
+                txn.set(&meta_key(*id), &encode(rec)?)?;
             }
             Ok(true)
         })

@@ -171,3 +171,56 @@ async fn a_new_generation_is_persisted_by_its_first_heartbeat() {
     // A node the layout does not have is refused and not recorded.
     assert!(b.heartbeat(&hb(9, 1, LocalTargetState::UpToDate)).await.is_err());
 }
+
+/// Meta servers register by heartbeat, appear in routing info at the next
+/// tick (routing version bumped), drop out after `meta_timeout_ms` of
+/// silence, are fenced by generation, and survive a takeover.
+#[tokio::test]
+async fn meta_servers_register_expire_and_survive_a_takeover() {
+    use fskv_proto::mgmtd::MetaHeartbeatReq;
+    let engine: Arc<dyn KvEngine> = Arc::new(fskv_kv::MemoryEngine::new());
+    let clock = Arc::new(ManualClock::new(3_000_000));
+    let cfg = |id: &str| MgmtdConfig { meta_timeout_ms: 2_000, ..config(id, 3_000, 1_000) };
+    let a = Mgmtd::new(cfg("a"), LAYOUT, engine.clone(), clock.clone()).unwrap();
+    let b = Mgmtd::new(cfg("b"), LAYOUT, engine.clone(), clock.clone()).unwrap();
+    let meta =
+        |node: u32, generation: u64| MetaHeartbeatReq { node_id: NodeId(node), address: format!("127.0.0.1:{}", 7000 + node), generation };
+    // Not primary: refused, naming nobody yet.
+    assert_eq!(a.meta_heartbeat(&meta(1, 1)).unwrap_err().code(), ErrorCode::NotPrimary);
+    assert!(a.renew_lease_once().await.unwrap());
+    assert!(a.routing().meta_servers.is_empty());
+    let v0 = a.routing().version;
+    let ack = a.meta_heartbeat(&meta(1, 10)).unwrap();
+    assert_eq!(ack.timeout_ms, 2_000);
+    a.meta_heartbeat(&meta(2, 10)).unwrap();
+    assert!(a.tick_once().await.unwrap(), "a new meta server changes the routing");
+    let r = a.routing();
+    assert!(r.version > v0);
+    assert_eq!(r.meta_servers.iter().map(|n| n.address.as_str()).collect::<Vec<_>>(), vec!["127.0.0.1:7001", "127.0.0.1:7002"]);
+    assert_eq!(a.status().meta_servers, r.meta_servers);
+    // An older generation of server 1 is fenced.
+    assert_eq!(a.meta_heartbeat(&meta(1, 9)).unwrap_err().code(), ErrorCode::StaleNodeGeneration);
+    // Server 2 goes silent past the timeout: dropped at the next tick.
+    for _ in 0..5 {
+        clock.advance(500);
+        assert!(a.renew_lease_once().await.unwrap());
+        a.meta_heartbeat(&meta(1, 10)).unwrap();
+        a.tick_once().await.unwrap();
+    }
+    assert_eq!(a.routing().meta_servers.iter().map(|n| n.node_id).collect::<Vec<_>>(), vec![NodeId(1)]);
+    // a dies; b takes over and lists server 1 from the persisted record
+    // (server 2's record is there too: it gets the takeover grace).
+    clock.advance(1_100);
+    assert!(b.renew_lease_once().await.unwrap());
+    let ids: Vec<NodeId> = b.routing().meta_servers.iter().map(|n| n.node_id).collect();
+    assert!(ids.contains(&NodeId(1)), "the persisted meta server is listed after takeover: {ids:?}");
+    // Fencing survives the takeover.
+    assert_eq!(b.meta_heartbeat(&meta(1, 9)).unwrap_err().code(), ErrorCode::StaleNodeGeneration);
+    // Without heartbeats, the grace runs out.
+    for _ in 0..5 {
+        clock.advance(500);
+        assert!(b.renew_lease_once().await.unwrap());
+        b.tick_once().await.unwrap();
+    }
+    assert!(b.routing().meta_servers.is_empty());
+}

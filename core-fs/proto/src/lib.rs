@@ -46,6 +46,7 @@ pub fn all_methods() -> Vec<(u16, &'static str)> {
         m::<mgmtd::Heartbeat>(),
         m::<mgmtd::GetRouting>(),
         m::<mgmtd::MgmtdStatus>(),
+        m::<mgmtd::MetaHeartbeat>(),
     ]
 }
 

@@ -1,7 +1,7 @@
 //! Messages and methods of the mgmtd RPCs (ids 3000–3999). Plain data
 //! shared by mgmtd, storage services and clients.
 
-use crate::routing::{LocalTargetState, PublicTargetState, RoutingInfo};
+use crate::routing::{LocalTargetState, NodeInfo, PublicTargetState, RoutingInfo};
 use fskv_types::ids::{ChainId, NodeId, TargetId};
 use serde::{Deserialize, Serialize};
 
@@ -82,6 +82,26 @@ pub struct MgmtdStatusResp {
     pub heartbeat_timeout_ms: u64,
     pub nodes: Vec<NodeStatus>,
     pub chains: Vec<ChainStatus>,
+    /// The meta servers listed in routing info (registered and alive).
+    pub meta_servers: Vec<NodeInfo>,
+}
+
+/// A meta server's registration and lease renewal (every
+/// `MetaHeartbeatResp::interval_ms`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaHeartbeatReq {
+    pub node_id: NodeId,
+    /// RPC address clients should use, `host:port`.
+    pub address: String,
+    /// Picked anew at every start; an older generation is fenced.
+    pub generation: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaHeartbeatResp {
+    pub routing_version: u64,
+    /// A server silent for this long is left out of routing info.
+    pub timeout_ms: u64,
 }
 
 // ----- methods -----
@@ -93,6 +113,11 @@ fskv_rpc::rpc_method!(
 fskv_rpc::rpc_method!(
     /// Anyone → primary mgmtd: routing info newer than a known version (long poll).
     "mgmtd", GetRouting = 3002, GetRoutingReq => GetRoutingResp
+);
+fskv_rpc::rpc_method!(
+    /// Meta server → primary mgmtd: registration + renewal; the alive meta
+    /// servers are listed in routing info (`RoutingInfo::meta_servers`).
+    "mgmtd", MetaHeartbeat = 3004, MetaHeartbeatReq => MetaHeartbeatResp
 );
 fskv_rpc::rpc_method!(
     /// Anyone → any mgmtd: its view (primary or not) for `fskv admin status`.

@@ -132,6 +132,10 @@ pub struct RoutingInfo {
     pub chains: Vec<ChainInfo>,
     #[serde(default)]
     pub chain_tables: Vec<ChainTable>,
+    /// The meta servers that heartbeat to mgmtd recently, in node-id order:
+    /// where clients find meta without being told (`--meta` is optional).
+    #[serde(default)]
+    pub meta_servers: Vec<NodeInfo>,
 }
 
 impl RoutingInfo {
@@ -173,7 +177,7 @@ mod tests {
         assert_eq!(chain.readable().count(), 1);
         assert!(PublicTargetState::Syncing.can_write() && !PublicTargetState::Syncing.can_read());
         assert!(!PublicTargetState::Waiting.can_write());
-        let info = RoutingInfo { version: 1, nodes: vec![], chains: vec![chain], chain_tables: vec![] };
+        let info = RoutingInfo { version: 1, chains: vec![chain], ..Default::default() };
         assert_eq!(info.locate_target(TargetId(12)).map(|(c, _)| c.chain_id), Some(ChainId(1)));
         assert_eq!(info.targets_of_node(NodeId(2)), vec![TargetId(11)]);
     }

@@ -66,7 +66,7 @@ impl LocalCluster {
             }
             infos.push(ChainInfo { chain_id: ChainId(i as u32 + 1), chain_version: 1, targets });
         }
-        let routing = RoutingInfo { version: 1, nodes: Vec::new(), chains: infos, chain_tables: Vec::new() };
+        let routing = RoutingInfo { version: 1, chains: infos, ..Default::default() };
         let (publisher, _) = RoutingPublisher::new(routing);
         let mut cluster =
             LocalCluster { root: root.to_path_buf(), options, publisher, nodes: (0..node_count).map(|_| None).collect(), node_targets };

@@ -168,6 +168,7 @@ mod tests {
                 ],
             }],
             chain_tables: vec![],
+            meta_servers: vec![],
         }
     }
 
