@@ -60,7 +60,7 @@ pub async fn scan(rpc: &RpcClient, routing: &RoutingInfo, meta: &MetaClient, max
     let mut out = ChunkScan::default();
     let mut found: Found = BTreeMap::new();
     for chain in &routing.chains {
-        let Some(tail) = chain.targets.iter().filter(|t| t.state == PublicTargetState::Serving).last() else {
+        let Some(tail) = chain.targets.iter().rfind(|t| t.state == PublicTargetState::Serving) else {
             out.skipped_chains.push((chain.chain_id, "no serving target".into()));
             continue;
         };
@@ -69,7 +69,7 @@ pub async fn scan(rpc: &RpcClient, routing: &RoutingInfo, meta: &MetaClient, max
                 .push((chain.chain_id, format!("node {} of target {} is not in the routing info", tail.node_id, tail.target_id)));
             continue;
         };
-        let opts = CallOptions { timeout_ms: DUMP_TIMEOUT_MS, ..CallOptions::default() };
+        let opts = CallOptions { timeout_ms: DUMP_TIMEOUT_MS };
         let dump =
             match rpc.call::<DumpChunkMeta>(&node.address, &DumpChunkMetaReq { target: tail.target_id }, bytes::Bytes::new(), opts).await {
                 Ok((resp, _)) => resp,

@@ -650,7 +650,7 @@ fn model_matches_a_plain_buffer_and_verify_catches_a_flipped_byte() {
     let mut plain: Vec<u8> = Vec::new();
     for i in 0..300u64 {
         let r = splitmix(i);
-        if r % 5 == 0 {
+        if r.is_multiple_of(5) {
             let len = splitmix(r) % (3 * CHUNK);
             m.truncate(len);
             plain.resize(len as usize, 0);

@@ -20,16 +20,19 @@ pub fn file_type(kind: InodeKind) -> FileType {
     }
 }
 
-/// The special-file kind of a `mknod(2)` mode (`None` for a regular file,
-/// `Err` for a type mknod cannot make).
-pub fn special_kind_of_mode(mode: u32) -> Result<Option<SpecialKind>, ()> {
+/// A `mknod(2)` file type this filesystem cannot make (e.g. a directory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnsupportedFileType(pub u32);
+
+/// The special-file kind of a `mknod(2)` mode (`None` for a regular file).
+pub fn special_kind_of_mode(mode: u32) -> Result<Option<SpecialKind>, UnsupportedFileType> {
     match mode & libc::S_IFMT {
         0 | libc::S_IFREG => Ok(None),
         libc::S_IFIFO => Ok(Some(SpecialKind::Fifo)),
         libc::S_IFSOCK => Ok(Some(SpecialKind::Socket)),
         libc::S_IFCHR => Ok(Some(SpecialKind::CharDevice)),
         libc::S_IFBLK => Ok(Some(SpecialKind::BlockDevice)),
-        _ => Err(()),
+        other => Err(UnsupportedFileType(other)),
     }
 }
 

@@ -143,7 +143,7 @@ impl AppendDelta {
     /// valid record there (torn, garbage or zeroes).
     fn decode(buf: &[u8]) -> Option<AppendDelta> {
         let len = u32::from_le_bytes(buf.get(4..8)?.try_into().ok()?) as usize;
-        if len < FIXED_BYTES || len > buf.len() || (len - FIXED_BYTES) % 4 != 0 {
+        if len < FIXED_BYTES || len > buf.len() || !(len - FIXED_BYTES).is_multiple_of(4) {
             return None;
         }
         let crc = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?);
@@ -300,7 +300,7 @@ impl Journal {
     /// record found, in LSN order. New records get LSNs above those found;
     /// [`Journal::raise_floor`] adds what the caller knows from RocksDB.
     pub fn open(dir: &Path, region_bytes: u64, sync: bool) -> Result<(Journal, Vec<AppendDelta>)> {
-        if !(MIN_JOURNAL_REGION_BYTES..=MAX_JOURNAL_REGION_BYTES).contains(&region_bytes) || region_bytes % 512 != 0 {
+        if !(MIN_JOURNAL_REGION_BYTES..=MAX_JOURNAL_REGION_BYTES).contains(&region_bytes) || !region_bytes.is_multiple_of(512) {
             return Err(ChunkError::InvalidArgument(format!(
                 "journal_region_bytes {region_bytes}: must be a multiple of 512 in \
                  [{MIN_JOURNAL_REGION_BYTES}, {MAX_JOURNAL_REGION_BYTES}]"

@@ -473,11 +473,8 @@ impl Inner {
     }
 
     async fn after_commit(&self, op: &MetaOp, reply: &MetaReply) {
-        match (op, reply) {
-            (MetaOp::RemoveTree { .. } | MetaOp::Unlink { .. } | MetaOp::Rename { .. } | MetaOp::Replace { .. }, _) => {
-                self.gc_wakeup.notify_one()
-            }
-            _ => {}
+        if let (MetaOp::RemoveTree { .. } | MetaOp::Unlink { .. } | MetaOp::Rename { .. } | MetaOp::Replace { .. }, _) = (op, reply) {
+            self.gc_wakeup.notify_one()
         }
     }
 
