@@ -16,7 +16,12 @@ cd "$(dirname "$0")/.."
 . deploy/lib.sh
 version=0.2.2
 if [ ! -c /dev/fuse ]; then
-    # Like the FUSE tests of the workspace: no FUSE here, nothing to test.
+    # Like the FUSE tests of the workspace: no FUSE here, nothing to test —
+    # unless FSKV_REQUIRE_FUSE=1 (CI), where that is a failure.
+    if [ "${FSKV_REQUIRE_FUSE:-}" = 1 ]; then
+        echo "pjdfstest: 0 passed, 1 failed (no /dev/fuse and FSKV_REQUIRE_FUSE=1)"
+        exit 1
+    fi
     echo "pjdfstest: skipped (no /dev/fuse on this machine)"
     exit 0
 fi

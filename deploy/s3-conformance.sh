@@ -39,6 +39,10 @@ fuse_root=""
 if start_up --mount "$work/mnt"; then
     fuse_root="$work/mnt/s3"
 else
+    if [ "${FSKV_REQUIRE_FUSE:-}" = 1 ]; then
+        echo "s3 conformance: 0 passed, 1 failed (fskv up --mount failed and FSKV_REQUIRE_FUSE=1)"
+        exit 1
+    fi
     echo "s3-conformance: running without a FUSE mount (objects-are-files tests skipped)"
     start_up
 fi

@@ -31,6 +31,9 @@ sync_writes = true
 fdb_cluster_file = ""
 
 [rpc]
+# Every RPC client and server of the process (services, gateways, mount,
+# admin commands) starts from these; `fskv up` passes its configuration on to
+# every process it starts (DIR/effective-config.toml).
 # Largest frame (header + message + bulk payload) sent or accepted.
 max_frame_bytes = 83886080
 # TCP connections kept per peer address; calls are spread over them.
@@ -107,6 +110,19 @@ pub struct RpcConfig {
     pub default_call_timeout_ms: u64,
 }
 
+impl RpcConfig {
+    /// The settings every RPC client and server of the process starts from.
+    pub fn settings(&self) -> fskv_rpc::settings::RpcSettings {
+        fskv_rpc::settings::RpcSettings {
+            max_frame_bytes: usize::try_from(self.max_frame_bytes).unwrap_or(usize::MAX),
+            connections_per_peer: self.connections_per_peer,
+            max_in_flight_per_connection: self.max_inflight_per_connection,
+            connect_timeout_ms: self.connect_timeout_ms,
+            default_call_timeout_ms: self.default_call_timeout_ms,
+        }
+    }
+}
+
 impl Default for RpcConfig {
     fn default() -> Self {
         RpcConfig {
@@ -151,6 +167,7 @@ impl Config {
         anyhow::ensure!(self.rpc.max_frame_bytes <= 1 << 30, "rpc.max_frame_bytes must be at most 1 GiB");
         anyhow::ensure!(self.rpc.connections_per_peer >= 1, "rpc.connections_per_peer must be at least 1");
         anyhow::ensure!(self.rpc.max_inflight_per_connection >= 1, "rpc.max_inflight_per_connection must be at least 1");
+        anyhow::ensure!(self.rpc.connect_timeout_ms >= 1, "rpc.connect_timeout_ms must be at least 1");
         anyhow::ensure!(self.up.base_port <= 65535 - 20, "up.base_port leaves no room for the internal ports above it");
         self.kv.engine_spec(Path::new("."))?;
         Ok(())

@@ -85,6 +85,8 @@ fn main() -> std::process::ExitCode {
         }
     };
     init_logging(&config.log.level);
+    // Every RPC client and server of this process follows [rpc].
+    fskv_rpc::settings::install(config.rpc.settings());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -37,6 +37,9 @@ pub struct SupervisorOptions {
     pub stable_after_ms: u64,
     /// Time between SIGTERM and SIGKILL at shutdown.
     pub stop_grace_ms: u64,
+    /// Passed to every child as `--config FILE` (`fskv up` writes its
+    /// effective configuration there, so children follow the same file).
+    pub config_file: Option<PathBuf>,
 }
 
 impl SupervisorOptions {
@@ -48,6 +51,7 @@ impl SupervisorOptions {
             max_restart_delay_ms: 10_000,
             stable_after_ms: 10_000,
             stop_grace_ms: 10_000,
+            config_file: None,
         }
     }
 }
@@ -124,6 +128,9 @@ async fn spawn(spec: &ChildSpec, opts: &SupervisorOptions) -> anyhow::Result<Chi
         .map_err(|e| anyhow::anyhow!("cannot open log {}: {e}", log_path.display()))?;
     let log_err = log.try_clone()?;
     let mut cmd = Command::new(&spec.program);
+    if let Some(file) = &opts.config_file {
+        cmd.arg("--config").arg(file);
+    }
     cmd.args(&spec.args)
         .envs(spec.env.iter().cloned())
         .stdin(Stdio::null())

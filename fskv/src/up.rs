@@ -124,7 +124,10 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     }
     let credentials = load_or_create_credentials(&data_dir)?;
     let exe = std::env::current_exe().context("cannot find the fskv executable")?;
-    let opts = SupervisorOptions { restart: !args.no_restart, ..SupervisorOptions::new(&data_dir) };
+    // Children read the same configuration as this process.
+    let effective = toml::to_string_pretty(config).context("cannot serialize the configuration")?;
+    write_atomically(&data_dir.join(EFFECTIVE_CONFIG), effective.as_bytes())?;
+    let opts = child_options(&data_dir, !args.no_restart);
 
     say!("fskv up: data directory {}", data_dir.display());
     anyhow::ensure!((1..=STORAGE_NODES).contains(&args.replicas), "--replicas {}: must be 1..={STORAGE_NODES}", args.replicas);
@@ -222,7 +225,7 @@ async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -
         args
     };
     let specs = vec![child("s3-writer", exe, s3("writer", &ports.s3)), child("s3-reader", exe, s3("reader", &ports.s3_reader))];
-    let opts = SupervisorOptions { restart, ..SupervisorOptions::new(data) };
+    let opts = child_options(data, restart);
     let supervisor = Supervisor::start(specs, opts).await?;
     let start = Instant::now();
     for addr in [&ports.s3, &ports.s3_reader] {
@@ -247,7 +250,7 @@ async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restar
     let path = path.canonicalize()?;
     // No --meta: the mount finds meta through mgmtd's routing info.
     let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), path.display().to_string()];
-    let opts = SupervisorOptions { restart, ..SupervisorOptions::new(data) };
+    let opts = child_options(data, restart);
     let supervisor = Supervisor::start(vec![child("mount", exe, args)], opts).await?;
     let start = Instant::now();
     while !is_mounted(&path) {
@@ -272,6 +275,14 @@ fn ensure_free(addr: &str) -> anyhow::Result<()> {
     std::net::TcpListener::bind(addr)
         .map(drop)
         .with_context(|| format!("port {addr} is in use (another fskv up? pick another --base-port)"))
+}
+
+/// The effective configuration of `fskv up`, written in the data directory
+/// and passed to every child as `--config`.
+const EFFECTIVE_CONFIG: &str = "effective-config.toml";
+
+fn child_options(data: &Path, restart: bool) -> SupervisorOptions {
+    SupervisorOptions { restart, config_file: Some(data.join(EFFECTIVE_CONFIG)), ..SupervisorOptions::new(data) }
 }
 
 fn child(name: &str, exe: &Path, args: Vec<String>) -> ChildSpec {

@@ -255,17 +255,9 @@ fn scratch_dir() -> tempfile::TempDir {
     dir
 }
 
-fn fuse_available() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIP: /dev/fuse is missing");
-        return false;
-    }
-    true
-}
-
 #[test]
 fn fuse_data_integrity_matrix() {
-    if !fuse_available() {
+    if !common::fuse_or_skip("fuse_data_integrity_matrix") {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -512,7 +504,7 @@ fn join_within<T>(h: std::thread::JoinHandle<T>, timeout: Duration, what: &str) 
 
 #[test]
 fn fuse_writes_survive_kill9_of_a_storage_node() {
-    if !fuse_available() {
+    if !common::fuse_or_skip("fuse_writes_survive_kill9_of_a_storage_node") {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -314,8 +314,7 @@ fn stop_mount(mut m: MountProc) {
 
 #[test]
 fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIP: /dev/fuse is missing");
+    if !common::fuse_or_skip("fuse_mount_posix_surface_cross_visibility_and_clean_unmount") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -328,8 +327,9 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     let m = match start_mount(&mgmtd, &meta, &mnt) {
         Mounted::Yes(m) => m,
         Mounted::Skip(why) => {
-            println!("SKIP: {why}");
             stop_up(up);
+            assert!(!common::fuse_required(), "mounting failed and FSKV_REQUIRE_FUSE=1: {why}");
+            common::skip("fuse_mount_posix_surface_cross_visibility_and_clean_unmount", &why);
             return;
         }
     };
@@ -353,8 +353,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
 
 #[test]
 fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
-    if !Path::new("/dev/fuse").exists() {
-        println!("SKIP: /dev/fuse is missing");
+    if !common::fuse_or_skip("up_with_mount_serves_the_filesystem_and_unmounts_at_stop") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

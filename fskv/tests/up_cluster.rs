@@ -80,6 +80,12 @@ fn up_serves_data_and_keeps_it_across_a_restart() {
     }
     let endpoints: serde_json::Value = serde_json::from_slice(&std::fs::read(data.join("endpoints.json")).unwrap()).unwrap();
     assert_eq!(endpoints["mgmtd"], format!("127.0.0.1:{}", base + 11));
+    // Every child runs with the configuration of `fskv up` (DIR/effective-config.toml).
+    let effective = std::fs::read_to_string(data.join("effective-config.toml")).expect("effective config");
+    assert!(effective.contains("[rpc]") && effective.contains("max_frame_bytes"), "{effective}");
+    let meta_pid = std::fs::read_to_string(data.join("pids/meta.pid")).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", meta_pid.trim())).unwrap_or_default();
+    assert!(String::from_utf8_lossy(&cmdline).contains("effective-config.toml"), "meta runs without --config: {cmdline:?}");
     let access_key = endpoints["access_key"].as_str().unwrap().to_string();
     rt.block_on(async {
         let c = clients(base).await;

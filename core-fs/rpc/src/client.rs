@@ -9,7 +9,7 @@
 //! before its reply.
 
 use crate::error::{Result, RpcError};
-use crate::frame::{Frame, FrameKind, OutFrame, DEFAULT_MAX_FRAME_BYTES, STATUS_OK};
+use crate::frame::{Frame, FrameKind, OutFrame, STATUS_OK};
 use crate::io::{write_loop, FrameReader};
 use crate::method::{decode_body, encode_body, Method};
 use crate::transport::{connect_with_timeout, Transport};
@@ -39,13 +39,15 @@ pub struct ClientConfig {
     pub connect_timeout_ms: u64,
 }
 
+/// The process's `[rpc]` settings ([`crate::settings`]).
 impl Default for ClientConfig {
     fn default() -> Self {
+        let s = crate::settings::current();
         ClientConfig {
-            connections_per_addr: 4,
-            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
-            max_in_flight_per_connection: 1024,
-            connect_timeout_ms: 3_000,
+            connections_per_addr: s.connections_per_peer,
+            max_frame_bytes: s.max_frame_bytes,
+            max_in_flight_per_connection: s.max_in_flight_per_connection,
+            connect_timeout_ms: s.connect_timeout_ms,
         }
     }
 }
@@ -58,9 +60,10 @@ pub struct CallOptions {
     pub timeout_ms: u64,
 }
 
+/// The process's `default_call_timeout_ms` ([`crate::settings`]).
 impl Default for CallOptions {
     fn default() -> Self {
-        CallOptions { timeout_ms: 30_000 }
+        CallOptions { timeout_ms: crate::settings::current().default_call_timeout_ms }
     }
 }
 

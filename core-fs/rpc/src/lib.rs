@@ -60,6 +60,7 @@ pub mod frame;
 mod io;
 pub mod method;
 pub mod server;
+pub mod settings;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod transport;

@@ -6,7 +6,7 @@
 //! concurrently and answer out of order.
 
 use crate::error::{Result, RpcError};
-use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, DEFAULT_MAX_FRAME_BYTES, STATUS_OK};
+use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, STATUS_OK};
 use crate::io::{write_loop, FrameReader};
 use crate::method::{decode_body, encode_body, Method};
 use crate::transport::{Connection, Listener, Transport};
@@ -38,9 +38,15 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
 }
 
+/// The process's `[rpc]` settings ([`crate::settings`]).
 impl Default for ServerConfig {
     fn default() -> Self {
-        ServerConfig { max_in_flight_per_connection: 1024, max_frame_bytes: DEFAULT_MAX_FRAME_BYTES, shutdown_grace_ms: 5_000 }
+        let s = crate::settings::current();
+        ServerConfig {
+            max_in_flight_per_connection: s.max_in_flight_per_connection,
+            max_frame_bytes: s.max_frame_bytes,
+            shutdown_grace_ms: 5_000,
+        }
     }
 }
 

@@ -8,6 +8,38 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Reports `test` as skipped for `reason`: printed, and appended to the file
+/// named by `FSKV_SKIP_LOG` (deploy/test.sh counts those lines as skipped,
+/// not passed, in its summary).
+pub fn skip(test: &str, reason: &str) {
+    println!("SKIPPED {test}: {reason}");
+    if let Some(path) = std::env::var_os("FSKV_SKIP_LOG") {
+        use std::io::Write;
+        let line = format!("{test}: {reason}\n");
+        let written = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("cannot record the skip in {}: {e}", std::path::Path::new(&path).display());
+        }
+    }
+}
+
+/// Whether `FSKV_REQUIRE_FUSE=1` is set (CI sets it: there a missing
+/// `/dev/fuse` is a failure, not a skip).
+pub fn fuse_required() -> bool {
+    std::env::var("FSKV_REQUIRE_FUSE").is_ok_and(|v| v == "1")
+}
+
+/// Whether a FUSE test can run here. Without `/dev/fuse` the test is
+/// reported skipped — or fails, under `FSKV_REQUIRE_FUSE=1`.
+pub fn fuse_or_skip(test: &str) -> bool {
+    if Path::new("/dev/fuse").exists() {
+        return true;
+    }
+    assert!(!fuse_required(), "{test}: /dev/fuse is missing and FSKV_REQUIRE_FUSE=1");
+    skip(test, "/dev/fuse is missing");
+    false
+}
+
 /// Ports `fskv up --base-port P` binds: S3 writer P, S3 reader P+5,
 /// mgmtd P+11, meta P+12, storage P+13..P+15.
 const UP_PORT_OFFSETS: [u16; 7] = [0, 5, 11, 12, 13, 14, 15];

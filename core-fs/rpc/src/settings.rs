@@ -1,0 +1,57 @@
+//! Process-wide RPC settings: the `[rpc]` section of the `fskv`
+//! configuration. The binary installs them once at start
+//! ([`install`]); every [`ClientConfig`](crate::ClientConfig),
+//! [`ServerConfig`](crate::ServerConfig) and [`CallOptions`](crate::CallOptions)
+//! made with `default()` in the process starts from them, so each service
+//! and client of the process follows the file without every library call
+//! taking the section as an argument. Without [`install`] (tests, other
+//! embedders) the built-in defaults apply.
+//!
+//! | setting | applies to | default |
+//! |---|---|---|
+//! | `max_frame_bytes` | largest frame sent or accepted, client and server | 80 MiB |
+//! | `connections_per_peer` | client connections pooled per address | 4 |
+//! | `max_in_flight_per_connection` | client calls outstanding / server requests running per connection | 1024 |
+//! | `connect_timeout_ms` | client connection set-up | 3000 |
+//! | `default_call_timeout_ms` | deadline of a call made with `CallOptions::default()` | 30000 |
+
+use crate::frame::DEFAULT_MAX_FRAME_BYTES;
+use std::sync::OnceLock;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RpcSettings {
+    pub max_frame_bytes: usize,
+    pub connections_per_peer: usize,
+    pub max_in_flight_per_connection: usize,
+    pub connect_timeout_ms: u64,
+    pub default_call_timeout_ms: u64,
+}
+
+impl RpcSettings {
+    pub const BUILT_IN: RpcSettings = RpcSettings {
+        max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        connections_per_peer: 4,
+        max_in_flight_per_connection: 1024,
+        connect_timeout_ms: 3_000,
+        default_call_timeout_ms: 30_000,
+    };
+}
+
+impl Default for RpcSettings {
+    fn default() -> Self {
+        RpcSettings::BUILT_IN
+    }
+}
+
+static SETTINGS: OnceLock<RpcSettings> = OnceLock::new();
+
+/// Installs the process's settings; only the first call counts (it returns
+/// `false` for a later one, whose settings are ignored).
+pub fn install(settings: RpcSettings) -> bool {
+    SETTINGS.set(settings).is_ok()
+}
+
+/// The installed settings, or the built-in defaults.
+pub fn current() -> &'static RpcSettings {
+    SETTINGS.get().unwrap_or(&RpcSettings::BUILT_IN)
+}

@@ -1,0 +1,24 @@
+//! The process-wide `[rpc]` settings (own test binary: they are global).
+
+use fskv_rpc::settings::{self, RpcSettings};
+use fskv_rpc::{CallOptions, ClientConfig, ServerConfig};
+
+#[test]
+fn defaults_follow_the_installed_settings_and_only_the_first_install_counts() {
+    assert_eq!(ClientConfig::default().connections_per_addr, RpcSettings::BUILT_IN.connections_per_peer);
+    let mine = RpcSettings {
+        max_frame_bytes: 1 << 20,
+        connections_per_peer: 2,
+        max_in_flight_per_connection: 16,
+        connect_timeout_ms: 250,
+        default_call_timeout_ms: 1_234,
+    };
+    assert!(settings::install(mine.clone()));
+    assert!(!settings::install(RpcSettings::BUILT_IN), "a second install is refused");
+    assert_eq!(settings::current(), &mine);
+    let c = ClientConfig::default();
+    assert_eq!((c.connections_per_addr, c.max_frame_bytes, c.max_in_flight_per_connection, c.connect_timeout_ms), (2, 1 << 20, 16, 250));
+    let s = ServerConfig::default();
+    assert_eq!((s.max_frame_bytes, s.max_in_flight_per_connection), (1 << 20, 16));
+    assert_eq!(CallOptions::default().timeout_ms, 1_234);
+}
