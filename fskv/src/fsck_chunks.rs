@@ -1,7 +1,7 @@
 //! The storage half of `fskv admin fsck`: chunks no file owns.
 //!
-//! For every chain of the routing info one serving target (the tail: it
-//! holds only committed data) is asked for its chunk metadata
+//! For every chain of the routing info one serving target (the tail,
+//! `ChainRoles::tail`: it holds only committed data) is asked for its chunk metadata
 //! (`DumpChunkMeta`); the inodes named by the chunk ids are then looked up
 //! in meta. A chunk is a problem when
 //! * `orphan_chunk`: its inode does not exist, is not a regular file, or
@@ -17,7 +17,7 @@
 
 use fskv_client::meta::MetaClient;
 use fskv_proto::meta::{chain_for_chunk, Inode, InodeData};
-use fskv_proto::routing::{PublicTargetState, RoutingInfo};
+use fskv_proto::routing::{ChainRoles, RoutingInfo};
 use fskv_proto::storage::DumpChunkMeta;
 use fskv_proto::storage::DumpChunkMetaReq;
 use fskv_rpc::{CallOptions, RpcClient};
@@ -60,7 +60,7 @@ pub async fn scan(rpc: &RpcClient, routing: &RoutingInfo, meta: &MetaClient, max
     let mut out = ChunkScan::default();
     let mut found: Found = BTreeMap::new();
     for chain in &routing.chains {
-        let Some(tail) = chain.targets.iter().rfind(|t| t.state == PublicTargetState::Serving) else {
+        let Some(tail) = chain.tail() else {
             out.skipped_chains.push((chain.chain_id, "no serving target".into()));
             continue;
         };

@@ -24,7 +24,7 @@
 //! post an announce and the client would answer with a grant.
 
 use bytes::Bytes;
-use fskv_proto::routing::{ChainInfo, RoutingInfo};
+use fskv_proto::routing::{ChainInfo, ChainRoles, RoutingInfo};
 use fskv_proto::storage::*;
 use fskv_rpc::watch;
 use fskv_rpc::{CallOptions, Method, RpcClient, RpcError};

@@ -12,9 +12,11 @@
 //!   `heartbeat_timeout_ms` (T) as failed — its targets' local state becomes
 //!   offline — then recomputes every chain with [`next_chain`]. Each changed
 //!   chain bumps the routing version. A target that becomes syncing yields a
-//!   [`SyncOrder`] for its predecessor (the last serving target before it).
+//!   [`SyncOrder`] for its sync source (`ChainRoles::sync_source_of`: its
+//!   serving predecessor, the last serving target before it).
 
 use crate::state::{next_chain, ChainView, LocalState, PublicState};
+use fskv_proto::routing::ChainRoles;
 use fskv_types::{ChainId, NodeId, TargetId};
 use std::collections::BTreeMap;
 
@@ -214,10 +216,10 @@ impl ClusterState {
             if next.version == chain.version {
                 continue;
             }
-            for (i, t) in next.targets.iter().enumerate() {
-                let was_syncing = chain.targets.iter().any(|o| o.target == t.target && o.public == PublicState::Syncing);
+            for t in &next.targets {
+                let was_syncing = chain.member(t.target).is_some_and(|o| o.public == PublicState::Syncing);
                 if t.public == PublicState::Syncing && !was_syncing {
-                    if let Some(pred) = next.targets[..i].iter().rev().find(|p| p.public == PublicState::Serving) {
+                    if let Some(pred) = next.sync_source_of(t.target) {
                         out.sync_orders.push(SyncOrder {
                             chain: *id,
                             chain_version: next.version,
@@ -236,9 +238,9 @@ impl ClusterState {
         out
     }
 
-    /// Heads of every chain (for checking that no chain version has two).
+    /// The head of `chain` (`ChainRoles::head`).
     pub fn head(&self, chain: ChainId) -> Option<TargetId> {
-        self.chains.get(&chain).and_then(|c| c.head())
+        self.chains.get(&chain).and_then(|c| c.head()).map(|t| t.target)
     }
 }
 

@@ -35,6 +35,7 @@
 use fskv_types::TargetId;
 use serde::{Deserialize, Serialize};
 
+use fskv_proto::routing::{ChainMember, ChainRoles};
 pub use fskv_proto::routing::{LocalTargetState as LocalState, PublicTargetState as PublicState};
 
 /// Position of a state's group in the chain order.
@@ -57,10 +58,21 @@ pub struct ChainView {
     pub targets: Vec<TargetView>,
 }
 
-impl ChainView {
-    /// The head: the first target that takes writes, if any.
-    pub fn head(&self) -> Option<TargetId> {
-        self.targets.iter().find(|t| t.public.can_write()).map(|t| t.target)
+impl ChainMember for TargetView {
+    fn target_id(&self) -> TargetId {
+        self.target
+    }
+    fn public_state(&self) -> PublicState {
+        self.public
+    }
+}
+
+/// The chain roles (head, tail, predecessor, sync source, …) of mgmtd's
+/// view are the routing info's: one definition, `ChainRoles`.
+impl ChainRoles for ChainView {
+    type Member = TargetView;
+    fn members(&self) -> &[TargetView] {
+        &self.targets
     }
 }
 
@@ -173,7 +185,7 @@ mod tests {
         let c = chain(&[(1, P::Serving, L::Offline), (2, P::Serving, L::UpToDate), (3, P::Serving, L::UpToDate)]);
         assert_eq!(result(&c), vec![(2, P::Serving), (3, P::Serving), (1, P::Offline)]);
         assert_eq!(next_chain(&c).version, 8);
-        assert_eq!(next_chain(&c).head(), Some(TargetId(2)));
+        assert_eq!(next_chain(&c).head().map(|t| t.target), Some(TargetId(2)));
     }
 
     #[test]

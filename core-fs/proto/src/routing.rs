@@ -10,6 +10,32 @@
 //! serving first, then lastsrv, syncing, waiting, offline, keeping the old
 //! order inside each group. So the head is the first serving target and a
 //! syncing target always comes after every serving one.
+//!
+//! ## Chain roles
+//!
+//! Every role is defined once, in [`ChainRoles`], over the targets in chain
+//! order; [`ChainInfo`] (routing, storage, clients, tools) and mgmtd's
+//! `ChainView` implement it. The **write chain** is the writable (serving +
+//! syncing) targets in chain order; a write enters at its first target and
+//! is forwarded target by target to its last.
+//!
+//! | role | definition | under the ordering contract |
+//! |---|---|---|
+//! | `writable()` | serving or syncing targets, in chain order | serving ones, then the syncing one |
+//! | `readable()` | serving targets, in chain order | the first targets of the chain |
+//! | `head()` | the first writable target, if it is serving (takes client writes) | the first serving target |
+//! | `tail()` | the last serving target (its data is committed) | the last serving target |
+//! | `writable_tail()` | the last writable target (commits a write at once) | the syncing target if any, else `tail()` |
+//! | `predecessor_of(t)` | the writable target before writable `t` | |
+//! | `successor_of(t)` | the writable target after writable `t` | |
+//! | `sync_source_of(t)` | `predecessor_of(t)`, when `t` is syncing and it is serving (it recovers `t`) | the last serving target |
+//! | `sync_target_of(t)` | `successor_of(t)`, when `t` is serving and it is syncing (the inverse) | |
+//!
+//! A target that is not writable (waiting, lastsrv, offline, or not in the
+//! chain) has no predecessor and no successor. A chain whose first writable
+//! target is syncing (impossible under the contract) has no head: a syncing
+//! target never takes client writes, and a serving one after it has a
+//! predecessor.
 
 use fskv_types::ids::{ChainId, NodeId, TargetId};
 use serde::{Deserialize, Serialize};
@@ -99,19 +125,119 @@ pub struct ChainInfo {
     pub targets: Vec<ChainTarget>,
 }
 
-impl ChainInfo {
-    /// The head: the first serving target (writes from clients go here).
-    pub fn head(&self) -> Option<&ChainTarget> {
-        self.targets.iter().find(|t| t.state == PublicTargetState::Serving)
+/// A chain entry the role rules read: its target and its public state.
+pub trait ChainMember {
+    fn target_id(&self) -> TargetId;
+    fn public_state(&self) -> PublicTargetState;
+}
+
+impl ChainMember for ChainTarget {
+    fn target_id(&self) -> TargetId {
+        self.target_id
+    }
+    fn public_state(&self) -> PublicTargetState {
+        self.state
+    }
+}
+
+/// The chain roles (table in the module doc), defined once over the
+/// targets in chain order. Implemented by [`ChainInfo`], by a slice of
+/// chain entries, and by mgmtd's chain view.
+pub trait ChainRoles {
+    type Member: ChainMember;
+
+    /// The targets in chain order (per the ordering contract).
+    fn members(&self) -> &[Self::Member];
+
+    /// The entry of target `id`.
+    fn member(&self, id: TargetId) -> Option<&Self::Member> {
+        self.members().iter().find(|t| t.target_id() == id)
     }
 
-    /// Targets that serve reads, in chain order.
-    pub fn readable(&self) -> impl Iterator<Item = &ChainTarget> {
-        self.targets.iter().filter(|t| t.state.can_read())
+    /// The write chain: targets that take writes (serving, syncing), in
+    /// chain order.
+    fn writable(&self) -> impl DoubleEndedIterator<Item = &Self::Member> {
+        self.members().iter().filter(|t| t.public_state().can_write())
     }
 
-    pub fn target(&self, id: TargetId) -> Option<&ChainTarget> {
-        self.targets.iter().find(|t| t.target_id == id)
+    /// Targets that serve reads (serving), in chain order.
+    fn readable(&self) -> impl DoubleEndedIterator<Item = &Self::Member> {
+        self.members().iter().filter(|t| t.public_state().can_read())
+    }
+
+    /// The head: the first writable target, if it is serving. Client
+    /// writes go here; under the ordering contract it is the first serving
+    /// target.
+    fn head(&self) -> Option<&Self::Member> {
+        self.writable().next().filter(|t| t.public_state() == PublicTargetState::Serving)
+    }
+
+    /// The tail: the last serving target. It holds only committed data (a
+    /// write is acknowledged only once it committed there).
+    fn tail(&self) -> Option<&Self::Member> {
+        self.readable().next_back()
+    }
+
+    /// The end of the write chain: the last writable target, which commits
+    /// a write as soon as it applies it. The syncing target while one
+    /// syncs, else [`Self::tail`].
+    fn writable_tail(&self) -> Option<&Self::Member> {
+        self.writable().next_back()
+    }
+
+    /// The writable target before `id` in the write chain; `None` for the
+    /// first one and for a target that is not writable.
+    fn predecessor_of(&self, id: TargetId) -> Option<&Self::Member> {
+        let mut prev = None;
+        for t in self.writable() {
+            if t.target_id() == id {
+                return prev;
+            }
+            prev = Some(t);
+        }
+        None
+    }
+
+    /// The writable target after `id` in the write chain; `None` for the
+    /// last one and for a target that is not writable.
+    fn successor_of(&self, id: TargetId) -> Option<&Self::Member> {
+        let mut it = self.writable().skip_while(|t| t.target_id() != id);
+        it.next()?;
+        it.next()
+    }
+
+    /// The target that recovers syncing target `id`: its predecessor, if
+    /// that one is serving. Under the ordering contract, the last serving
+    /// target.
+    fn sync_source_of(&self, id: TargetId) -> Option<&Self::Member> {
+        if self.member(id)?.public_state() != PublicTargetState::Syncing {
+            return None;
+        }
+        self.predecessor_of(id).filter(|p| p.public_state() == PublicTargetState::Serving)
+    }
+
+    /// The syncing target `id` must recover: its successor, if `id` is
+    /// serving and the successor is syncing (the inverse of
+    /// [`Self::sync_source_of`]).
+    fn sync_target_of(&self, id: TargetId) -> Option<&Self::Member> {
+        if self.member(id)?.public_state() != PublicTargetState::Serving {
+            return None;
+        }
+        self.successor_of(id).filter(|s| s.public_state() == PublicTargetState::Syncing)
+    }
+}
+
+impl ChainRoles for ChainInfo {
+    type Member = ChainTarget;
+    fn members(&self) -> &[ChainTarget] {
+        &self.targets
+    }
+}
+
+impl<M: ChainMember> ChainRoles for [M] {
+    type Member = M;
+    fn members(&self) -> &[M] {
+        self
     }
 }
 
@@ -149,7 +275,7 @@ impl RoutingInfo {
 
     /// The chain holding `target` and the target's entry in it.
     pub fn locate_target(&self, target: TargetId) -> Option<(&ChainInfo, &ChainTarget)> {
-        self.chains.iter().find_map(|c| c.target(target).map(|t| (c, t)))
+        self.chains.iter().find_map(|c| c.member(target).map(|t| (c, t)))
     }
 
     /// Targets hosted by `node`.
@@ -180,5 +306,111 @@ mod tests {
         let info = RoutingInfo { version: 1, chains: vec![chain], ..Default::default() };
         assert_eq!(info.locate_target(TargetId(12)).map(|(c, _)| c.chain_id), Some(ChainId(1)));
         assert_eq!(info.targets_of_node(NodeId(2)), vec![TargetId(11)]);
+    }
+
+    use PublicTargetState::*;
+
+    fn chain_of(states: &[PublicTargetState]) -> ChainInfo {
+        ChainInfo {
+            chain_id: ChainId(1),
+            chain_version: 1,
+            targets: states
+                .iter()
+                .enumerate()
+                .map(|(i, &state)| ChainTarget { target_id: TargetId(i as u64 + 1), node_id: NodeId(i as u32 + 1), state })
+                .collect(),
+        }
+    }
+
+    fn id(t: Option<&ChainTarget>) -> Option<u64> {
+        t.map(|t| t.target_id.0)
+    }
+
+    #[test]
+    fn roles_of_a_chain_in_contract_order() {
+        let c = chain_of(&[Serving, Serving, LastSrv, Syncing, Waiting, Offline]);
+        assert_eq!(c.writable().map(|t| t.target_id.0).collect::<Vec<_>>(), vec![1, 2, 4]);
+        assert_eq!(c.readable().map(|t| t.target_id.0).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(id(c.head()), Some(1));
+        assert_eq!(id(c.tail()), Some(2));
+        assert_eq!(id(c.writable_tail()), Some(4));
+        assert_eq!((id(c.predecessor_of(TargetId(1))), id(c.successor_of(TargetId(1)))), (None, Some(2)));
+        assert_eq!((id(c.predecessor_of(TargetId(2))), id(c.successor_of(TargetId(2)))), (Some(1), Some(4)));
+        assert_eq!((id(c.predecessor_of(TargetId(4))), id(c.successor_of(TargetId(4)))), (Some(2), None));
+        // Not writable, or not in the chain: no neighbours.
+        for t in [3, 5, 6, 9] {
+            assert_eq!((id(c.predecessor_of(TargetId(t))), id(c.successor_of(TargetId(t)))), (None, None), "target {t}");
+        }
+        assert_eq!(id(c.sync_source_of(TargetId(4))), Some(2));
+        assert_eq!(id(c.sync_target_of(TargetId(2))), Some(4));
+        assert_eq!(id(c.sync_target_of(TargetId(1))), None);
+        assert_eq!(id(c.sync_source_of(TargetId(2))), None);
+        // The slice of entries answers the same.
+        assert_eq!(c.targets.head().map(|t| t.target_id.0), Some(1));
+    }
+
+    #[test]
+    fn chains_without_serving_or_writable_targets_have_no_roles() {
+        for c in [chain_of(&[]), chain_of(&[LastSrv, Waiting, Offline]), chain_of(&[Syncing, Waiting])] {
+            assert_eq!((id(c.head()), id(c.tail())), (None, None), "{c:?}");
+            assert_eq!(id(c.sync_source_of(TargetId(1))), None);
+        }
+        // Outside the contract a syncing target first in the write chain is
+        // never the head, and the serving target after it has a predecessor.
+        let c = chain_of(&[Syncing, Serving]);
+        assert_eq!((id(c.head()), id(c.tail()), id(c.writable_tail())), (None, Some(2), Some(2)));
+        assert_eq!(id(c.predecessor_of(TargetId(2))), Some(1));
+    }
+
+    /// Every chain of up to four targets in any state and any order.
+    fn every_chain() -> impl Iterator<Item = ChainInfo> {
+        const ALL: [PublicTargetState; 5] = [Serving, Syncing, Waiting, LastSrv, Offline];
+        (0..=4u32).flat_map(|n| {
+            (0..5usize.pow(n)).map(move |mut code| {
+                let states: Vec<_> = (0..n)
+                    .map(|_| {
+                        let s = ALL[code % 5];
+                        code /= 5;
+                        s
+                    })
+                    .collect();
+                chain_of(&states)
+            })
+        })
+    }
+
+    #[test]
+    fn neighbours_and_sync_roles_are_inverse_in_every_chain() {
+        for c in every_chain() {
+            for a in &c.targets {
+                for b in &c.targets {
+                    let (a, b) = (a.target_id, b.target_id);
+                    assert_eq!(id(c.successor_of(a)) == Some(b.0), id(c.predecessor_of(b)) == Some(a.0), "{c:?} {a} {b}");
+                    assert_eq!(id(c.sync_target_of(a)) == Some(b.0), id(c.sync_source_of(b)) == Some(a.0), "{c:?} {a} {b}");
+                }
+            }
+            if let Some(h) = c.head() {
+                assert_eq!(c.predecessor_of(h.target_id), None);
+            }
+            if let Some(t) = c.writable_tail() {
+                assert_eq!(c.successor_of(t.target_id), None);
+            }
+        }
+    }
+
+    #[test]
+    fn under_the_ordering_contract_head_is_first_serving_and_the_sync_source_last_serving() {
+        for mut c in every_chain() {
+            c.targets.sort_by_key(|t| t.state.chain_order());
+            let first_serving = c.targets.iter().find(|t| t.state == Serving);
+            let last_serving = c.targets.iter().rev().find(|t| t.state == Serving);
+            assert_eq!(id(c.head()), id(first_serving), "{c:?}");
+            assert_eq!(id(c.tail()), id(last_serving), "{c:?}");
+            let syncing: Vec<_> = c.targets.iter().filter(|t| t.state == Syncing).collect();
+            if let [only] = syncing[..] {
+                assert_eq!(id(c.sync_source_of(only.target_id)), id(last_serving), "{c:?}");
+                assert_eq!(id(c.writable_tail()), Some(only.target_id.0));
+            }
+        }
     }
 }

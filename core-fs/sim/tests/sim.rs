@@ -22,7 +22,7 @@ use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_kv::{KeyValue, KvEngine, KvResult, RangeRequest, RangeResult, Transaction};
 use fskv_mgmtd::{Clock, Layout, Mgmtd, MgmtdConfig};
-use fskv_proto::routing::{ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
+use fskv_proto::routing::{ChainRoles, ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_rpc::{ClientConfig, RpcClient, SimTransport};
 use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
 use fskv_storage::{StorageConfig, StorageService};
@@ -353,7 +353,7 @@ impl Ctx {
                         chain.chain_id,
                         chain.chain_version,
                         targets,
-                        targets.iter().find(|t| t.state == PublicTargetState::Serving).map(|t| t.target_id),
+                        targets.head().map(|t| t.target_id),
                         chain.targets,
                         chain.head().map(|h| h.target_id)
                     );

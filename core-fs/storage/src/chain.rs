@@ -1,10 +1,14 @@
 //! Pure chain logic (no I/O, no clock): where a target sits in its chain,
 //! whether it may take a write or a read, and where a write goes next.
 //!
-//! Every decision the async shell makes about routing goes through these
-//! functions, so a simulator can drive them deterministically.
+//! The roles themselves (head, predecessor, successor, writable tail, sync
+//! source) are defined once, by `fskv_proto::routing::ChainRoles` on
+//! [`ChainInfo`]; this module turns them into a target's [`ChainPosition`]
+//! and the admission checks. Every routing decision of the service goes
+//! through these functions (the write path through the CRAQ step,
+//! [`crate::craq`]), so a simulator can drive them deterministically.
 
-use fskv_proto::routing::{ChainInfo, ChainTarget, PublicTargetState};
+use fskv_proto::routing::{ChainInfo, ChainRoles, ChainTarget, PublicTargetState};
 use fskv_types::{NodeId, TargetId};
 
 /// Where a write came from.
@@ -61,29 +65,20 @@ pub enum RouteReject {
     WrongPredecessor { expected: Option<TargetId>, got: TargetId },
 }
 
-fn writable(chain: &ChainInfo) -> impl Iterator<Item = &ChainTarget> {
-    chain.targets.iter().filter(|t| t.state.can_write())
+fn successor(t: &ChainTarget) -> Successor {
+    let kind = if t.state == PublicTargetState::Syncing { ForwardKind::FullReplace } else { ForwardKind::Update };
+    Successor { target: t.target_id, node: t.node_id, kind }
 }
 
 /// The position of `me` in `chain`, or `None` if it is not in the chain.
 pub fn position(chain: &ChainInfo, me: TargetId) -> Option<ChainPosition> {
-    let entry = chain.target(me)?;
-    let list: Vec<&ChainTarget> = writable(chain).collect();
-    let idx = list.iter().position(|t| t.target_id == me);
-    let (predecessor, successor) = match idx {
-        Some(i) => {
-            let pred = i.checked_sub(1).and_then(|p| list.get(p)).map(|t| t.target_id);
-            let succ = list.get(i + 1).map(|t| Successor {
-                target: t.target_id,
-                node: t.node_id,
-                kind: if t.state == PublicTargetState::Syncing { ForwardKind::FullReplace } else { ForwardKind::Update },
-            });
-            (pred, succ)
-        }
-        None => (None, None),
-    };
-    let is_head = entry.state == PublicTargetState::Serving && idx == Some(0);
-    Some(ChainPosition { state: entry.state, is_head, predecessor, successor })
+    let entry = chain.member(me)?;
+    Some(ChainPosition {
+        state: entry.state,
+        is_head: chain.head().is_some_and(|h| h.target_id == me),
+        predecessor: chain.predecessor_of(me).map(|t| t.target_id),
+        successor: chain.successor_of(me).map(successor),
+    })
 }
 
 fn check_version(chain: &ChainInfo, request: u32) -> Result<(), RouteReject> {
@@ -115,7 +110,7 @@ pub fn check_write(chain: &ChainInfo, me: TargetId, chain_ver: u32, origin: Orig
 /// targets do.
 pub fn check_read(chain: &ChainInfo, me: TargetId, chain_ver: u32) -> Result<(), RouteReject> {
     check_version(chain, chain_ver)?;
-    let entry = chain.target(me).ok_or(RouteReject::NotInChain)?;
+    let entry = chain.member(me).ok_or(RouteReject::NotInChain)?;
     if !entry.state.can_read() {
         return Err(RouteReject::NotServing { state: entry.state });
     }
@@ -125,36 +120,7 @@ pub fn check_read(chain: &ChainInfo, me: TargetId, chain_ver: u32) -> Result<(),
 /// The target `me` must recover, if any: `me` is serving and its successor
 /// is syncing (the predecessor of a syncing target drives its recovery).
 pub fn sync_successor(chain: &ChainInfo, me: TargetId) -> Option<Successor> {
-    let pos = position(chain, me)?;
-    if pos.state != PublicTargetState::Serving {
-        return None;
-    }
-    pos.successor.filter(|s| s.kind == ForwardKind::FullReplace)
-}
-
-/// What a target does after applying a write locally.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterApply {
-    /// Tail: commit now and acknowledge.
-    CommitAndAck,
-    /// Forward to the successor, commit when it acknowledges.
-    Forward(Successor),
-    /// The request had already been applied and committed here; acknowledge
-    /// with the committed version, nothing to forward.
-    AckDuplicate,
-}
-
-/// The write-forwarding decision. `already_committed`: the engine reported a
-/// duplicate whose version is already committed locally (everything after
-/// this target committed it before we did).
-pub fn after_apply(pos: &ChainPosition, already_committed: bool) -> AfterApply {
-    if already_committed {
-        return AfterApply::AckDuplicate;
-    }
-    match pos.successor {
-        Some(s) => AfterApply::Forward(s),
-        None => AfterApply::CommitAndAck,
-    }
+    chain.sync_target_of(me).map(successor)
 }
 
 #[cfg(test)]
@@ -187,9 +153,6 @@ mod tests {
         assert_eq!(mid.successor.map(|s| s.target), Some(TargetId(3)));
         let tail = position(&c, TargetId(3)).unwrap();
         assert_eq!(tail.successor, None);
-        assert_eq!(after_apply(&tail, false), AfterApply::CommitAndAck);
-        assert!(matches!(after_apply(&head, false), AfterApply::Forward(_)));
-        assert_eq!(after_apply(&head, true), AfterApply::AckDuplicate);
         assert_eq!(position(&c, TargetId(9)), None);
     }
 
@@ -238,6 +201,5 @@ mod tests {
         let c = chain(&[Serving]);
         let p = check_write(&c, TargetId(1), 5, Origin::Client).unwrap();
         assert!(p.is_head && p.successor.is_none());
-        assert_eq!(after_apply(&p, false), AfterApply::CommitAndAck);
     }
 }

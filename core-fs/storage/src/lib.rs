@@ -2,9 +2,12 @@
 //!
 //! A service hosts several targets (one chunk engine each) and replicates
 //! writes along chains with CRAQ; a returning target is recovered online by
-//! its predecessor. The decisions are pure functions ([`chain`], [`sync`]);
-//! [`service`] is the async shell around them (RPC handlers, chunk locks,
-//! forwarding, the sync worker). See `docs/storage.md`.
+//! its predecessor. The decisions are pure: [`chain`] (a target's position
+//! and admission, over the roles of `fskv_proto::routing::ChainRoles`),
+//! [`craq`] (the CRAQ step as a state machine: inputs in, effects out) and
+//! [`sync`] (the recovery planner); [`service`] is the async shell that
+//! executes them (RPC handlers, chunk locks, forwarding, the sync worker).
+//! See `docs/storage.md`.
 
 /// `fskv bench storage` (feature `bench`).
 #[cfg(feature = "bench")]
@@ -13,6 +16,7 @@ pub mod chain;
 /// `LocalCluster`: services in one process on loopback (feature `testkit`).
 #[cfg(feature = "testkit")]
 pub mod cluster;
+pub mod craq;
 pub mod error;
 pub mod locks;
 pub mod mgmtd_link;

@@ -1,0 +1,67 @@
+//! The RPCs around the write path: `CommitChunk` (commit a pending
+//! version), `QueryChunk` (a chunk's metadata; asked of the tail when
+//! settling a left-over), `SpaceInfo`, `DumpChunkMeta` (recovery's remote
+//! metadata) and the sync marks `SyncStart` / `SyncDone` (a syncing target's
+//! up-to-date flag, see [`StorageService::local_state`]).
+
+use super::StorageService;
+use crate::error::Result;
+use crate::sync;
+use fskv_proto::storage::{
+    CommitReq, CommitResp, DumpChunkMetaReq, DumpChunkMetaResp, QueryChunkReq, QueryChunkResp, SpaceInfoResp, SyncReq, SyncResp,
+    TargetSpace,
+};
+use tracing::info;
+
+impl StorageService {
+    pub(super) async fn handle_commit(&self, req: CommitReq) -> Result<CommitResp> {
+        let target = self.target(req.target)?;
+        let _guard = target.locks.lock(req.chunk).await;
+        let engine = target.engine.clone();
+        let committed_ver = self.blocking(move || Ok(engine.commit(req.chunk, req.version)?)).await?;
+        Ok(CommitResp { committed_ver })
+    }
+
+    pub(super) fn handle_query_chunk(&self, req: QueryChunkReq) -> Result<QueryChunkResp> {
+        let target = self.target(req.target)?;
+        Ok(QueryChunkResp { meta: target.engine.meta(req.chunk).map(|m| sync::remote_meta(&m)) })
+    }
+
+    pub(super) fn space_info(&self) -> SpaceInfoResp {
+        let mut targets: Vec<TargetSpace> = self
+            .inner
+            .targets
+            .values()
+            .map(|t| {
+                let stats = t.engine.pool_stats();
+                // Capacity = space already in the pools + what the disk can
+                // still give them (targets sharing a disk each count it).
+                let pooled: u64 = stats.iter().map(|p| p.capacity_blocks * p.block_bytes).sum();
+                let free_disk = t.engine.free_disk_bytes().unwrap_or_else(|e| {
+                    tracing::warn!(target = %t.id, error = %e, "statvfs failed; capacity counts pooled space only");
+                    0
+                });
+                TargetSpace {
+                    target: t.id,
+                    capacity_bytes: pooled.saturating_add(free_disk),
+                    used_bytes: stats.iter().map(|p| p.used_blocks * p.block_bytes).sum(),
+                }
+            })
+            .collect();
+        targets.sort_by_key(|t| t.target);
+        SpaceInfoResp { targets }
+    }
+
+    pub(super) async fn handle_dump(&self, req: DumpChunkMetaReq) -> Result<DumpChunkMetaResp> {
+        let engine = self.target(req.target)?.engine.clone();
+        let dump = self.blocking(move || Ok(engine.dump()?)).await?;
+        Ok(DumpChunkMetaResp { chunks: dump.iter().map(|(id, m)| (*id, sync::remote_meta(m))).collect() })
+    }
+
+    pub(super) fn handle_sync_mark(&self, req: SyncReq, done: bool) -> Result<SyncResp> {
+        let target = self.target(req.target)?;
+        *target.sync_done.lock() = done.then_some(req.chain_ver);
+        info!(target = %req.target, from = %req.from, chain_ver = req.chain_ver, done, "sync mark");
+        Ok(SyncResp {})
+    }
+}

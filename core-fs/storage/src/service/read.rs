@@ -1,0 +1,79 @@
+//! Reads: `BatchRead` (strict or relaxed reads of several chunks, each
+//! routed to a serving target) and `QueryLastChunk`. Admission is
+//! [`chain::check_read`] (chain version first, then serving only); the
+//! engine work runs off the async threads.
+
+use super::StorageService;
+use crate::chain;
+use crate::error::{Result, StorageError};
+use crate::sync;
+use bytes::{Bytes, BytesMut};
+use fskv_chunk_engine::ReadMode;
+use fskv_proto::storage::{BatchReadReq, BatchReadResp, QueryLastChunkReq, QueryLastChunkResp, ReadOk};
+use fskv_types::Status;
+
+impl StorageService {
+    pub(super) async fn handle_batch_read(&self, req: BatchReadReq) -> Result<(BatchReadResp, Bytes)> {
+        let _slot = self.inner.read_slots.acquire().await.map_err(|_| StorageError::Internal("read slots closed".into()))?;
+        let total: u64 = req.ios.iter().map(|io| u64::from(io.len_bytes)).sum();
+        if total > self.inner.config.max_read_batch_bytes {
+            return Err(StorageError::Invalid(format!(
+                "batch of {total} bytes exceeds max_read_batch_bytes {}",
+                self.inner.config.max_read_batch_bytes
+            )));
+        }
+        let routing = self.inner.routing.current();
+        let mut jobs = Vec::with_capacity(req.ios.len());
+        for io in &req.ios {
+            let checked = self.target(io.target).and_then(|t| {
+                let chain = Self::chain_of(&routing, io.chain_id)?;
+                chain::check_read(chain, io.target, io.chain_ver).map_err(|reject| StorageError::Route {
+                    chain: io.chain_id,
+                    target: io.target,
+                    reject,
+                })?;
+                Ok(t)
+            });
+            jobs.push((io.clone(), checked.map(|t| t.engine.clone())));
+        }
+        let results = self
+            .blocking(move || {
+                let mut payload = BytesMut::with_capacity(total as usize);
+                let mut results = Vec::with_capacity(jobs.len());
+                for (io, engine) in jobs {
+                    let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
+                    let r = engine.and_then(|e| Ok(e.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)?));
+                    results.push(match r {
+                        Ok(read) => {
+                            payload.extend_from_slice(&read.data);
+                            Ok(ReadOk {
+                                len_bytes: read.data.len() as u32,
+                                crc: crc32c::crc32c(&read.data),
+                                version: read.version,
+                                chunk_len_bytes: read.chunk_len_bytes,
+                                uncommitted: read.uncommitted,
+                            })
+                        }
+                        Err(e) => Err(Status::from(e)),
+                    });
+                }
+                Ok((BatchReadResp { results }, payload.freeze()))
+            })
+            .await?;
+        Ok(results)
+    }
+
+    pub(super) async fn handle_query_last(&self, req: QueryLastChunkReq) -> Result<QueryLastChunkResp> {
+        let target = self.target(req.target)?;
+        let routing = self.inner.routing.current();
+        let chain = Self::chain_of(&routing, req.chain_id)?;
+        chain::check_read(chain, req.target, req.chain_ver).map_err(|reject| StorageError::Route {
+            chain: req.chain_id,
+            target: req.target,
+            reject,
+        })?;
+        let engine = target.engine.clone();
+        let last = self.blocking(move || Ok(engine.last_chunk(req.inode)?)).await?;
+        Ok(QueryLastChunkResp { last: last.map(|(id, m)| (id, sync::remote_meta(&m))) })
+    }
+}

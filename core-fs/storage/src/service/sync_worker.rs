@@ -1,0 +1,151 @@
+//! The recovery worker. It watches routing; for every local target that
+//! must recover its syncing successor ([`chain::sync_successor`]) it runs
+//! one sync per (successor, chain version): `SyncStart`, dump both sides,
+//! plan with the five rules ([`crate::sync`]), transfer each chunk under
+//! its lock as a full-chunk replace (or a remove), `SyncDone`. Each pass
+//! also settles the chunks whose forward failed (`write.rs`).
+
+use super::{StorageService, Target};
+use crate::chain::{self, Successor};
+use crate::error::{Result, StorageError};
+use crate::sync::{self, LocalChunk, SyncAction};
+use bytes::Bytes;
+use fskv_chunk_engine::ReadMode;
+use fskv_proto::storage::{
+    DumpChunkMeta, DumpChunkMetaReq, ForwardChunk, ForwardMode, ForwardReq, RemoteChunkMeta, RequestTag, SyncDone, SyncReq, SyncStart,
+    UpdateOp,
+};
+use fskv_types::{ChainId, ChunkId, TargetId};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, info, info_span, warn, Instrument};
+
+impl StorageService {
+    /// Watches routing; for every local serving target whose successor is
+    /// syncing, runs one sync per (successor, chain version).
+    pub(super) async fn sync_worker(self) {
+        let mut rx = self.inner.routing.subscribe();
+        loop {
+            let routing = self.inner.routing.current();
+            for me in self.target_ids() {
+                let Some((chain, _)) = routing.locate_target(me) else { continue };
+                let Some(succ) = chain::sync_successor(chain, me) else { continue };
+                let key = (me, succ.target, chain.chain_version);
+                if !self.inner.syncs.lock().insert(key) {
+                    continue;
+                }
+                let s = self.clone();
+                let (chain_id, chain_ver) = (chain.chain_id, chain.chain_version);
+                let span = info_span!("sync", chain = %chain_id, target = %me, successor = %succ.target, chain_ver);
+                tokio::spawn(
+                    async move {
+                        let result = s.run_sync(me, succ, chain_id, chain_ver).await;
+                        if let Err(e) = &result {
+                            warn!(error = %e, "sync failed; will retry");
+                            tokio::time::sleep(Duration::from_millis(s.inner.config.sync_retry_delay_ms)).await;
+                            s.inner.syncs.lock().remove(&key);
+                        }
+                        // On success the key stays: this chain version is synced.
+                    }
+                    .instrument(span),
+                );
+            }
+            self.settle_unsettled().await;
+            let poll = Duration::from_millis(self.inner.config.sync_poll_ms);
+            let _ = tokio::time::timeout(poll, rx.changed()).await;
+        }
+    }
+
+    /// Recovers `succ` from `me`: sync-start, dump remote metadata, plan,
+    /// transfer each chunk under its lock, sync-done.
+    pub async fn run_sync(&self, me: TargetId, succ: Successor, chain_id: ChainId, chain_ver: u32) -> Result<sync::PlanSummary> {
+        let target = self.target(me)?;
+        let routing = self.inner.routing.current();
+        let addr = Self::addr_of(&routing, succ.node)?;
+        let mark = SyncReq { chain_id, chain_ver, from: me, target: succ.target };
+        let rpc_err = |e: fskv_rpc::RpcError| StorageError::Forward { to: succ.target, status: e.to_status() };
+        self.inner.rpc.call::<SyncStart>(&addr, &mark, Bytes::new(), self.call_opts()).await.map_err(rpc_err)?;
+        let (remote, _) = self
+            .inner
+            .rpc
+            .call::<DumpChunkMeta>(&addr, &DumpChunkMetaReq { target: succ.target }, Bytes::new(), self.call_opts())
+            .await
+            .map_err(rpc_err)?;
+        let engine = target.engine.clone();
+        let local = self.blocking(move || Ok(engine.dump()?)).await?;
+        let plan = sync::plan_sync(&local, &remote.chunks);
+        let summary = sync::summarize(&plan);
+        info!(?summary, remote_chunks = remote.chunks.len(), local_chunks = local.len(), "sync plan");
+        let remote_by_id: HashMap<ChunkId, RemoteChunkMeta> = remote.chunks.into_iter().collect();
+        // Every planned chunk, plus local chunks that were pending-only at the
+        // dump (a write may have committed them since), re-decided under the lock.
+        let mut ids: Vec<ChunkId> = plan.iter().map(SyncAction::chunk).collect();
+        let planned: HashSet<ChunkId> = ids.iter().copied().collect();
+        ids.extend(local.iter().map(|(id, _)| *id).filter(|id| !planned.contains(id)));
+        let pause_ms = self.inner.config.sync_pause_between_chunks_ms;
+        for chunk in ids {
+            self.sync_chunk(&target, &addr, succ, chain_id, chain_ver, chunk, remote_by_id.get(&chunk)).await?;
+            if pause_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            }
+        }
+        self.inner.rpc.call::<SyncDone>(&addr, &mark, Bytes::new(), self.call_opts()).await.map_err(rpc_err)?;
+        self.inner.last_sync.lock().insert(me, summary);
+        info!("sync done");
+        Ok(summary)
+    }
+
+    /// One chunk of a sync: lock, re-decide with the current local
+    /// metadata, read the committed content, full-chunk replace, unlock.
+    #[allow(clippy::too_many_arguments)]
+    async fn sync_chunk(
+        &self,
+        target: &Arc<Target>,
+        addr: &str,
+        succ: Successor,
+        chain_id: ChainId,
+        chain_ver: u32,
+        chunk: ChunkId,
+        remote: Option<&RemoteChunkMeta>,
+    ) -> Result<()> {
+        let _guard = target.locks.lock(chunk).await;
+        let current = target.engine.meta(chunk);
+        let decision = sync::decide(chunk, current.as_ref().map(LocalChunk::from), remote);
+        let (mode, data) = match decision {
+            None | Some(SyncAction::Skip(_)) => return Ok(()),
+            Some(SyncAction::Delete(_)) => (ForwardMode::ReplaceRemove, Bytes::new()),
+            Some(SyncAction::Send(..)) => {
+                let engine = target.engine.clone();
+                let read = self.blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::CommittedOnly)?)).await?;
+                let data = Bytes::from(read.data);
+                let chunk_chain_ver = current.as_ref().map_or(chain_ver, |m| m.chain_ver);
+                let mode = ForwardMode::FullReplace {
+                    version: read.version,
+                    chunk_chain_ver,
+                    len_bytes: data.len() as u32,
+                    crc: crc32c::crc32c(&data),
+                };
+                (mode, data)
+            }
+        };
+        debug!(%chunk, ?decision, "sync transfer");
+        let fwd = ForwardReq {
+            chain_id,
+            chain_ver,
+            from: target.id,
+            to: succ.target,
+            chunk,
+            op: UpdateOp::Remove,
+            mode,
+            tag: RequestTag::default(),
+            chunk_size_hint_bytes: None,
+        };
+        self.inner
+            .rpc
+            .call::<ForwardChunk>(addr, &fwd, data, self.call_opts())
+            .await
+            .map(|_| ())
+            .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })
+    }
+}
