@@ -1,4 +1,4 @@
-//! The chunk engine of a 3FS-KV storage target (SPEC §4).
+//! The chunk engine of a 3FS-KV storage target (docs/chunk-engine.md).
 //!
 //! Chunks live in blocks of 11 size classes (64 KiB .. 64 MiB), each class a
 //! pool of 256 files grown by one `fallocate` of 256 blocks at a time. Chunk

@@ -1,4 +1,4 @@
-//! `fskv-meta`: the metadata service of 3FS-KV (SPEC §3; design note
+//! `fskv-meta`: the metadata service of 3FS-KV (design note
 //! `docs/meta.md`).
 //!
 //! * [`schema`]: the 3FS key schema (`INOD` + inode id LE, `DENT` + parent

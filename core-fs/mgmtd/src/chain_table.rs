@@ -1,4 +1,4 @@
-//! Chain table generation (SPEC §6): N nodes × T targets per node ×
+//! Chain table generation (docs/mgmtd.md, "Chain table generation"): N nodes × T targets per node ×
 //! replication factor R → N·T/R chains of R targets on R distinct nodes.
 //!
 //! Goal: when any one node fails, the read load of its chains moves to the

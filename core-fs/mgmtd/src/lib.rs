@@ -1,4 +1,4 @@
-//! mgmtd, the cluster manager (SPEC §6).
+//! mgmtd, the cluster manager (docs/mgmtd.md).
 //!
 //! Pure logic — no I/O, no clock — tested row by row and drivable by a
 //! simulation:

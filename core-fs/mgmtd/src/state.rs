@@ -1,4 +1,4 @@
-//! The target state machine (SPEC §6), as a pure function over one chain.
+//! The target state machine (docs/mgmtd.md, "Transition table"), as a pure function over one chain.
 //!
 //! mgmtd calls [`next_chain`] for every chain about once a second with the
 //! local states from the latest heartbeats. The result is the chain's new

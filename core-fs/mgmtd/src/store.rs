@@ -9,7 +9,7 @@
 //! | `mgmtd/node/<node id, 10 digits>` | [`NodeRecordKv`] (address, generation) | when a node's address or generation changes |
 //! | `mgmtd/meta/<node id, 10 digits>` | [`NodeRecordKv`] of a meta server | when a meta server's address or generation changes |
 //!
-//! Local states are not stored (SPEC §6: they live in memory and come back
+//! Local states are not stored (docs/mgmtd.md, "Target states": they live in memory and come back
 //! with the next heartbeats). Every write of a primary checks, in the same
 //! transaction, that the lease is still its own, so a deposed primary cannot
 //! overwrite its successor's state.

@@ -1,5 +1,5 @@
 //! Routing information: which node serves which target, how targets form
-//! chains, and the public state of every target (SPEC §6).
+//! chains, and the public state of every target (docs/mgmtd.md, "Target states").
 //!
 //! mgmtd produces a [`RoutingInfo`]; every storage service and client caches
 //! the latest one and refreshes it when a request fails with a stale chain

@@ -1,4 +1,4 @@
-//! Wire messages and methods of the storage service (SPEC §5), ids 2000–2999.
+//! Wire messages and methods of the storage service (docs/storage.md), ids 2000–2999.
 //!
 //! Bulk data never goes in these bodies: it travels as the RPC payload, and
 //! each message that describes data carries its length and CRC32C, checked

@@ -26,7 +26,7 @@ pub enum ForwardKind {
     /// Same update, applied as pending `committed + 1` (CRAQ).
     Update,
     /// The whole chunk content as committed version: the successor is
-    /// syncing (SPEC §5: a syncing target takes full-chunk-replace writes).
+    /// syncing (docs/storage.md: a syncing target takes full-chunk-replace writes).
     FullReplace,
 }
 

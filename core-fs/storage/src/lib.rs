@@ -1,4 +1,4 @@
-//! `fskv-storage`: the storage service of 3FS-KV (SPEC §5).
+//! `fskv-storage`: the storage service of 3FS-KV (docs/storage.md).
 //!
 //! A service hosts several targets (one chunk engine each) and replicates
 //! writes along chains with CRAQ; a returning target is recovered online by

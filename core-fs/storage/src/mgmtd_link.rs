@@ -1,4 +1,4 @@
-//! The storage service's link to mgmtd (SPEC §5 recovery, §6 leases).
+//! The storage service's link to mgmtd (docs/storage.md "Recovery", docs/mgmtd.md "Heartbeats, leases, fencing").
 //!
 //! * **Restart rule.** Before serving, [`wait_until_safe_to_start`] waits
 //!   until mgmtd's routing shows every target of this node offline or

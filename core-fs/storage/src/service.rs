@@ -237,7 +237,7 @@ impl StorageService {
         self.inner.targets.get(&target).map(|t| t.engine.clone())
     }
 
-    /// The local state to report in heartbeats (SPEC §6): up-to-date when
+    /// The local state to report in heartbeats (docs/mgmtd.md, "Target states"): up-to-date when
     /// the target is serving or its predecessor finished syncing it at the
     /// chain version where it is syncing now, online otherwise.
     pub fn local_state(&self, target: TargetId) -> Option<LocalTargetState> {

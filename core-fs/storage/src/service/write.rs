@@ -539,6 +539,7 @@ mod tests {
                 ],
             }],
             chain_tables: Vec::new(),
+            meta_servers: Vec::new(),
         };
         let (_publisher, handle) = RoutingPublisher::new(routing);
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
