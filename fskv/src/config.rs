@@ -43,6 +43,17 @@ max_inflight_per_connection = 1024
 connect_timeout_ms = 3000
 # Deadline of a call that does not set its own.
 default_call_timeout_ms = 30000
+# Servers: connections open at once; more are closed as they are accepted.
+max_connections = 4096
+# Servers: bytes of requests held at once over all connections (being read
+# or handled); a request that does not fit is answered "overloaded" (the
+# caller retries). At least max_frame_bytes.
+max_in_flight_bytes = 1073741824
+# Servers: a frame must arrive whole within this of its first byte.
+frame_read_timeout_ms = 60000
+# Servers: a connection with nothing in flight and no frame for this long is
+# closed (clients reconnect on their next call).
+idle_timeout_ms = 600000
 
 [up]
 # Data directory of `fskv up` (all state of the single-node cluster).
@@ -108,6 +119,10 @@ pub struct RpcConfig {
     pub max_inflight_per_connection: usize,
     pub connect_timeout_ms: u64,
     pub default_call_timeout_ms: u64,
+    pub max_connections: usize,
+    pub max_in_flight_bytes: u64,
+    pub frame_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
 }
 
 impl RpcConfig {
@@ -119,6 +134,10 @@ impl RpcConfig {
             max_in_flight_per_connection: self.max_inflight_per_connection,
             connect_timeout_ms: self.connect_timeout_ms,
             default_call_timeout_ms: self.default_call_timeout_ms,
+            max_connections: self.max_connections,
+            max_in_flight_bytes: usize::try_from(self.max_in_flight_bytes).unwrap_or(usize::MAX),
+            frame_read_timeout_ms: self.frame_read_timeout_ms,
+            idle_timeout_ms: self.idle_timeout_ms,
         }
     }
 }
@@ -131,6 +150,10 @@ impl Default for RpcConfig {
             max_inflight_per_connection: 1024,
             connect_timeout_ms: 3000,
             default_call_timeout_ms: 30_000,
+            max_connections: 4096,
+            max_in_flight_bytes: 1 << 30,
+            frame_read_timeout_ms: 60_000,
+            idle_timeout_ms: 600_000,
         }
     }
 }
@@ -168,6 +191,13 @@ impl Config {
         anyhow::ensure!(self.rpc.connections_per_peer >= 1, "rpc.connections_per_peer must be at least 1");
         anyhow::ensure!(self.rpc.max_inflight_per_connection >= 1, "rpc.max_inflight_per_connection must be at least 1");
         anyhow::ensure!(self.rpc.connect_timeout_ms >= 1, "rpc.connect_timeout_ms must be at least 1");
+        anyhow::ensure!(self.rpc.max_connections >= 1, "rpc.max_connections must be at least 1");
+        anyhow::ensure!(
+            self.rpc.max_in_flight_bytes >= self.rpc.max_frame_bytes,
+            "rpc.max_in_flight_bytes must be at least rpc.max_frame_bytes"
+        );
+        anyhow::ensure!(self.rpc.frame_read_timeout_ms >= 100, "rpc.frame_read_timeout_ms must be at least 100");
+        anyhow::ensure!(self.rpc.idle_timeout_ms >= 1000, "rpc.idle_timeout_ms must be at least 1000");
         anyhow::ensure!(self.up.base_port <= 65535 - 20, "up.base_port leaves no room for the internal ports above it");
         self.kv.engine_spec(Path::new("."))?;
         Ok(())

@@ -24,8 +24,10 @@
 //! * The total frame size (header + body + payload) is computed in `u64` from
 //!   the header and compared with `max_frame_bytes` **before** any buffer is
 //!   grown, so a hostile header cannot make us allocate.
-//! * Once a valid header is seen, the buffer is reserved to hold the whole
-//!   frame so the socket reads land in it directly (one copy from the kernel).
+//! * Once a valid header is seen, the buffer grows towards the frame's size
+//!   as bytes arrive (doubling, at least [`GROW_MIN_BYTES`]), never to the
+//!   size a header merely claims; socket reads land in it directly (one copy
+//!   from the kernel).
 //! * Body and payload are returned as [`Bytes`] split off the receive buffer:
 //!   no copy.
 //! * No input makes the decoder panic.
@@ -154,6 +156,9 @@ pub enum FrameError {
     Truncated,
 }
 
+/// The least a buffer holding a partial frame is grown by.
+pub const GROW_MIN_BYTES: usize = 256 * 1024;
+
 /// Stateless frame decoder; only holds the size limit.
 #[derive(Clone, Copy, Debug)]
 pub struct FrameDecoder {
@@ -169,10 +174,27 @@ impl FrameDecoder {
         self.max_frame_bytes
     }
 
+    /// The header at the front of `buf`, checked against the size limit,
+    /// if all of its bytes are there.
+    pub fn peek_header(&self, buf: &[u8]) -> Result<Option<FrameHeader>, FrameError> {
+        if buf.len() < HEADER_BYTES {
+            return Ok(None);
+        }
+        let header = FrameHeader::parse(&buf[..HEADER_BYTES])?;
+        let frame_bytes = header.frame_bytes();
+        if frame_bytes > self.max_frame_bytes as u64 {
+            return Err(FrameError::TooLarge { frame_bytes, max_frame_bytes: self.max_frame_bytes });
+        }
+        Ok(Some(header))
+    }
+
     /// Decodes one frame from the front of `buf`.
     ///
     /// * `Ok(None)`: more bytes are needed; if the header is complete and
-    ///   valid, `buf` has been reserved to hold the whole frame.
+    ///   valid, `buf` has been grown towards the frame's size by at most
+    ///   what it holds (or [`GROW_MIN_BYTES`]), so a header alone (which a
+    ///   peer can send for free) never makes us reserve much more than the
+    ///   bytes it actually sent.
     /// * `Ok(Some(frame))`: the frame's bytes were split off `buf`.
     /// * `Err(_)`: the stream is corrupt or the frame is too large; `buf` was
     ///   not grown.
@@ -189,7 +211,13 @@ impl FrameDecoder {
         // Cannot truncate: frame_bytes <= max_frame_bytes which is a usize.
         let frame_len = frame_bytes as usize;
         if buf.len() < frame_len {
-            buf.reserve(frame_len - buf.len());
+            let missing = frame_len - buf.len();
+            let room = buf.capacity() - buf.len();
+            if room < missing && room < GROW_MIN_BYTES / 4 {
+                // Grow as bytes arrive: double what we hold (large
+                // buffers are grown by the allocator in place, mremap).
+                buf.reserve(missing.min(buf.len().max(GROW_MIN_BYTES)));
+            }
             return Ok(None);
         }
         let mut frame = buf.split_to(frame_len);
@@ -300,6 +328,35 @@ mod tests {
         let err = FrameDecoder::new(1 << 20).decode(&mut buf).unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { .. }));
         assert_eq!(buf.capacity(), cap);
+    }
+
+    #[test]
+    fn a_large_frame_header_alone_reserves_little_and_the_buffer_grows_with_the_bytes() {
+        let body = vec![7u8; 3 << 20];
+        let f = OutFrame::build(FrameKind::Request, 1, 1, 0, &[], Bytes::from(body), 80 << 20).unwrap();
+        let raw = frame_bytes(&f);
+        let decoder = FrameDecoder::new(80 << 20);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&raw[..HEADER_BYTES]);
+        assert!(decoder.decode(&mut buf).unwrap().is_none());
+        assert!(buf.capacity() <= HEADER_BYTES + GROW_MIN_BYTES, "a header alone reserved {} bytes", buf.capacity());
+        // Feed the rest in pieces, as a socket would, until the frame is whole.
+        let mut at = HEADER_BYTES;
+        let got = loop {
+            if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                break frame;
+            }
+            // Reserving doubles at most (BytesMut may round up to twice its
+            // old capacity): the buffer stays within a small multiple of
+            // what arrived.
+            assert!(buf.capacity() <= 2 * (buf.len() + GROW_MIN_BYTES), "{} reserved for {} received", buf.capacity(), buf.len());
+            let end = (at + 100_000).min(raw.len());
+            buf.extend_from_slice(&raw[at..end]);
+            at = end;
+        };
+        assert_eq!(got.payload.len(), 3 << 20);
+        assert_eq!(decoder.peek_header(&raw).unwrap().map(|h| h.payload_len), Some(3 << 20));
+        assert!(matches!(FrameDecoder::new(1 << 20).peek_header(&raw), Err(FrameError::TooLarge { .. })));
     }
 
     #[test]

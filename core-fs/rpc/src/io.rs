@@ -2,13 +2,15 @@
 //! and server.
 
 use crate::error::{Result, RpcError};
-use crate::frame::{Frame, FrameDecoder, OutFrame};
+use crate::frame::{Frame, FrameDecoder, FrameHeader, FrameKind, OutFrame};
 use crate::transport::{BoxRead, BoxWrite};
 use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::IoSlice;
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// Bytes to make room for when the next frame's header is not known yet.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
@@ -17,40 +19,169 @@ const WRITE_BATCH_BYTES: usize = 4 << 20;
 /// Upper bound on slices handed to one vectored write (IOV_MAX is 1024).
 const MAX_IOVECS: usize = 64;
 
+/// What a server's reader hands on.
+pub(crate) enum Incoming {
+    /// A whole frame, with its share of the in-flight byte budget (held
+    /// until the request is answered; `None` where there is no budget).
+    Frame(Frame, Option<OwnedSemaphorePermit>),
+    /// A request frame refused for want of budget: its bytes were read and
+    /// dropped; the caller answers `Overloaded`.
+    Refused(FrameHeader),
+}
+
 /// Reads frames from one connection.
+///
+/// A server's reader charges every request frame to a byte budget shared by
+/// all of the server's connections, as soon as its header is known and
+/// before its body is held in memory; a frame that does not fit is read
+/// and dropped (the stream stays in sync) and refused. Refusing instead of
+/// waiting matters: two storage services heading each other's chains could
+/// otherwise each wait for budget held by handlers waiting on the other.
 pub(crate) struct FrameReader {
     read: BoxRead,
     buf: BytesMut,
     decoder: FrameDecoder,
     peer: String,
+    budget: Option<Arc<Semaphore>>,
+    /// A frame must arrive whole within this of its first byte (server side).
+    frame_read_timeout: Option<std::time::Duration>,
+    /// Budget taken for the frame being read.
+    permit: Option<OwnedSemaphorePermit>,
+    /// A refused frame being skipped: its header and the bytes still to drop.
+    discard: Option<(FrameHeader, u64)>,
+    /// When the first byte of the frame being read arrived.
+    frame_started: Option<Instant>,
+    /// When the last whole frame arrived (or the connection opened).
+    last_frame: Instant,
 }
 
 impl FrameReader {
     pub fn new(read: BoxRead, max_frame_bytes: usize, peer: String) -> Self {
-        FrameReader { read, buf: BytesMut::with_capacity(READ_CHUNK_BYTES), decoder: FrameDecoder::new(max_frame_bytes), peer }
+        FrameReader {
+            read,
+            buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+            decoder: FrameDecoder::new(max_frame_bytes),
+            peer,
+            budget: None,
+            frame_read_timeout: None,
+            permit: None,
+            discard: None,
+            frame_started: None,
+            last_frame: Instant::now(),
+        }
+    }
+
+    /// Charges request frames to `budget` (permits are bytes).
+    pub fn with_budget(mut self, budget: Arc<Semaphore>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Fails the read (a connection error) when a frame has not arrived
+    /// whole within `timeout` of its first byte.
+    pub fn with_frame_read_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.frame_read_timeout = Some(timeout);
+        self
+    }
+
+    /// When the frame being read started arriving, if one is.
+    pub fn frame_started(&self) -> Option<Instant> {
+        self.frame_started
+    }
+
+    pub fn last_frame(&self) -> Instant {
+        self.last_frame
     }
 
     /// The next frame; `Ok(None)` on a clean end of stream between frames.
-    ///
-    /// Once a header is decoded the buffer is reserved for the whole frame
-    /// (by the decoder), so the kernel copies straight into it and the frame
-    /// is split off without another copy.
+    /// Cancel-safe: bytes read stay in the buffer for the next call.
     pub async fn next(&mut self) -> Result<Option<Frame>> {
+        match self.next_incoming().await? {
+            Some(Incoming::Frame(frame, _)) => Ok(Some(frame)),
+            Some(Incoming::Refused(_)) => Err(RpcError::connection(&self.peer, "a frame was refused without a budget")),
+            None => Ok(None),
+        }
+    }
+
+    /// [`FrameReader::next`] with the budget's verdict.
+    ///
+    /// The buffer grows as bytes arrive (the decoder at most doubles it), so
+    /// the kernel copies straight into it and the frame is split off without
+    /// another copy.
+    pub async fn next_incoming(&mut self) -> Result<Option<Incoming>> {
         loop {
-            if let Some(frame) = self.decoder.decode(&mut self.buf)? {
-                return Ok(Some(frame));
+            if let Some((header, left)) = self.discard.as_mut() {
+                let take = (self.buf.len() as u64).min(*left);
+                // Cannot truncate: take <= buf.len().
+                self.buf.advance(take as usize);
+                *left -= take;
+                if *left == 0 {
+                    let header = *header;
+                    self.discard = None;
+                    self.frame_done();
+                    return Ok(Some(Incoming::Refused(header)));
+                }
+            } else {
+                self.admit()?;
+                if self.discard.is_some() {
+                    continue;
+                }
+                if let Some(frame) = self.decoder.decode(&mut self.buf)? {
+                    let permit = self.permit.take();
+                    self.frame_done();
+                    return Ok(Some(Incoming::Frame(frame, permit)));
+                }
             }
             if self.buf.capacity() - self.buf.len() < READ_CHUNK_BYTES / 4 {
                 self.buf.reserve(READ_CHUNK_BYTES);
             }
-            let n = self.read.read_buf(&mut self.buf).await.map_err(|e| RpcError::connection(&self.peer, e))?;
+            let read = self.read.read_buf(&mut self.buf);
+            let n = match (self.frame_started, self.frame_read_timeout) {
+                (Some(started), Some(timeout)) => match tokio::time::timeout_at(started + timeout, read).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(RpcError::connection(&self.peer, format!("a frame did not arrive whole within {timeout:?}"))),
+                },
+                _ => read.await,
+            }
+            .map_err(|e| RpcError::connection(&self.peer, e))?;
             if n == 0 {
-                if self.buf.is_empty() {
+                if self.buf.is_empty() && self.discard.is_none() {
                     return Ok(None);
                 }
                 return Err(RpcError::connection(&self.peer, "connection closed in the middle of a frame"));
             }
+            if self.frame_started.is_none() {
+                self.frame_started = Some(Instant::now());
+            }
         }
+    }
+
+    /// Takes budget for the request frame at the front of the buffer once
+    /// its header is there, or starts discarding it.
+    fn admit(&mut self) -> Result<()> {
+        let Some(budget) = &self.budget else { return Ok(()) };
+        if self.permit.is_some() {
+            return Ok(());
+        }
+        let Some(header) = self.decoder.peek_header(&self.buf)? else { return Ok(()) };
+        if header.kind != FrameKind::Request {
+            return Ok(());
+        }
+        // Cannot truncate: frame_bytes <= max_frame_bytes, which the server
+        // keeps within u32 (ServerConfig::validate).
+        let bytes = u32::try_from(header.frame_bytes()).unwrap_or(u32::MAX);
+        match budget.clone().try_acquire_many_owned(bytes) {
+            Ok(permit) => self.permit = Some(permit),
+            Err(_) => self.discard = Some((header, header.frame_bytes())),
+        }
+        Ok(())
+    }
+
+    fn frame_done(&mut self) {
+        let now = Instant::now();
+        self.last_frame = now;
+        // Bytes of the next frame may already be here.
+        self.frame_started = (!self.buf.is_empty()).then_some(now);
     }
 }
 

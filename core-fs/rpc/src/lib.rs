@@ -29,16 +29,24 @@
 //!   answers `Overloaded` beyond its per-connection in-flight limit,
 //!   `UnknownMethod` / `MalformedMessage` for bad requests (the connection
 //!   stays up), and closes the connection on a corrupt or oversized header.
-//! * Reads land in a buffer reserved for the whole frame once its header is
-//!   known (one copy from the kernel); writes are vectored (header+body from
-//!   a small buffer, payload from the caller's `Bytes`).
+//! * Reads land in one buffer that grows as the frame's bytes arrive (one
+//!   copy from the kernel); writes are vectored (header+body from a small
+//!   buffer, payload from the caller's `Bytes`).
 //!
 //! # Limits (all with units in their names)
 //!
 //! `max_frame_bytes` (default 80 MiB: a 64 MiB chunk plus headers),
 //! `max_in_flight_per_connection` (client: calls wait for a slot; server:
 //! excess answered `Overloaded`), `connect_timeout_ms`,
-//! `CallOptions::timeout_ms`, `shutdown_grace_ms`.
+//! `CallOptions::timeout_ms`, `shutdown_grace_ms`; and against untrusted
+//! peers on the server: `max_connections` (closed at accept beyond it),
+//! `max_in_flight_bytes` (request bytes held over all connections; a request
+//! that does not fit is read, dropped and answered `Overloaded` — refused,
+//! not waited for, so services calling each other cannot deadlock on it),
+//! `frame_read_timeout_ms` (a frame must arrive whole within it of its first
+//! byte) and `idle_timeout_ms`. Receive buffers grow as bytes arrive, never to
+//! the size a header merely claims. Defaults and the `[rpc]` keys:
+//! [`settings`].
 //!
 //! # Transport seam
 //!

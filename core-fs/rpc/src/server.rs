@@ -7,7 +7,7 @@
 
 use crate::error::{Result, RpcError};
 use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, STATUS_OK};
-use crate::io::{write_loop, FrameReader};
+use crate::io::{write_loop, FrameReader, Incoming};
 use crate::method::{decode_body, encode_body, Method};
 use crate::transport::{Connection, Listener, Transport};
 use crate::watch;
@@ -22,7 +22,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
@@ -36,6 +36,35 @@ pub struct ServerConfig {
     pub max_frame_bytes: usize,
     /// How long [`Server::shutdown`] lets in-flight requests finish.
     pub shutdown_grace_ms: u64,
+    /// Connections open at once; a connection beyond it is closed at accept.
+    pub max_connections: usize,
+    /// Bytes of request frames held at once over all connections (being
+    /// read or being handled); a request that does not fit is read, dropped
+    /// and answered `Overloaded`. At least `max_frame_bytes`.
+    pub max_in_flight_bytes: usize,
+    /// A frame must arrive whole within this of its first byte, else the
+    /// connection is closed (a peer that stalls mid-frame holds nothing).
+    pub frame_read_timeout_ms: u64,
+    /// A connection with nothing in flight and no frame for this long is
+    /// closed (clients reconnect on their next call).
+    pub idle_timeout_ms: u64,
+}
+
+impl ServerConfig {
+    /// Checks the limits against each other.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(RpcError::Malformed(format!("server config: {m}")));
+        if self.max_frame_bytes > u32::MAX as usize {
+            return bad(format!("max_frame_bytes {} exceeds 4 GiB", self.max_frame_bytes));
+        }
+        if self.max_in_flight_bytes < self.max_frame_bytes {
+            return bad(format!("max_in_flight_bytes {} is below max_frame_bytes {}", self.max_in_flight_bytes, self.max_frame_bytes));
+        }
+        if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
+            return bad("max_connections and max_in_flight_per_connection must be at least 1".into());
+        }
+        Ok(())
+    }
 }
 
 /// The process's `[rpc]` settings ([`crate::settings`]).
@@ -46,6 +75,10 @@ impl Default for ServerConfig {
             max_in_flight_per_connection: s.max_in_flight_per_connection,
             max_frame_bytes: s.max_frame_bytes,
             shutdown_grace_ms: 5_000,
+            max_connections: s.max_connections,
+            max_in_flight_bytes: s.max_in_flight_bytes.max(s.max_frame_bytes),
+            frame_read_timeout_ms: s.frame_read_timeout_ms,
+            idle_timeout_ms: s.idle_timeout_ms,
         }
     }
 }
@@ -119,10 +152,12 @@ pub struct Server {
 impl Server {
     /// Binds `addr` and starts serving.
     pub async fn bind(transport: Arc<dyn Transport>, addr: &str, router: Router, config: ServerConfig) -> Result<Server> {
+        config.validate()?;
         let listener = transport.bind(addr).await.map_err(|e| RpcError::connection(addr, e))?;
         let local_addr = listener.local_addr().map_err(|e| RpcError::connection(addr, e))?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let shared = Arc::new(Shared { router, config });
+        let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
+        let shared = Arc::new(Shared { router, config, budget });
         let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx).instrument(info_span!("rpc_server", addr = %local_addr)));
         Ok(Server { local_addr, shutdown_tx, accept_task: Some(accept_task) })
     }
@@ -153,12 +188,18 @@ impl Drop for Server {
 struct Shared {
     router: Router,
     config: ServerConfig,
+    /// `max_in_flight_bytes`, in bytes, shared by every connection.
+    budget: Arc<Semaphore>,
 }
+
+/// Least time between two "connection cap reached" warnings.
+const CAP_WARN_INTERVAL_MS: u64 = 10_000;
 
 async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
     // Invariant: every connection task lives in `conns`, so dropping or
     // aborting this task aborts them all.
     let mut conns = JoinSet::new();
+    let mut last_cap_warning: Option<Instant> = None;
     loop {
         // `biased`: a fixed polling order keeps simulations deterministic
         // (tokio's random branch order is not seeded outside tokio_unstable).
@@ -166,6 +207,13 @@ async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut s
             biased;
             _ = shutdown_rx.changed() => break,
             accepted = listener.accept() => match accepted {
+                Ok(conn) if conns.len() >= shared.config.max_connections => {
+                    if last_cap_warning.map_or(true, |at| at.elapsed() >= Duration::from_millis(CAP_WARN_INTERVAL_MS)) {
+                        warn!(peer = %conn.peer, max_connections = shared.config.max_connections, "connection cap reached; closing new connections");
+                        last_cap_warning = Some(Instant::now());
+                    }
+                    drop(conn);
+                }
                 Ok(conn) => {
                     let span = info_span!("rpc_conn", peer = %conn.peer);
                     conns.spawn(serve_conn(conn, shared.clone(), shutdown_rx.clone()).instrument(span));
@@ -282,22 +330,38 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     let writer = tokio::spawn(write_loop(write, rx).in_current_span());
     let in_flight = Arc::new(InFlight { tasks: Mutex::new(DetHashMap::default()), next_seq: 0.into(), idle: Notify::new() });
     let abort_guard = AbortAllOnDrop(in_flight.clone());
-    let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone());
+    let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone())
+        .with_budget(shared.budget.clone())
+        .with_frame_read_timeout(Duration::from_millis(shared.config.frame_read_timeout_ms));
+    let idle_timeout = Duration::from_millis(shared.config.idle_timeout_ms);
     let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), shutting_down: *shutdown_rx.borrow() };
     let mut protocol_error = false;
     loop {
         if state.shutting_down && state.in_flight.is_empty() {
             break;
         }
+        // The idle timer: a connection with nothing in flight closes after
+        // the idle timeout (the reader enforces the frame-read timeout).
+        let idle_at = state.in_flight.is_empty().then(|| reader.last_frame() + idle_timeout);
+        let idle = async move {
+            match idle_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         // `biased` (requests first): see `accept_loop`.
         tokio::select! {
             biased;
-            next = reader.next() => match next {
-                Ok(Some(frame)) => {
-                    if !state.on_frame(frame).await {
+            next = reader.next_incoming() => match next {
+                Ok(Some(Incoming::Frame(frame, permit))) => {
+                    if !state.on_frame(frame, permit).await {
                         protocol_error = true;
                         break;
                     }
+                }
+                Ok(Some(Incoming::Refused(header))) => {
+                    let status = Status::new(ErrorCode::Overloaded, "the server's in-flight byte budget is used up; retry shortly");
+                    state.reply_error(header.request_id, status).await;
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -311,8 +375,17 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
                 state.shutting_down = true;
                 if state.in_flight.is_empty() { break; }
             }
-            _ = state.in_flight.idle.notified(), if state.shutting_down => {
-                if state.in_flight.is_empty() { break; }
+            // Also wakes the loop when the last request finishes, so the
+            // idle timer starts.
+            _ = state.in_flight.idle.notified() => {
+                if state.shutting_down && state.in_flight.is_empty() { break; }
+            }
+            _ = idle => {
+                // A frame started arriving meanwhile: not idle.
+                if reader.frame_started().is_none() && state.in_flight.is_empty() {
+                    debug!("closing an idle connection");
+                    break;
+                }
             }
         }
     }
@@ -331,7 +404,7 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
 impl ConnState {
     /// Handles one frame; `false` means the peer broke the protocol and the
     /// connection must close.
-    async fn on_frame(&mut self, frame: crate::frame::Frame) -> bool {
+    async fn on_frame(&mut self, frame: crate::frame::Frame, permit: Option<OwnedSemaphorePermit>) -> bool {
         let id = frame.header.request_id;
         match frame.header.kind {
             FrameKind::Cancel => {
@@ -343,7 +416,7 @@ impl ConnState {
                 false
             }
             FrameKind::Request => {
-                if let Err(status) = self.start_request(frame) {
+                if let Err(status) = self.start_request(frame, permit) {
                     self.reply_error(id, status).await;
                 }
                 true
@@ -352,7 +425,7 @@ impl ConnState {
     }
 
     /// Starts the handler task, or says why the request is refused.
-    fn start_request(&mut self, frame: crate::frame::Frame) -> std::result::Result<(), Status> {
+    fn start_request(&mut self, frame: crate::frame::Frame, permit: Option<OwnedSemaphorePermit>) -> std::result::Result<(), Status> {
         let header = frame.header;
         if self.shutting_down {
             return Err(Status::new(ErrorCode::ShuttingDown, "server is shutting down"));
@@ -367,7 +440,7 @@ impl ConnState {
         let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
         let fut = (route.handler)(ctx, frame.body, frame.payload);
         let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);
-        let task = run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, guard);
+        let task = run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, (guard, permit));
         let handle = tokio::spawn(task.instrument(span)).abort_handle();
         self.in_flight.set_handle(header.request_id, seq, handle);
         Ok(())
@@ -401,7 +474,8 @@ async fn run_handler(
     request_id: u64,
     tx: mpsc::Sender<OutFrame>,
     max_frame_bytes: usize,
-    guard: RemoveOnDrop,
+    // Dropped when the reply is queued: the slot and the request's budget.
+    guard: (RemoveOnDrop, Option<OwnedSemaphorePermit>),
 ) {
     let fut = AssertUnwindSafe(fut).catch_unwind();
     let outcome = match deadline {

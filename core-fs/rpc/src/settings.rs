@@ -14,6 +14,10 @@
 //! | `max_in_flight_per_connection` | client calls outstanding / server requests running per connection | 1024 |
 //! | `connect_timeout_ms` | client connection set-up | 3000 |
 //! | `default_call_timeout_ms` | deadline of a call made with `CallOptions::default()` | 30000 |
+//! | `max_connections` | server: connections open at once (more are closed at accept) | 4096 |
+//! | `max_in_flight_bytes` | server: request bytes held at once over all connections (more answered `Overloaded`) | 1 GiB |
+//! | `frame_read_timeout_ms` | server: a frame must arrive whole within this of its first byte | 60000 |
+//! | `idle_timeout_ms` | server: a connection with nothing in flight and no frame for this long is closed | 600000 |
 
 use crate::frame::DEFAULT_MAX_FRAME_BYTES;
 use std::sync::OnceLock;
@@ -25,6 +29,10 @@ pub struct RpcSettings {
     pub max_in_flight_per_connection: usize,
     pub connect_timeout_ms: u64,
     pub default_call_timeout_ms: u64,
+    pub max_connections: usize,
+    pub max_in_flight_bytes: usize,
+    pub frame_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
 }
 
 impl RpcSettings {
@@ -34,6 +42,10 @@ impl RpcSettings {
         max_in_flight_per_connection: 1024,
         connect_timeout_ms: 3_000,
         default_call_timeout_ms: 30_000,
+        max_connections: 4096,
+        max_in_flight_bytes: 1 << 30,
+        frame_read_timeout_ms: 60_000,
+        idle_timeout_ms: 600_000,
     };
 }
 

@@ -330,3 +330,118 @@ async fn graceful_shutdown_lets_in_flight_requests_finish() {
     let (resp, _) = call.await.unwrap().unwrap();
     assert_eq!(resp, 10);
 }
+
+// ----- resource limits (untrusted peers) -----
+
+/// Reads until the server closes the connection; the time it took.
+async fn closed_within(sock: &mut tokio::net::TcpStream, bound: Duration) -> Duration {
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(bound, sock.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return start.elapsed(),
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("the server kept the connection open for {bound:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_peer_stalling_mid_frame_is_cut_off_and_honest_callers_go_on() {
+    let config = ServerConfig { frame_read_timeout_ms: 300, ..ServerConfig::default() };
+    let (server, _) = start(config).await;
+    let t0 = std::time::Instant::now();
+    // Half a header, then nothing (slow loris).
+    let mut loris = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    loris.write_all(b"3FSR\x01\x01").await.unwrap();
+    // A header promising 64 MiB, then nothing: nothing near that is held,
+    // and it is cut off the same way.
+    let mut liar = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    let header =
+        FrameHeader { kind: FrameKind::Request, flags: 0, request_id: 1, code: 1, timeout_ms: 0, body_len: 4, payload_len: 64 << 20 };
+    let mut raw = bytes::BytesMut::new();
+    header.encode(&mut raw);
+    liar.write_all(&raw).await.unwrap();
+    let c = client(one_conn());
+    let (resp, _) = c.call::<Echo>(server.local_addr(), &"still here".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    assert_eq!(resp, "still here");
+    closed_within(&mut loris, Duration::from_secs(5)).await;
+    closed_within(&mut liar, Duration::from_secs(5)).await;
+    assert!(t0.elapsed() >= Duration::from_millis(300), "closed before the frame-read timeout: {:?}", t0.elapsed());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_and_the_client_reconnects() {
+    let config = ServerConfig { idle_timeout_ms: 300, ..ServerConfig::default() };
+    let (server, _) = start(config).await;
+    let mut idle = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    closed_within(&mut idle, Duration::from_secs(5)).await;
+    // A pooled client connection idles out too; the next call reconnects.
+    let c = client(one_conn());
+    c.call::<Echo>(server.local_addr(), &"a".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut ok = false;
+    for _ in 0..3 {
+        // The first call may race the close and fail with a retryable error.
+        match c.call::<Echo>(server.local_addr(), &"b".to_string(), Bytes::new(), opts_ms(2_000)).await {
+            Ok(_) => {
+                ok = true;
+                break;
+            }
+            Err(e) => assert!(e.code().is_retryable(), "{e}"),
+        }
+    }
+    assert!(ok, "no call succeeded after the idle close");
+    // A request in flight keeps its connection open past the idle timeout.
+    let (n, _) = c.call::<Sleepy>(server.local_addr(), &(21, 800_000), Bytes::new(), opts_ms(5_000)).await.unwrap();
+    assert_eq!(n, 42);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_at_accept() {
+    let config = ServerConfig { max_connections: 2, ..ServerConfig::default() };
+    let (server, _) = start(config).await;
+    let c1 = client(one_conn());
+    let c2 = client(one_conn());
+    for c in [&c1, &c2] {
+        c.call::<Echo>(server.local_addr(), &"x".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    }
+    let mut third = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    closed_within(&mut third, Duration::from_secs(2)).await;
+    let c3 = client(one_conn());
+    assert!(c3.call::<Echo>(server.local_addr(), &"x".to_string(), Bytes::new(), opts_ms(1_000)).await.is_err());
+    // The first two keep working.
+    for c in [&c1, &c2] {
+        c.call::<Echo>(server.local_addr(), &"y".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_beyond_the_byte_budget_are_refused_not_buffered() {
+    // Budget for one 600 KiB request at a time.
+    let config = ServerConfig { max_frame_bytes: 1 << 20, max_in_flight_bytes: 1 << 20, ..ServerConfig::default() };
+    let (server, _) = start(config).await;
+    let addr = server.local_addr().to_string();
+    let c = client(ClientConfig { connections_per_addr: 2, ..ClientConfig::default() });
+    let big = Bytes::from(vec![1u8; 600 << 10]);
+    // The first holds its budget for 1.5 s.
+    let first = {
+        let (c, addr, big) = (c.clone(), addr.clone(), big.clone());
+        tokio::spawn(async move { c.call::<Sleepy>(&addr, &(1, 1_500_000), big, opts_ms(10_000)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = c.call::<Sleepy>(&addr, &(2, 0), big.clone(), opts_ms(5_000)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Overloaded, "{err}");
+    // Small requests still fit beside it, on the same connections.
+    let (n, _) = c.call::<Sleepy>(&addr, &(5, 0), Bytes::from_static(b"tiny"), opts_ms(2_000)).await.unwrap();
+    assert_eq!(n, 10);
+    let (n, payload) = first.await.unwrap().unwrap();
+    assert_eq!((n, payload.len()), (2, 600 << 10));
+    // The budget came back.
+    let (n, _) = c.call::<Sleepy>(&addr, &(3, 0), big, opts_ms(5_000)).await.unwrap();
+    assert_eq!(n, 6);
+    server.shutdown().await;
+}

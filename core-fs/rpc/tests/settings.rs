@@ -12,6 +12,10 @@ fn defaults_follow_the_installed_settings_and_only_the_first_install_counts() {
         max_in_flight_per_connection: 16,
         connect_timeout_ms: 250,
         default_call_timeout_ms: 1_234,
+        max_connections: 10,
+        max_in_flight_bytes: 4 << 20,
+        frame_read_timeout_ms: 500,
+        idle_timeout_ms: 900,
     };
     assert!(settings::install(mine.clone()));
     assert!(!settings::install(RpcSettings::BUILT_IN), "a second install is refused");
@@ -20,5 +24,6 @@ fn defaults_follow_the_installed_settings_and_only_the_first_install_counts() {
     assert_eq!((c.connections_per_addr, c.max_frame_bytes, c.max_in_flight_per_connection, c.connect_timeout_ms), (2, 1 << 20, 16, 250));
     let s = ServerConfig::default();
     assert_eq!((s.max_frame_bytes, s.max_in_flight_per_connection), (1 << 20, 16));
+    assert_eq!((s.max_connections, s.max_in_flight_bytes, s.frame_read_timeout_ms, s.idle_timeout_ms), (10, 4 << 20, 500, 900));
     assert_eq!(CallOptions::default().timeout_ms, 1_234);
 }
