@@ -17,10 +17,21 @@ skip_log=$(mktemp)
 export FSKV_SKIP_LOG="$skip_log"
 # install-deps.sh installed etcd: the etcd engine tests must run, not skip.
 export FSKV_REQUIRE_ETCD=1
+# The multi-host failure tests on the network-namespace cluster, short form
+# (tests/netns_cluster.rs, about a minute; FSKV_NETNS_TEST=long is the long
+# form, run by hand: see docs/deploy.md).
+export FSKV_NETNS_TEST="${FSKV_NETNS_TEST:-short}"
 
 echo "test: cargo check -p fskv-kv --features fdb (FoundationDB engine must compile; libfdb_c is not installable here, so it is not linked)"
 cargo check -p fskv-kv --features fdb --tests
 echo "fdb_conformance: the FoundationDB engine's conformance suite needs libfdb_c and a cluster (FDB_CLUSTER_FILE); only compiled here" >> "$skip_log"
+
+echo "test: deploy files (Kubernetes schema, systemd-analyze verify, config, etcd flags)"
+cargo build -q -p fskv
+set +e
+./deploy/validate.sh
+deploy_status=$?
+set -e
 
 echo "test: cargo test --workspace"
 log=$(mktemp)
@@ -71,5 +82,9 @@ if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
 fi
 if [ "$status" -eq 0 ] && [ "$pjd_status" -ne 0 ]; then
     status=$pjd_status
+fi
+if [ "$status" -eq 0 ] && [ "$deploy_status" -ne 0 ]; then
+    echo "test: deploy/validate.sh failed"
+    status=$deploy_status
 fi
 exit "$status"

@@ -48,6 +48,10 @@ pub struct MgmtdArgs {
     /// This instance's id (default: mgmtd-<pid>).
     #[arg(long)]
     id: Option<String>,
+    /// Address named to clients redirected to the primary (default: the
+    /// bound address; needed when listening on 0.0.0.0, e.g. in a pod).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
     /// Write the bound address to this file once serving.
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
@@ -73,6 +77,10 @@ pub async fn run(args: MgmtdArgs, config: &Config) -> anyhow::Result<()> {
     };
     let mgmtd = Mgmtd::new(config, layout, engine, Arc::new(SystemClock))?;
     let running = mgmtd.serve(&args.listen).await?;
+    if let Some(addr) = &args.advertise {
+        // The lease loop's next renewal (within lease/3) stores it.
+        running.mgmtd.set_address(addr);
+    }
     if let Some(path) = &args.ready_file {
         std::fs::write(path, running.local_addr())?;
     }
