@@ -171,7 +171,7 @@ cmd_wait_healthy() {
     local limit=${1:-120} start=$SECONDS
     while ! cluster_healthy; do
         [ $((SECONDS - start)) -ge "$limit" ] && die "cluster not healthy after $limit s; see $SELF status"
-        sleep 0.5
+        sleep 0.1
     done
 }
 
