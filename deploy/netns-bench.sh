@@ -33,10 +33,11 @@ trap '"$NC" stop >/dev/null 2>&1 || true' EXIT
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
-# is_primary ADDR: whether that mgmtd says it is the primary.
+# is_primary ADDR ID: whether mgmtd ID (at ADDR) is the primary (admin
+# status follows the lease to the primary, so the answering id is checked).
 is_primary() {
     "$NC" exec client "$FSKV_BIN" admin status --mgmtd "$1" --json 2>/dev/null \
-        | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["mgmtd"]["is_primary"] else 1)' 2>/dev/null
+        | python3 -c 'import json,sys; m=json.load(sys.stdin)["mgmtd"]; sys.exit(0 if m["is_primary"] and m["mgmtd_id"] == sys.argv[1] else 1)' "$2" 2>/dev/null
 }
 
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print int((a[NR/2]+a[NR/2+1])/2)}'; }
@@ -48,17 +49,17 @@ summary() { # name values...
 
 takeovers=()
 for r in $(seq 1 "$ROUNDS"); do
-    if is_primary "$M1"; then p=mgmtd1; s=$M2; else p=mgmtd2; s=$M1; fi
+    if is_primary "$M1" mgmtd1; then p=mgmtd1; s=$M2; sid=mgmtd2; else p=mgmtd2; s=$M1; sid=mgmtd1; fi
     t0=$(now_ms)
     "$NC" down "$p" KILL
-    until is_primary "$s"; do
+    until is_primary "$s" "$sid"; do
         [ $(( $(now_ms) - t0 )) -gt 20000 ] && { echo "netns-bench: no takeover within 20 s" >&2; exit 1; }
         sleep 0.01
     done
     takeovers+=($(( $(now_ms) - t0 )))
-    echo "round $r: kill -9 $p, standby primary after ${takeovers[-1]} ms" >&2
+    echo "round $r: kill -9 $p, standby $sid primary after ${takeovers[-1]} ms" >&2
     "$NC" up "$p"
-    sleep 2
+    sleep 3
 done
 
 head -c $((64 << 20)) /dev/urandom >"$FSKV_NETNS_DIR/blob"

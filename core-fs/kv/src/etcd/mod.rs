@@ -7,7 +7,7 @@
 //!
 //! | property | how |
 //! |---|---|
-//! | snapshot reads | the first read is a linearizable read at the current revision R; every later read of the transaction names `revision: R` |
+//! | snapshot reads | the first read is a linearizable read at the current revision R; every later read of the transaction names `revision: R` and is served by the member locally (serializable: revision R is immutable) |
 //! | read-your-writes | the same overlay rules as the embedded engines (sets, clears, range clears, atomic ops folded over the snapshot value) |
 //! | serializable | commit is ONE etcd transaction whose compares check that every key and range read is unchanged since R (`plan.rs`); a failed compare → [`KvError::NotCommitted`] |
 //! | range conflicts | a compare `mod_revision < R+1` over the part of the range read, plus one compare per key it returned (deletions) |
@@ -251,7 +251,19 @@ impl EtcdTransaction {
             req.sort_order = Some("DESCEND");
             req.sort_target = Some("KEY");
         }
-        let resp: RangeResp = self.inner.http.call("/v3/kv/range", &req, CallKind::Read).await?;
+        // The first read is linearizable (it must see every commit acknowledged
+        // before it); later ones read the immutable revision R wherever they
+        // land. A member that has not applied R yet (after a failover) refuses
+        // ("future revision"): read through the leader then.
+        req.serializable = self.revision.is_some();
+        let resp: RangeResp = match self.inner.http.call("/v3/kv/range", &req, CallKind::Read).await {
+            Err(e) if req.serializable && e != KvError::TransactionTooOld => {
+                tracing::debug!(error = %e, "serializable read at the snapshot revision failed; reading through the leader");
+                req.serializable = false;
+                self.inner.http.call("/v3/kv/range", &req, CallKind::Read).await?
+            }
+            r => r?,
+        };
         if self.revision.is_none() {
             if resp.header.revision <= 0 {
                 return Err(KvError::Storage("etcd answered a read without a revision".into()));

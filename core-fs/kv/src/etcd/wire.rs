@@ -73,11 +73,15 @@ pub(crate) struct RangeReq {
     pub sort_target: Option<&'static str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub keys_only: bool,
+    /// Served by the member from its own state, without a round through the
+    /// leader: right for reads at a fixed past revision (immutable).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub serializable: bool,
 }
 
 impl RangeReq {
     pub fn key(key: Bytes) -> Self {
-        RangeReq { key, range_end: None, limit: 0, revision: 0, sort_order: None, sort_target: None, keys_only: false }
+        RangeReq { key, range_end: None, limit: 0, revision: 0, sort_order: None, sort_target: None, keys_only: false, serializable: false }
     }
 }
 
