@@ -140,7 +140,7 @@ async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
     let running = service.serve(&args.listen).await?;
     let address = args.advertise.clone().unwrap_or_else(|| running.local_addr().to_string());
     if let Some(path) = &args.ready_file {
-        std::fs::write(path, running.local_addr().to_string())?;
+        std::fs::write(path, running.local_addr())?;
     }
     eprintln!("fskv storage: {node} serving on {address} (generation {generation}, mgmtd {:?})", args.mgmtd);
     let link = MgmtdLinkConfig {

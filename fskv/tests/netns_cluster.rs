@@ -512,7 +512,7 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
             break;
         }
         tokio::time::sleep_until((base + Duration::from_secs(2)).into()).await;
-        let meta_victim = if round % 2 == 0 { "meta1" } else { "meta2" };
+        let meta_victim = if round.is_multiple_of(2) { "meta1" } else { "meta2" };
         cluster.ok(&["down", meta_victim, "KILL"]);
         eprintln!("kill -9 {meta_victim}");
         tokio::time::sleep_until((base + Duration::from_secs(4)).into()).await;
@@ -601,6 +601,6 @@ fn fsck_clean(cluster: &Cluster) {
         .expect("run fskv admin fsck");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("clean"), "fsck not clean ({}):\n{text}", out.status);
-    eprintln!("fsck: {}", text.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or(""));
+    eprintln!("fsck: {}", text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or(""));
     let _ = cluster;
 }
