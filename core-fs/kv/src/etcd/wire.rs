@@ -337,7 +337,12 @@ impl EtcdHttp {
                     self.current.store(index, Ordering::Relaxed);
                     return serde_json::from_slice(&bytes).map_err(|e| {
                         let text = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned();
-                        KvError::Storage(format!("undecodable etcd response from {endpoint}{path}: {e}: {text}"))
+                        tracing::error!(endpoint = %endpoint, path, error = %e, response = %text, "undecodable etcd response");
+                        match kind {
+                            // etcd answered 200: the transaction was applied or not, unknown to us.
+                            CallKind::Commit => KvError::CommitUnknownResult,
+                            CallKind::Read => KvError::Storage(format!("undecodable etcd response from {endpoint}{path}: {e}: {text}")),
+                        }
                     });
                 }
                 Err(Failure::Final(e)) => return Err(e),
