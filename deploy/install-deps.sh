@@ -6,9 +6,14 @@
 #   fuse3, libacl1-dev   FUSE mount and POSIX ACLs
 #   fio, iperf3          baselines measured next to our benchmarks
 #   pkg-config           library discovery for -sys crates
+#   etcd-server          etcd 3.4: the distributed KV engine's tests and the network-namespace cluster
+#   iproute2             network namespaces, veth links and partitions (deploy/netns-cluster.sh)
+#   cmake, libnl-3-dev, libnl-route-3-dev, libibverbs-dev
+#                        `cargo check -p fskv-rpc --features rdma`: ibverbs-sys configures and
+#                        builds its vendored rdma-core (no RDMA device is needed to compile)
 set -euo pipefail
 
-packages=(clang libclang-dev librocksdb-dev fuse3 libacl1-dev fio iperf3 pkg-config)
+packages=(clang libclang-dev librocksdb-dev fuse3 libacl1-dev fio iperf3 pkg-config etcd-server iproute2 cmake libnl-3-dev libnl-route-3-dev libibverbs-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

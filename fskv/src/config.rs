@@ -19,8 +19,9 @@ level = "info"
 
 [kv]
 # Transactional KV engine for metadata: "rocksdb" (embedded, the default),
-# "memory" (tests only: nothing survives a restart) or "fdb" (FoundationDB;
-# needs a build with the cargo feature `fdb`).
+# "memory" (tests only: nothing survives a restart), "etcd" (an etcd v3
+# cluster shared by several meta and mgmtd processes; see etcd_* below) or
+# "fdb" (FoundationDB; needs a build with the cargo feature `fdb`).
 engine = "rocksdb"
 # Directory of the embedded engine, relative to the data directory.
 path = "kv"
@@ -29,6 +30,15 @@ path = "kv"
 sync_writes = true
 # Cluster file for engine = "fdb"; empty means FoundationDB's default.
 fdb_cluster_file = ""
+# engine = "etcd": the members' client URLs (http://HOST:PORT).
+etcd_endpoints = []
+# Prefix of every key in etcd (one etcd cluster can hold several clusters).
+etcd_prefix = "fskv/"
+# The etcd cluster's --max-txn-ops and --max-request-bytes (etcd's defaults
+# here; deploy/ raises them to 10000 and 11534336). Larger transactions are
+# refused before they are sent.
+etcd_max_txn_ops = 128
+etcd_max_request_bytes = 1572864
 
 [rpc]
 # Every RPC client and server of the process (services, gateways, mount,
@@ -90,11 +100,24 @@ pub struct KvConfig {
     pub path: PathBuf,
     pub sync_writes: bool,
     pub fdb_cluster_file: String,
+    pub etcd_endpoints: Vec<String>,
+    pub etcd_prefix: String,
+    pub etcd_max_txn_ops: usize,
+    pub etcd_max_request_bytes: usize,
 }
 
 impl Default for KvConfig {
     fn default() -> Self {
-        KvConfig { engine: "rocksdb".into(), path: "kv".into(), sync_writes: true, fdb_cluster_file: String::new() }
+        KvConfig {
+            engine: "rocksdb".into(),
+            path: "kv".into(),
+            sync_writes: true,
+            fdb_cluster_file: String::new(),
+            etcd_endpoints: Vec::new(),
+            etcd_prefix: "fskv/".into(),
+            etcd_max_txn_ops: fskv_kv::etcd::ETCD_DEFAULT_MAX_TXN_OPS,
+            etcd_max_request_bytes: fskv_kv::etcd::ETCD_DEFAULT_MAX_REQUEST_BYTES,
+        }
     }
 }
 
@@ -106,7 +129,23 @@ impl KvConfig {
             "rocksdb" => Ok(format!("rocksdb:{}", data_dir.join(&self.path).display())),
             "memory" => Ok("memory".into()),
             "fdb" => Ok(format!("fdb:{}", self.fdb_cluster_file)),
-            other => anyhow::bail!("kv.engine = {other:?} is not one of \"rocksdb\", \"memory\", \"fdb\""),
+            "etcd" => {
+                anyhow::ensure!(!self.etcd_endpoints.is_empty(), "kv.engine = \"etcd\" needs kv.etcd_endpoints");
+                anyhow::ensure!(
+                    !self.etcd_prefix.is_empty() && !self.etcd_prefix.contains(['&', '?', '=']),
+                    "kv.etcd_prefix must be non-empty and free of '&', '?' and '='"
+                );
+                let spec = format!(
+                    "etcd:{}?prefix={}&max_txn_ops={}&max_request_bytes={}",
+                    self.etcd_endpoints.join(","),
+                    self.etcd_prefix,
+                    self.etcd_max_txn_ops,
+                    self.etcd_max_request_bytes
+                );
+                fskv_kv::EtcdOptions::parse(&spec["etcd:".len()..]).map_err(|e| anyhow::anyhow!("{e}"))?;
+                Ok(spec)
+            }
+            other => anyhow::bail!("kv.engine = {other:?} is not one of \"rocksdb\", \"memory\", \"etcd\", \"fdb\""),
         }
     }
 }
@@ -221,11 +260,24 @@ mod tests {
     }
 
     #[test]
+    fn etcd_engine_spec_from_the_config() {
+        let c = Config::parse("[kv]\nengine = \"etcd\"\netcd_endpoints = [\"http://10.77.0.11:2379\", \"http://10.77.0.12:2379\"]\netcd_max_txn_ops = 10000\n").unwrap();
+        assert_eq!(
+            c.kv.engine_spec(Path::new("/d")).unwrap(),
+            "etcd:http://10.77.0.11:2379,http://10.77.0.12:2379?prefix=fskv/&max_txn_ops=10000&max_request_bytes=1572864"
+        );
+    }
+
+    #[test]
     fn typos_and_bad_values_are_clear_errors() {
         let e = Config::parse("[kv]\nengnie = \"memory\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("unknown field"), "{e:#}");
         let e = Config::parse("[kv]\nengine = \"sqlite\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("sqlite"), "{e:#}");
+        let e = Config::parse("[kv]\nengine = \"etcd\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("etcd_endpoints"), "{e:#}");
+        let e = Config::parse("[kv]\nengine = \"etcd\"\netcd_endpoints = [\"https://a:2379\"]\n").unwrap_err();
+        assert!(format!("{e:#}").contains("TLS"), "{e:#}");
         let e = Config::parse("[rpc]\nmax_frame_bytes = 10\n").unwrap_err();
         assert!(format!("{e:#}").contains("max_frame_bytes"), "{e:#}");
     }

@@ -103,7 +103,7 @@ fn main() -> std::process::ExitCode {
             Command::Get(args) => transfer::get(args).await,
             Command::Mount(args) => mount_cmd::run(args).await,
             Command::Gateway(cmd) => gateway_cmd::run(cmd).await,
-            Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
+            Command::Mgmtd(args) => mgmtd_cmd::run(args, &config).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,
             Command::Config(ConfigCommand::Default) => {

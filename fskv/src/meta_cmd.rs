@@ -21,7 +21,10 @@ pub struct MetaArgs {
     /// (embedded RocksDB under DIR/kv by default). Default: up.data_dir.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Engine spec overriding [kv]: memory, rocksdb:PATH or fdb:CLUSTER_FILE.
+    /// Engine spec overriding [kv]: memory, rocksdb:PATH,
+    /// etcd:http://H:P[,http://H:P...][?OPTIONS] or fdb:CLUSTER_FILE. Meta
+    /// servers keep no state of their own: any number of them may serve one
+    /// etcd or FoundationDB engine, and clients fail over between them.
     #[arg(long)]
     engine: Option<String>,
     /// mgmtd addresses (comma-separated). With them, new files stripe over
@@ -89,6 +92,11 @@ pub struct MetaBenchArgs {
     /// Per-inode batch queues of the measured server (0 disables batching).
     #[arg(long, default_value_t = 8)]
     batch_shards: usize,
+    /// Measure this KV engine instead of a temporary RocksDB under --dir,
+    /// e.g. etcd:http://127.0.0.1:2379,... (the run uses a fresh key prefix
+    /// and clears it afterwards).
+    #[arg(long)]
+    engine: Option<String>,
 }
 
 pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
@@ -111,7 +119,7 @@ pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
     };
     let service = MetaService::open(engine, storage, meta_config).await?;
     let server = service.serve(&args.listen).await?;
-    println!("fskv meta: serving on {} (engine {spec}; {storage_note})", server.local_addr());
+    println!("fskv meta: serving on {} (engine {}; {storage_note})", server.local_addr(), crate::mgmtd_cmd::redact(&spec));
     let registration = routing.as_ref().map(|source| {
         let reg = fskv_meta::mgmtd_link::MetaRegistration {
             node_id: fskv_types::NodeId(args.node_id),
@@ -138,15 +146,31 @@ pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
 }
 
 pub async fn bench(args: MetaBenchArgs, config: &Config) -> anyhow::Result<()> {
+    // An etcd run gets a key prefix of its own (the last `prefix=` wins),
+    // removed afterwards.
+    let engine_spec = args.engine.map(|spec| match spec.strip_prefix("etcd:") {
+        Some(_) => {
+            let sep = if spec.contains('?') { '&' } else { '?' };
+            format!("{spec}{sep}prefix=fskv-bench-meta-{}-{}/", std::process::id(), crate::generation_now())
+        }
+        None => spec,
+    });
     let opts = fskv_meta::bench::MetaBenchOptions {
         dir: args.dir,
         seconds: args.common.seconds,
         callers: args.callers,
         sync_writes: config.kv.sync_writes,
         batch_shards: args.batch_shards,
+        engine_spec: engine_spec.clone(),
         ..Default::default()
     };
     eprintln!("bench meta: {} s per measurement, callers {:?} ...", opts.seconds, opts.callers);
-    let report = fskv_meta::bench::run(opts).await?;
-    crate::bench::emit(&report, args.common.json.as_ref())
+    let report = fskv_meta::bench::run(opts).await;
+    if let Some(spec) = engine_spec.filter(|s| s.starts_with("etcd:")) {
+        let engine = fskv_kv::open_engine(&spec)?;
+        let mut txn = engine.begin().await?;
+        txn.clear_range(b"", &[0xff])?;
+        txn.commit().await.map_err(|e| anyhow::anyhow!("removing the bench's keys from etcd: {e}"))?;
+    }
+    crate::bench::emit(&report?, args.common.json.as_ref())
 }

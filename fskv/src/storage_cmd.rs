@@ -45,6 +45,10 @@ pub struct StorageArgs {
     /// mgmtd addresses (comma-separated): the production path.
     #[arg(long, value_delimiter = ',', value_name = "ADDR")]
     mgmtd: Vec<String>,
+    /// Address registered with mgmtd for clients and peers (default: the
+    /// bound address; needed when listening on 0.0.0.0, e.g. in a pod).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
     /// Heartbeat period (with --mgmtd).
     #[arg(long, default_value_t = 1_000)]
     heartbeat_interval_ms: u64,
@@ -134,9 +138,9 @@ async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc))
             .await??;
     let running = service.serve(&args.listen).await?;
-    let address = running.local_addr().to_string();
+    let address = args.advertise.clone().unwrap_or_else(|| running.local_addr().to_string());
     if let Some(path) = &args.ready_file {
-        std::fs::write(path, &address)?;
+        std::fs::write(path, running.local_addr())?;
     }
     eprintln!("fskv storage: {node} serving on {address} (generation {generation}, mgmtd {:?})", args.mgmtd);
     let link = MgmtdLinkConfig {

@@ -22,6 +22,12 @@ pub enum KvError {
     ValueTooLarge { len: usize, limit: usize },
     #[error("transaction of {size} bytes exceeds the limit of {limit} bytes")]
     TransactionTooLarge { size: usize, limit: usize },
+    /// More compares or mutations than the engine can put in one transaction
+    /// (etcd's `--max-txn-ops`).
+    #[error(
+        "transaction needs {ops} operations (compares or mutations) but the engine allows {limit} per transaction (etcd --max-txn-ops)"
+    )]
+    TooManyOperations { ops: usize, limit: usize },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// The transaction was already committed or its engine was closed.
@@ -51,7 +57,10 @@ impl KvError {
             KvError::NotCommitted | KvError::Retryable { .. } => ErrorCode::KvNotCommitted,
             KvError::CommitUnknownResult => ErrorCode::KvCommitUnknownResult,
             KvError::TransactionTooOld => ErrorCode::KvTransactionTooOld,
-            KvError::KeyTooLarge { .. } | KvError::ValueTooLarge { .. } | KvError::TransactionTooLarge { .. } => ErrorCode::KvTooLarge,
+            KvError::KeyTooLarge { .. }
+            | KvError::ValueTooLarge { .. }
+            | KvError::TransactionTooLarge { .. }
+            | KvError::TooManyOperations { .. } => ErrorCode::KvTooLarge,
             KvError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             KvError::Closed => ErrorCode::ShuttingDown,
             KvError::Storage(_) => ErrorCode::Internal,

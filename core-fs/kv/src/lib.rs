@@ -7,6 +7,9 @@
 //! * [`RocksEngine`] — the embedded default: RocksDB as the store plus a commit
 //!   resolver (the FoundationDB resolver idea) giving serializable snapshot
 //!   isolation with read-range conflicts, group commit and synced write batches;
+//! * [`EtcdEngine`] — an etcd v3 cluster (Raft) through its JSON gateway: a
+//!   distributed engine that can run on these machines (`etcd.rs` module doc
+//!   and docs/kv-engine.md give the commit protocol);
 //! * `FdbEngine` — FoundationDB through the `foundationdb` crate, behind the
 //!   cargo feature `fdb`.
 //!
@@ -29,6 +32,8 @@ pub mod bench;
 #[cfg(feature = "testkit")]
 pub mod conformance;
 mod error;
+/// The etcd engine (`etcd:` specs); `etcd::testkit` starts a local etcd cluster (feature `testkit`).
+pub mod etcd;
 #[cfg(feature = "fdb")]
 mod fdb;
 pub mod limits;
@@ -38,6 +43,7 @@ mod resolver;
 mod rocks;
 
 pub use error::{KvError, KvResult};
+pub use etcd::{EtcdEngine, EtcdOptions};
 #[cfg(feature = "fdb")]
 pub use fdb::FdbEngine;
 pub use memory::MemoryEngine;
@@ -238,13 +244,18 @@ fn rand_jitter(backoff_ms: u64) -> u64 {
     half + nanos % (backoff_ms - half + 1)
 }
 
-/// Opens the engine named in a config: `memory`, `rocksdb:PATH` or `fdb:CLUSTER_FILE`.
+/// Opens the engine named in a config: `memory`, `rocksdb:PATH`,
+/// `etcd:http://HOST:PORT[,...][?OPTIONS]` (see [`EtcdOptions::parse`]) or
+/// `fdb:CLUSTER_FILE`.
 pub fn open_engine(spec: &str) -> KvResult<Arc<dyn KvEngine>> {
     if spec == "memory" {
         return Ok(Arc::new(MemoryEngine::new()));
     }
     if let Some(path) = spec.strip_prefix("rocksdb:") {
         return Ok(Arc::new(RocksEngine::open(path, RocksOptions::default())?));
+    }
+    if let Some(etcd) = spec.strip_prefix("etcd:") {
+        return Ok(Arc::new(EtcdEngine::open(EtcdOptions::parse(etcd)?)?));
     }
     if let Some(cluster) = spec.strip_prefix("fdb:") {
         #[cfg(feature = "fdb")]
@@ -256,5 +267,7 @@ pub fn open_engine(spec: &str) -> KvResult<Arc<dyn KvEngine>> {
             return Err(KvError::InvalidArgument(format!("engine 'fdb:{cluster}' needs a build with the cargo feature `fdb`")));
         }
     }
-    Err(KvError::InvalidArgument(format!("unknown KV engine '{spec}': expected memory, rocksdb:PATH or fdb:CLUSTER_FILE")))
+    Err(KvError::InvalidArgument(format!(
+        "unknown KV engine '{spec}': expected memory, rocksdb:PATH, etcd:http://HOST:PORT[,...] or fdb:CLUSTER_FILE"
+    )))
 }

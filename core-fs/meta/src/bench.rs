@@ -36,6 +36,10 @@ pub struct MetaBenchOptions {
     pub readdir_page_entries: u32,
     /// Per-inode batch queues of the server (0 = no batching).
     pub batch_shards: usize,
+    /// A KV engine spec (`fskv_kv::open_engine`) to measure instead of a
+    /// temporary RocksDB under `dir` — e.g. an etcd cluster. Its keyspace
+    /// must be empty (for etcd: a fresh `prefix`).
+    pub engine_spec: Option<String>,
 }
 
 impl Default for MetaBenchOptions {
@@ -47,6 +51,7 @@ impl Default for MetaBenchOptions {
             sync_writes: true,
             readdir_page_entries: 128,
             batch_shards: 8,
+            engine_spec: None,
         }
     }
 }
@@ -111,8 +116,10 @@ pub async fn run(opts: MetaBenchOptions) -> anyhow::Result<MetaBenchReport> {
 }
 
 async fn run_in(root: &std::path::Path, opts: &MetaBenchOptions) -> anyhow::Result<MetaBenchReport> {
-    let engine: Arc<dyn KvEngine> =
-        Arc::new(RocksEngine::open(root, RocksOptions { sync_writes: opts.sync_writes, ..RocksOptions::default() })?);
+    let engine: Arc<dyn KvEngine> = match &opts.engine_spec {
+        Some(spec) => fskv_kv::open_engine(spec)?,
+        None => Arc::new(RocksEngine::open(root, RocksOptions { sync_writes: opts.sync_writes, ..RocksOptions::default() })?),
+    };
     let cfg = MetaConfig { gc_interval_ms: 0, batch_shards: opts.batch_shards, ..MetaConfig::default() };
     let svc = MetaService::open(engine.clone(), Arc::new(NoStorage), cfg).await?;
     let server = svc.serve("127.0.0.1:0").await?;

@@ -67,6 +67,8 @@ pub mod error;
 pub mod frame;
 mod io;
 pub mod method;
+/// RDMA one-sided transfers behind the seam (device shell: feature `rdma`).
+pub mod rdma;
 pub mod server;
 pub mod settings;
 #[cfg(feature = "sim")]
