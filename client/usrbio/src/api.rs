@@ -306,8 +306,7 @@ impl Ring {
             }
         };
         let mut cqes = vec![crate::proto::Cqe::default(); self.entries() as usize];
-        let mount = self.handle.mount.clone();
-        let n = self.handle.producer.wait(&mut cqes, min, deadline, &|| mount.alive())?;
+        let n = self.handle.wait(&mut cqes, min, deadline)?;
         let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::with_capacity(n);
         for c in &cqes[..n] {

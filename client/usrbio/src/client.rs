@@ -21,30 +21,35 @@ pub fn iovs_dir(mount: &Path) -> PathBuf {
 }
 
 /// The mount point of the fskv (or 3FS) mount holding `path`: the longest
-/// mount point of `/proc/self/mountinfo` of type `fuse.fskv` / `fuse.hf3fs`
-/// that is a prefix of the canonical `path`. With
+/// mount point of `/proc/self/mountinfo` that is a prefix of the canonical
+/// `path`, if it is an fskv mount (type `fuse` or `fuse.fskv` with source
+/// `fskv`) or a 3FS one (`fuse.hf3fs`). With
 /// `HF3FS_USRBIO_DONT_CHECKFS_FOR_MP=yes` any mount with a `3fs-virt`
 /// directory qualifies.
 pub fn extract_mount_point(path: &Path) -> io::Result<Option<PathBuf>> {
     let canonical = std::fs::canonicalize(path)?;
     let any_fs = std::env::var("HF3FS_USRBIO_DONT_CHECKFS_FOR_MP").is_ok_and(|v| v == "yes");
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let mut best: Option<PathBuf> = None;
+    // The mount the path is on: the longest mount point that is its prefix.
+    let mut best: Option<(PathBuf, bool)> = None;
     for line in info.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         // ... mount_point(4) ... " - " fstype source options
         let Some(dash) = fields.iter().position(|f| *f == "-") else { continue };
-        let (Some(mp), Some(fstype)) = (fields.get(4), fields.get(dash + 1)) else { continue };
-        let ours = matches!(*fstype, "fuse.fskv" | "fuse.hf3fs");
+        let (Some(mp), Some(fstype), Some(source)) = (fields.get(4), fields.get(dash + 1), fields.get(dash + 2)) else { continue };
         let mp = PathBuf::from(unescape_mountinfo(mp));
-        if !(ours || any_fs && mp.join(VIRT_DIR).exists()) {
+        if !canonical.starts_with(&mp) || best.as_ref().is_some_and(|(b, _)| mp.as_os_str().len() < b.as_os_str().len()) {
             continue;
         }
-        if canonical.starts_with(&mp) && best.as_ref().is_none_or(|b| mp.as_os_str().len() > b.as_os_str().len()) {
-            best = Some(mp);
-        }
+        // `fskv mount` shows as type "fuse" (or "fuse.fskv") with source "fskv"; 3FS as "fuse.hf3fs".
+        let ours = matches!(*fstype, "fuse.fskv" | "fuse.hf3fs") || (fstype.starts_with("fuse") && *source == "fskv");
+        best = Some((mp, ours));
     }
-    Ok(best)
+    Ok(match best {
+        Some((mp, true)) => Some(mp),
+        Some((mp, false)) if any_fs && mp.join(VIRT_DIR).exists() => Some(mp),
+        _ => None,
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
@@ -246,6 +251,18 @@ impl RingHandle {
 
     pub fn submit(&self) {
         self.mount.ring_doorbell();
+    }
+
+    /// [`Producer::wait`] with the daemon's liveness check; afterwards, if
+    /// requests are still waiting to be taken, rings the doorbell (the
+    /// daemon may have been waiting for room for their completions).
+    pub fn wait(&self, out: &mut [proto::Cqe], min: usize, deadline: crate::ring::Deadline) -> io::Result<usize> {
+        let mount = self.mount.clone();
+        let r = self.producer.wait(out, min, deadline, &|| mount.alive());
+        if self.producer.pending() > 0 {
+            self.mount.ring_doorbell();
+        }
+        r
     }
 }
 

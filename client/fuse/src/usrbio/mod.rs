@@ -587,6 +587,8 @@ impl Server {
             (proc, regions)
         };
         let rings: Vec<Arc<RingEntry>> = regions.iter().filter_map(|r| r.ring.clone()).collect();
+        let batches_in_flight: u32 = rings.iter().map(|r| r.running.load(Ordering::Acquire)).sum();
+        let requests_in_flight: u32 = rings.iter().map(|r| r.consumer.lock().outstanding()).sum();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(PROCESS_EXIT_WAIT_MS);
         while rings.iter().any(|r| r.running.load(Ordering::Acquire) > 0) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -603,7 +605,15 @@ impl Server {
         let n = regions.len();
         drop(regions);
         drop(rings);
-        tracing::info!(tgid, regions = n, files = proc.files.len(), shm_files_removed = removed, "usrbio: process exited; cleaned up");
+        tracing::info!(
+            tgid,
+            regions = n,
+            files = proc.files.len(),
+            batches_in_flight,
+            requests_in_flight,
+            shm_files_removed = removed,
+            "usrbio: process exited; its requests finished, its memory unmapped"
+        );
     }
 }
 
