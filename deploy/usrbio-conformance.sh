@@ -54,7 +54,7 @@ if ! ./deploy/install-usrbio.sh --prefix "$work/prefix" --python-target "$work/p
 fi
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 # shellcheck disable=SC2046
-if ! cc -O1 -g -Wall -Werror -o "$work/usrbio_conformance" conformance/usrbio/usrbio_conformance.c \
+if ! "${CC:-cc}" -O1 -g -Wall -Werror -o "$work/usrbio_conformance" conformance/usrbio/usrbio_conformance.c \
         $(pkg-config --cflags --libs hf3fs_usrbio) 2>"$work/cc.log"; then
     cat "$work/cc.log"
     echo "usrbio: 0 passed, 1 failed (the C program did not build)"

@@ -7,14 +7,22 @@
 
 mod common;
 
-use common::{child_pid, free_base_port, is_mounted, start_up_with, UpGuard};
+use common::{child_pid, cluster_healthy, free_base_port, is_mounted, start_up_with, wait_cluster_healthy, UpGuard};
 use fskv_usrbio::proto::FLAG_FORBID_READ_HOLES;
 use fskv_usrbio::{File, Iov, Ring, RingOptions};
 use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader};
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One cluster at a time (each test starts its own; two cores).
+static SERIAL: Mutex<()> = Mutex::new(());
 
 const MIB: usize = 1 << 20;
 
@@ -33,6 +41,7 @@ struct Cluster {
     up: UpGuard,
     mnt: PathBuf,
     data: PathBuf,
+    mgmtd: String,
 }
 
 fn start_cluster(dir: &Path, extra: &[&str]) -> Cluster {
@@ -44,7 +53,7 @@ fn start_cluster(dir: &Path, extra: &[&str]) -> Cluster {
     let child = start_up_with(&data, base, &args);
     let up = UpGuard { child: Some(child), mount: Some(mnt.clone()) };
     assert!(is_mounted(&mnt), "fskv up reported ready without the mount");
-    Cluster { up, mnt, data }
+    Cluster { up, mnt, data, mgmtd: format!("127.0.0.1:{}", base + 11) }
 }
 
 fn pattern(seed: u64, off: u64, buf: &mut [u8]) {
@@ -184,6 +193,7 @@ fn usrbio_through_a_mount() {
     if !fuse_available() {
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     let c = start_cluster(dir.path(), &[]);
     let virt = c.mnt.join("3fs-virt/iovs");
@@ -197,5 +207,262 @@ fn usrbio_through_a_mount() {
         fs::read_dir(&virt).expect("readdir iovs").map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
     assert_eq!(left, vec!["submit-ios".to_string()], "every iov and ring deregistered on drop");
     let _ = &c.data;
+    c.up.stop();
+}
+
+/// The program of `usrbio_program_killed_with_128_requests_in_flight`: run
+/// as a child (this test binary with `--ignored --exact`), it queues 128
+/// writes of 1 MiB, waits until the daemon took them all, prints READY and
+/// sleeps until it is killed (at most 120 s).
+#[test]
+#[ignore = "the child program of usrbio_program_killed_with_128_requests_in_flight"]
+fn usrbio_child_with_requests_in_flight() {
+    let (Ok(mnt), Ok(file)) = (std::env::var("USRBIO_CHILD_MOUNT"), std::env::var("USRBIO_CHILD_FILE")) else {
+        panic!("run by usrbio_program_killed_with_128_requests_in_flight only");
+    };
+    let mnt = PathBuf::from(mnt);
+    let f = OpenOptions::new().read(true).write(true).open(&file).expect("open");
+    let reg = File::register(&f).expect("register");
+    let iov = Iov::create(&mnt, 128 * MIB).expect("iov");
+    let ring = Ring::create(&mnt, RingOptions::writes(128)).expect("ring");
+    // Fill first, then queue all 128 at once (the daemon may look at the
+    // ring before the submit and would take a slow loop's requests early).
+    let bufs: Vec<_> = (0..128)
+        .map(|i| {
+            let mut buf = iov.buf(i * MIB, MIB).expect("buf");
+            pattern(77, (i * MIB) as u64, &mut buf);
+            buf
+        })
+        .collect();
+    for (i, buf) in bufs.into_iter().enumerate() {
+        ring.prepare(buf, &reg, (i * MIB) as u64, i as u64).map_err(|(e, _)| e).expect("prepare");
+    }
+    ring.submit();
+    let start = Instant::now();
+    while ring.pending() > 0 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!("READY taken={} completed={}", 128 - ring.pending(), ring.completions_ready());
+    std::thread::sleep(Duration::from_secs(120));
+    std::mem::forget(ring); // never reached in the test: killed first
+}
+
+/// Lines of /proc/PID/maps naming `needle`.
+fn maps_with(pid: i32, needle: &str) -> usize {
+    fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default().lines().filter(|l| l.contains(needle)).count()
+}
+
+/// A USRBIO program killed with SIGKILL while 128 writes are in flight: the
+/// daemon finishes them, drops the program's iov and ring, unmaps their
+/// memory and removes its /dev/shm files; the mount keeps serving.
+#[test]
+fn usrbio_program_killed_with_128_requests_in_flight() {
+    if !fuse_available() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_cluster(dir.path(), &[]);
+    let file = c.mnt.join("victim.bin");
+    fs::write(&file, vec![1u8; 128 * MIB]).expect("write the file");
+    let mount_pid = child_pid(&c.data, "mount").expect("pid of the mount");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--ignored", "--exact", "usrbio_child_with_requests_in_flight", "--nocapture", "--test-threads=1"])
+        .env("USRBIO_CHILD_MOUNT", &c.mnt)
+        .env("USRBIO_CHILD_FILE", &file)
+        .stdout(Stdio::piped())
+        .stderr(fs::File::create(dir.path().join("child.err")).expect("child stderr"))
+        .spawn()
+        .expect("spawn the child program");
+    let pid = child.id() as i32;
+    let mut ready = None;
+    for line in BufReader::new(child.stdout.take().expect("stdout")).lines().map_while(Result::ok) {
+        // libtest may print "test NAME ... " on the same line first.
+        if let Some(at) = line.find("READY") {
+            ready = Some(line[at..].to_string());
+            break;
+        }
+    }
+    let Some(ready) = ready else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the child did not print READY; its stderr: {}", fs::read_to_string(dir.path().join("child.err")).unwrap_or_default());
+    };
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let _ = child.wait();
+    println!("killed the program (pid {pid}) at {ready}");
+    assert!(ready.contains("taken=128"), "the daemon took every request: {ready}");
+    let completed: u32 = ready.rsplit('=').next().and_then(|n| n.parse().ok()).unwrap_or(128);
+    assert!(completed < 128, "requests were still in flight at the kill: {ready}");
+    assert!(maps_with(mount_pid, &format!("fskv-usrbio.{pid}.")) > 0 || completed < 128);
+
+    let needle = format!("fskv-usrbio.{pid}.");
+    let start = Instant::now();
+    let left = loop {
+        let shm: Vec<String> = fs::read_dir("/dev/shm")
+            .expect("/dev/shm")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let shm_left = shm.iter().filter(|n| n.starts_with(&needle)).count();
+        let maps_left = maps_with(mount_pid, &needle);
+        let links_left = fs::read_dir(c.mnt.join("3fs-virt/iovs"))
+            .expect("iovs")
+            .filter_map(Result::ok)
+            .filter(|e| fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains(&needle)))
+            .count();
+        if shm_left + maps_left + links_left == 0 {
+            break None;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            break Some((shm_left, maps_left, links_left));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(left, None, "(/dev/shm files, daemon mappings, links) of the dead program left after 30 s");
+    println!("cleaned up {:?} after the kill", start.elapsed());
+
+    // The daemon still serves USRBIO (and the file reads back whole).
+    let f = fs::File::open(&file).expect("open");
+    let reg = File::register(&f).expect("register");
+    let iov = Iov::create(&c.mnt, MIB).expect("iov");
+    let ring = Ring::create(&c.mnt, RingOptions::reads(4)).expect("ring");
+    ring.prepare(iov.buf(0, MIB).expect("buf"), &reg, 5 * MIB as u64, 0).map_err(|(e, _)| e).expect("prepare");
+    ring.submit();
+    let done = ring.wait(1, Some(Duration::from_secs(30))).expect("wait");
+    assert_eq!(done[0].result.as_ref().ok(), Some(&MIB));
+    assert_eq!(fs::metadata(&file).expect("stat").len(), 128 * MIB as u64);
+    drop((done, ring, iov, reg));
+    // Which of the writes the daemon carried out (finished) and which it
+    // dropped (their file was already closed by the kernel: cancelled).
+    let content = fs::read(&file).expect("read the file");
+    let mut want = vec![0u8; MIB];
+    let (mut new, mut old, mut mixed) = (0, 0, 0);
+    for (i, block) in content.chunks(MIB).enumerate() {
+        pattern(77, (i * MIB) as u64, &mut want);
+        if block == &want[..] {
+            new += 1;
+        } else if block.iter().all(|&b| b == 1) {
+            old += 1;
+        } else {
+            mixed += 1;
+        }
+    }
+    println!("after the kill: {new} blocks written, {old} untouched (cancelled), {mixed} partly written");
+    c.up.stop();
+}
+
+/// One file written through USRBIO: `pieces` writes of 1 MiB in one batch,
+/// then fsync and close. Returns whether all of it completed and synced.
+fn usrbio_write_file(mnt: &Path, dir: &Path, i: u64, iov: &Iov, ring: &Ring) -> Result<(), String> {
+    let path = dir.join(format!("w{i}"));
+    let f =
+        OpenOptions::new().read(true).write(true).create(true).truncate(true).mode(0o644).open(&path).map_err(|e| format!("open: {e}"))?;
+    let reg = File::register(&f).map_err(|e| format!("register: {e}"))?;
+    for p in 0..3u64 {
+        let mut buf = iov.buf(p as usize * MIB, MIB).map_err(|e| e.to_string())?;
+        pattern(1000 + i, p * MIB as u64, &mut buf);
+        ring.prepare(buf, &reg, p * MIB as u64, p).map_err(|(e, _)| format!("prepare: {e}"))?;
+    }
+    ring.submit();
+    let mut got = 0;
+    let start = Instant::now();
+    while got < 3 {
+        let done = ring.wait(3 - got, Some(Duration::from_secs(120))).map_err(|e| format!("wait: {e}"))?;
+        if done.is_empty() && start.elapsed() > Duration::from_secs(120) {
+            return Err("no completion in 120 s".into());
+        }
+        for c in done {
+            match c.result {
+                Ok(n) if n == MIB => got += 1,
+                other => return Err(format!("write {}: {other:?}", c.userdata)),
+            }
+        }
+    }
+    drop(reg);
+    f.sync_all().map_err(|e| format!("fsync: {e}"))?;
+    let _ = mnt;
+    Ok(())
+}
+
+/// kill -9 of a storage node while a program writes through USRBIO (write,
+/// wait, fsync, close per file): no write fails, every completed and
+/// fsync'ed file reads back whole (degraded and after recovery), and the
+/// cluster heals.
+#[test]
+fn usrbio_writes_survive_kill9_of_a_storage_node() {
+    if !fuse_available() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = start_cluster(dir.path(), &[]);
+    let work = c.mnt.join("k");
+    fs::create_dir(&work).expect("mkdir");
+    let stop = Arc::new(AtomicBool::new(false));
+    let done: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    let writer = {
+        let (stop, done, errors, mnt, work) = (stop.clone(), done.clone(), errors.clone(), c.mnt.clone(), work.clone());
+        std::thread::spawn(move || {
+            let iov = Iov::create(&mnt, 4 * MIB).expect("iov");
+            let ring = Ring::create(&mnt, RingOptions::writes(8)).expect("ring");
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match usrbio_write_file(&mnt, &work, i, &iov, &ring) {
+                    Ok(()) => done.lock().unwrap_or_else(|e| e.into_inner()).push(i),
+                    Err(e) => errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("file {i}: {e}")),
+                }
+                i += 1;
+            }
+        })
+    };
+    let synced = |d: &Mutex<Vec<u64>>| d.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let start = Instant::now();
+    while synced(&done) < 8 {
+        assert!(start.elapsed() < Duration::from_secs(60), "fewer than 8 files written in 60 s before the kill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = child_pid(&c.data, "storage-2").expect("pid of storage-2");
+    let before = synced(&done);
+    let killed_at = Instant::now();
+    // SAFETY: kill(2) on a process of the cluster this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    println!("killed storage-2 (pid {pid}) after {before} files");
+    let verify = |i: u64| {
+        let got = fs::read(work.join(format!("w{i}"))).expect("read back");
+        let mut want = vec![0u8; 3 * MIB];
+        pattern(1000 + i, 0, &mut want[..MIB]);
+        pattern(1000 + i, MIB as u64, &mut want[MIB..2 * MIB]);
+        pattern(1000 + i, 2 * MIB as u64, &mut want[2 * MIB..]);
+        assert!(got == want, "file w{i}: {} bytes, content differs", got.len());
+    };
+    for i in done.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        verify(i);
+    }
+    println!("files written before the kill read back while degraded");
+    let mut saw_unhealthy = false;
+    while killed_at.elapsed() < Duration::from_secs(12) {
+        saw_unhealthy |= cluster_healthy(&c.mgmtd).is_err();
+        assert!(!writer.is_finished(), "the writer stopped");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let t = Instant::now();
+    while !writer.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(120), "the writer is stuck after the kill");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    writer.join().expect("writer");
+    let errors = errors.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(errors.is_empty(), "USRBIO writes failed around the kill: {errors:?}");
+    wait_cluster_healthy(&c.mgmtd, Duration::from_secs(120));
+    let all = done.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    println!("{} files written ({} after the kill); mgmtd saw the failure: {saw_unhealthy}; healthy again", all.len(), all.len() - before);
+    assert!(all.len() > before, "no file was written after the kill");
+    for &i in &all {
+        verify(i);
+    }
     c.up.stop();
 }

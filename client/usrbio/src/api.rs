@@ -318,6 +318,16 @@ impl Ring {
         Ok(out)
     }
 
+    /// Requests prepared and not yet taken by the daemon.
+    pub fn pending(&self) -> u32 {
+        self.handle.producer.pending()
+    }
+
+    /// Completions posted by the daemon and not yet collected by `wait`.
+    pub fn completions_ready(&self) -> u32 {
+        self.handle.producer.ready()
+    }
+
     /// Requests prepared and not yet completed-and-consumed.
     pub fn in_flight(&self) -> usize {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
