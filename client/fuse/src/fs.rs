@@ -456,6 +456,12 @@ impl Filesystem for FskvFs {
                 tracing::info!(?missing, "kernel lacks FUSE_AUTO_INVAL_DATA; cached pages refresh at open only");
             }
         }
+        // O_DIRECT reads and writes through AIO (libaio, io_uring) stay
+        // asynchronous: the kernel sends their requests without waiting for
+        // each to finish (the mount serves requests concurrently anyway).
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
+            tracing::info!(?missing, "kernel lacks FUSE_ASYNC_DIO; asynchronous direct I/O is served one request at a time");
+        }
         if let Err(max) = config.set_max_readahead(self.shared.cfg.max_readahead_bytes) {
             let _ = config.set_max_readahead(max);
         }

@@ -246,7 +246,9 @@ impl RingHandle {
         let view = RingView::init(region.map.clone(), entries).map_err(|_| errno(libc::EINVAL))?;
         region.register(mount)?;
         region.unlink_file();
-        Ok(RingHandle { region, producer: Producer::new(view), mount: handle, key })
+        let mut producer = Producer::new(view);
+        producer.set_spin(wait_spin());
+        Ok(RingHandle { region, producer, mount: handle, key })
     }
 
     pub fn submit(&self) {
@@ -265,6 +267,19 @@ impl RingHandle {
         r
     }
 }
+
+/// How long a wait polls before sleeping: `HF3FS_USRBIO_SPIN_US`
+/// (microseconds, at most 10 000), default [`DEFAULT_WAIT_SPIN_US`].
+pub fn wait_spin() -> std::time::Duration {
+    static SPIN: OnceLock<std::time::Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("HF3FS_USRBIO_SPIN_US").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(DEFAULT_WAIT_SPIN_US);
+        std::time::Duration::from_micros(us.min(10_000))
+    })
+}
+
+/// Default of [`wait_spin`].
+pub const DEFAULT_WAIT_SPIN_US: u64 = 0;
 
 /// A file registered with the daemon for this process.
 #[derive(Debug)]

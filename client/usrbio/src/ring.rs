@@ -155,6 +155,8 @@ pub struct Producer {
     free: Mutex<Vec<u32>>,
     /// Serialises consumers of completions.
     consume: Mutex<()>,
+    /// How long `wait` polls for completions before it sleeps on the futex.
+    spin: Duration,
 }
 
 /// The ring has no free slot (`hf3fs_prep_io` returns `-EAGAIN`).
@@ -169,7 +171,13 @@ pub const LIVENESS_CHECK_MS: u64 = 500;
 impl Producer {
     pub fn new(view: RingView) -> Producer {
         let n = view.entries();
-        Producer { view, free: Mutex::new((0..n).rev().collect()), consume: Mutex::new(()) }
+        Producer { view, free: Mutex::new((0..n).rev().collect()), consume: Mutex::new(()), spin: Duration::ZERO }
+    }
+
+    /// Lets `wait` poll for completions this long before it sleeps (saves
+    /// the wake-up latency when completions come soon, at the cost of CPU).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
     }
 
     pub fn view(&self) -> &RingView {
@@ -243,13 +251,29 @@ impl Producer {
         let min = min.min(out.len());
         let mut filled = 0;
         let h = self.view.header();
+        let check_every = std::time::Duration::from_millis(LIVENESS_CHECK_MS);
+        let mut last_check = std::time::Instant::now();
         loop {
             filled += self.reap(&mut out[filled..]);
             if filled >= min || filled == out.len() {
                 return Ok(filled);
             }
-            if self.view.closed() || !alive() {
+            // The daemon's liveness costs a system call: only after a while without completions.
+            let dead = self.view.closed() || (last_check.elapsed() >= check_every && !alive());
+            if dead {
                 return if filled > 0 { Ok(filled) } else { Err(std::io::Error::from_raw_os_error(libc::ENOTCONN)) };
+            }
+            if last_check.elapsed() >= check_every {
+                last_check = std::time::Instant::now();
+            }
+            if !self.spin.is_zero() {
+                let until = std::time::Instant::now() + self.spin;
+                while self.ready() == 0 && std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                if self.ready() > 0 {
+                    continue;
+                }
             }
             h.cq_waiters.fetch_add(1, Ordering::SeqCst);
             let seq = h.cq_seq.load(Ordering::SeqCst);

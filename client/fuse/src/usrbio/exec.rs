@@ -1,7 +1,8 @@
 //! The dispatcher thread and the execution of batches.
 //!
 //! One thread waits on the doorbell (a futex in shared memory that programs
-//! bump after submitting, and batches bump when they finish). Each time it
+//! bump after submitting; a finishing batch bumps it only if the dispatcher
+//! found every batch slot busy). Each time it
 //! wakes it looks at every ring, highest priority first (rotating among
 //! rings of equal priority), asks the ring's [`Batcher`] what to take
 //! (`io_depth` rule) and spawns each batch as a tokio task, at most
@@ -69,13 +70,25 @@ fn run(server: Weak<Server>, permits: Arc<Semaphore>) {
         }
         let bell = s.doorbell();
         let seq = bell.seq.load(Ordering::SeqCst);
-        let next = scan(&s, &permits, &mut rotation);
+        let (next, took) = scan(&s, &permits, &mut rotation);
         let mut sleep = Duration::from_millis(s.config().idle_scan_ms.max(1));
         if let Some(at) = next {
             sleep = sleep.min(at.saturating_duration_since(Instant::now()));
         }
         if sleep.is_zero() {
             continue;
+        }
+        // Busy: poll the doorbell a moment before sleeping (a program that
+        // submits again soon then needs no futex wake, and we no wake-up).
+        let spin = Duration::from_micros(s.config().dispatch_spin_us);
+        if took && !spin.is_zero() {
+            let until = Instant::now() + spin;
+            while bell.seq.load(Ordering::Acquire) == seq && Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            if bell.seq.load(Ordering::Acquire) != seq {
+                continue;
+            }
         }
         bell.waiters.store(1, Ordering::SeqCst);
         if bell.seq.load(Ordering::SeqCst) == seq {
@@ -102,12 +115,13 @@ fn dispatch_order(rings: Vec<Arc<RingEntry>>, rotation: usize) -> Vec<Arc<RingEn
 }
 
 /// Takes every batch the rings allow now; returns the earliest instant a
-/// ring waits for (a short batch's timeout).
-fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> Option<Instant> {
+/// ring waits for (a short batch's timeout) and whether it took a batch.
+fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> (Option<Instant>, bool) {
     let rings = s.rings();
     if rings.is_empty() {
-        return None;
+        return (None, false);
     }
+    let mut took = false;
     *rotation = rotation.wrapping_add(1);
     let now = Instant::now();
     let mut earliest: Option<Instant> = None;
@@ -117,8 +131,12 @@ fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> Opti
                 break;
             }
             if permits.available_permits() == 0 {
-                // Every batch slot is busy; a finishing batch rings the bell.
-                return earliest;
+                // Every batch slot is busy: the next batch to finish rings
+                // the bell (set before looking again, so none is missed).
+                s.starved.store(true, Ordering::SeqCst);
+                if permits.available_permits() == 0 {
+                    return (earliest, took);
+                }
             }
             let decision = {
                 let consumer = ring.consumer.lock();
@@ -134,7 +152,8 @@ fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> Opti
             };
             match decision {
                 Decision::Take(n) => {
-                    let Ok(permit) = permits.clone().try_acquire_owned() else { return earliest };
+                    let Ok(permit) = permits.clone().try_acquire_owned() else { return (earliest, took) };
+                    took = true;
                     let taken = ring.consumer.lock().take(n);
                     let items = match taken {
                         Ok(items) => items,
@@ -151,7 +170,9 @@ fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> Opti
                             run_batch(&server, &r, items).await;
                             r.running.fetch_sub(1, Ordering::AcqRel);
                             drop(permit);
-                            server.wake();
+                            if server.starved.swap(false, Ordering::SeqCst) {
+                                server.wake();
+                            }
                         },
                         span,
                     ));
@@ -164,7 +185,7 @@ fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> Opti
             }
         }
     }
-    earliest
+    (earliest, took)
 }
 
 async fn run_batch(s: &Arc<Server>, ring: &Arc<RingEntry>, items: Vec<Taken>) {

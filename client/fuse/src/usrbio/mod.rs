@@ -56,6 +56,9 @@ pub struct UsrbioConfig {
     /// The dispatcher looks at the rings at least this often even without a
     /// doorbell (bounds the delay if a program never rings it).
     pub idle_scan_ms: u64,
+    /// After taking a batch, the dispatcher polls the doorbell this long
+    /// before it sleeps (0: never polls).
+    pub dispatch_spin_us: u64,
 }
 
 impl Default for UsrbioConfig {
@@ -67,6 +70,7 @@ impl Default for UsrbioConfig {
             max_inflight_batches: 64,
             max_batch_entries: 1024,
             idle_scan_ms: 200,
+            dispatch_spin_us: 0,
         }
     }
 }
@@ -171,6 +175,8 @@ pub struct Server {
     files: Weak<crate::fs::Shared>,
     dispatcher: Mutex<Option<Dispatcher>>,
     stopping: AtomicBool,
+    /// The dispatcher found every batch slot busy: the next batch to finish wakes it.
+    pub(crate) starved: AtomicBool,
     started: SystemTime,
 }
 
@@ -212,6 +218,7 @@ impl Server {
             files,
             dispatcher: Mutex::new(None),
             stopping: AtomicBool::new(false),
+            starved: AtomicBool::new(false),
             started: SystemTime::now(),
         });
         let dispatcher = Dispatcher::start(&server)?;

@@ -156,6 +156,7 @@ pub unsafe extern "C" fn hf3fs_extract_mount_point(out: *mut c_char, size: c_int
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 unsafe fn fill_iov(
     iov: *mut Hf3fsIov,
     base: *mut u8,
