@@ -105,7 +105,7 @@ if grep -q READY "$work/hold.out"; then
         sleep 0.1
     done
     # What the daemon saw at the death (its log line names the requests in flight).
-    inflight=$(grep "tgid=$dead " "$work/data/logs/mount.log" 2>/dev/null | grep -o 'requests_in_flight=[0-9]*' | tail -1 || true)
+    inflight=$(sed 's/\x1b\[[0-9;]*m//g' "$work/data/logs/mount.log" 2>/dev/null | grep "tgid=$dead " | grep -o 'requests_in_flight=[0-9]*' | tail -1 || true)
     if [ -n "$clean" ] && [ "$links_before" -ge 2 ]; then
         ok "kill9_program_with_128_in_flight_leaves_nothing (links before: $links_before; daemon at the death: ${inflight:-no log line})"
     else

@@ -48,9 +48,10 @@ impl Shared {
     }
 
     /// Drops the kernel's cached pages and attributes of `(inode, (start,
-    /// end))` ranges written behind its back (USRBIO writes), off the async
-    /// workers (the kernel may wait for page locks of reads we serve).
-    pub fn invalidate_cached(&self, ranges: Vec<(u64, (u64, u64))>) {
+    /// end))` ranges written behind its back (USRBIO writes); returns once the
+    /// kernel has done it. Runs off the async workers (the kernel may wait
+    /// for page locks held by reads this mount is serving).
+    pub async fn invalidate_cached(&self, ranges: Vec<(u64, (u64, u64))>) {
         let Some(notifier) = self.notifier.get().cloned() else { return };
         if ranges.is_empty() {
             return;
@@ -58,7 +59,7 @@ impl Shared {
         for (inode, _) in &ranges {
             self.cache_stamps.forget(InodeId(*inode));
         }
-        tokio::task::spawn_blocking(move || {
+        let done = tokio::task::spawn_blocking(move || {
             for (inode, (start, end)) in ranges {
                 let len = i64::try_from(end - start).unwrap_or(i64::MAX);
                 if let Err(e) = notifier.inval_inode(INodeNo(inode), i64::try_from(start).unwrap_or(i64::MAX), len) {
@@ -69,6 +70,9 @@ impl Shared {
                 }
             }
         });
+        if done.await.is_err() {
+            tracing::warn!("the cache invalidation task failed");
+        }
     }
 }
 

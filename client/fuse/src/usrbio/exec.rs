@@ -10,12 +10,14 @@
 //! ring's batch timeout ends, or `idle_scan_ms` passes.
 //!
 //! A batch resolves its requests (iov by id, file by token), then:
-//! reads go through `FsClient::read_many_into` straight into the iov (the
-//! chunk pieces of the whole batch as batched storage reads); writes go
-//! through `FileHandle::write_at` of the FUSE handle of the registered file
-//! with the iov range as the payload (`Bytes::from_owner`: no copy in the
-//! daemon), then the kernel's cached pages of the written ranges are
-//! dropped. Completions are posted in submission order of the batch.
+//! reads go through `FsClient::read_many_into` straight into the iov, in
+//! groups of up to 64 requests / 4 MiB (each group's chunk pieces as batched
+//! storage reads); writes go through `FileHandle::write_at` of the FUSE
+//! handle of the registered file with the iov range as the payload
+//! (`Bytes::from_owner`: no copy in the daemon), then the kernel's cached
+//! pages of the written range are dropped. Completions are posted in the
+//! batch's submission order, as soon as a request and all before it are done
+//! (a large batch completes progressively, so a program can refill early).
 //!
 //! | request | result |
 //! |---|---|
@@ -35,7 +37,7 @@ use fskv_usrbio::batch::Decision;
 use fskv_usrbio::proto::{Cqe, FLAG_ALLOW_READ_UNCOMMITTED, FLAG_FORBID_READ_HOLES};
 use fskv_usrbio::ring::Taken;
 use fskv_usrbio::sys::futex_wait;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -189,23 +191,77 @@ fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> (Opt
 }
 
 async fn run_batch(s: &Arc<Server>, ring: &Arc<RingEntry>, items: Vec<Taken>) {
-    let results = match s.files() {
-        Some(shared) => match std::panic::AssertUnwindSafe(execute(s, &shared, ring, &items)).catch_unwind().await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::error!(ring = ring.ino, "usrbio: a batch panicked; its requests fail with EIO");
-                vec![-i64::from(libc::EIO); items.len()]
-            }
-        },
-        None => vec![-i64::from(libc::ESHUTDOWN); items.len()],
-    };
-    if ring.map.poisoned() {
-        s.break_ring(ring, "the ring's file was shrunk under the daemon");
-        return;
+    let posted = Posted::new(s, ring, &items);
+    if let Some(shared) = s.files() {
+        if std::panic::AssertUnwindSafe(execute(s, &shared, ring, &items, &posted)).catch_unwind().await.is_err() {
+            tracing::error!(ring = ring.ino, "usrbio: a batch panicked; its requests fail with EIO");
+        }
     }
-    let cqes: Vec<Cqe> =
-        items.iter().zip(results).map(|(t, result)| Cqe { index: t.slot as i32, reserved: 0, result, userdata: t.args.userdata }).collect();
-    ring.consumer.lock().complete(&cqes);
+    // Whatever was not posted (shutdown, a panic) fails.
+    let rest = if s.files().is_some() { -i64::from(libc::EIO) } else { -i64::from(libc::ESHUTDOWN) };
+    posted.finish(rest);
+}
+
+/// Posts a batch's completions in submission order as groups of them finish.
+struct Posted<'a> {
+    server: &'a Arc<Server>,
+    ring: &'a Arc<RingEntry>,
+    items: &'a [Taken],
+    state: parking_lot::Mutex<PostState>,
+}
+
+struct PostState {
+    results: Vec<Option<i64>>,
+    /// Items before this index are posted.
+    next: usize,
+}
+
+impl<'a> Posted<'a> {
+    fn new(server: &'a Arc<Server>, ring: &'a Arc<RingEntry>, items: &'a [Taken]) -> Self {
+        Posted { server, ring, items, state: parking_lot::Mutex::new(PostState { results: vec![None; items.len()], next: 0 }) }
+    }
+
+    /// Records results and posts every completion whose predecessors are done.
+    fn set(&self, done: impl IntoIterator<Item = (usize, i64)>) {
+        let mut st = self.state.lock();
+        for (i, r) in done {
+            if let Some(slot) = st.results.get_mut(i) {
+                slot.get_or_insert(r);
+            }
+        }
+        let from = st.next;
+        while st.next < st.results.len() && st.results[st.next].is_some() {
+            st.next += 1;
+        }
+        if st.next > from {
+            self.post(&st.results[from..st.next], from);
+        }
+    }
+
+    fn post(&self, results: &[Option<i64>], from: usize) {
+        if self.ring.map.poisoned() {
+            self.server.break_ring(self.ring, "the ring's file was shrunk under the daemon");
+            return;
+        }
+        let cqes: Vec<Cqe> = results
+            .iter()
+            .enumerate()
+            .map(|(k, r)| {
+                let t = &self.items[from + k];
+                Cqe { index: t.slot as i32, reserved: 0, result: r.unwrap_or(-i64::from(libc::EIO)), userdata: t.args.userdata }
+            })
+            .collect();
+        self.ring.consumer.lock().complete(&cqes);
+    }
+
+    /// Posts everything still open with `result`.
+    fn finish(&self, result: i64) {
+        let open: Vec<(usize, i64)> = {
+            let st = self.state.lock();
+            st.results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(i, _)| (i, result)).collect()
+        };
+        self.set(open);
+    }
 }
 
 /// An iov range as a `Bytes` payload (keeps the mapping alive; no copy).
@@ -234,6 +290,13 @@ struct Job {
     file_offset: u64,
 }
 
+/// Reads of one batch run in groups of at most this many bytes ...
+const READ_GROUP_BYTES: usize = 4 << 20;
+/// ... and requests; each group is one `read_many_into` (its chunk pieces
+/// batched per storage node) and its completions are posted when it ends,
+/// so large batches complete progressively.
+const READ_GROUP_REQUESTS: usize = 64;
+
 fn errno_of(e: FileError) -> i64 {
     if matches!(e, FileError::Hole { .. }) {
         return -i64::from(libc::ENODATA);
@@ -241,8 +304,26 @@ fn errno_of(e: FileError) -> i64 {
     -i64::from(FsError::from(e).0.code())
 }
 
-async fn execute(s: &Arc<Server>, shared: &Arc<crate::fs::Shared>, ring: &Arc<RingEntry>, items: &[Taken]) -> Vec<i64> {
-    let mut results = vec![0i64; items.len()];
+/// Cuts `jobs` (in submission order) into read groups.
+fn read_groups(jobs: &[Job]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, j) in jobs.iter().enumerate() {
+        if i > start && (i - start >= READ_GROUP_REQUESTS || bytes + j.len > READ_GROUP_BYTES) {
+            out.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += j.len;
+    }
+    if start < jobs.len() {
+        out.push(start..jobs.len());
+    }
+    out
+}
+
+async fn execute(s: &Arc<Server>, shared: &Arc<crate::fs::Shared>, ring: &Arc<RingEntry>, items: &[Taken], posted: &Posted<'_>) {
+    let mut failed: Vec<(usize, i64)> = Vec::new();
     let mut iovs: HashMap<[u8; 16], Result<Arc<super::Region>, i32>> = HashMap::new();
     let mut files: Vec<(u64, Arc<OpenFile>)> = Vec::new();
     let mut jobs = Vec::with_capacity(items.len());
@@ -252,18 +333,18 @@ async fn execute(s: &Arc<Server>, shared: &Arc<crate::fs::Shared>, ring: &Arc<Ri
         let iov = match iov {
             Ok(r) => r,
             Err(e) => {
-                results[idx] = -i64::from(e);
+                failed.push((idx, -i64::from(e)));
                 continue;
             }
         };
         let in_iov = a.iov_offset.checked_add(a.len).is_some_and(|end| end <= iov.map.len() as u64);
         let in_file = a.file_offset.checked_add(a.len).is_some_and(|end| end <= i64::MAX as u64);
         if a.len == 0 || !in_iov || !in_file {
-            results[idx] = -i64::from(libc::EINVAL);
+            failed.push((idx, -i64::from(libc::EINVAL)));
             continue;
         }
         if !s.file_registered(ring.owner.tgid, a.file) {
-            results[idx] = -i64::from(libc::EBADF);
+            failed.push((idx, -i64::from(libc::EBADF)));
             continue;
         }
         let file = match files.iter().position(|(fh, _)| *fh == a.file) {
@@ -274,90 +355,102 @@ async fn execute(s: &Arc<Server>, shared: &Arc<crate::fs::Shared>, ring: &Arc<Ri
                     files.len() - 1
                 }
                 _ => {
-                    results[idx] = -i64::from(libc::EBADF);
+                    failed.push((idx, -i64::from(libc::EBADF)));
                     continue;
                 }
             },
         };
         jobs.push(Job { idx, iov, file, iov_offset: a.iov_offset as usize, len: a.len as usize, file_offset: a.file_offset });
     }
+    posted.set(failed);
     // In-flight calls hold the open files shared: a close waits for them.
     let guards = futures::future::join_all(files.iter().map(|(_, f)| f.handle.read())).await;
     let handle = |i: usize| -> Option<&FileHandle> { guards.get(i).and_then(|g| g.as_ref()) };
+    let files = &files;
+    let efault = |job: &Job, r: i64| if job.iov.map.poisoned() { -i64::from(libc::EFAULT) } else { r };
+    let mut running = futures::stream::FuturesUnordered::new();
     if ring.key.for_read {
         let options = ReadIntoOptions {
             relaxed: ring.key.flags & FLAG_ALLOW_READ_UNCOMMITTED != 0 || shared.client.config().relaxed_reads,
             forbid_holes: ring.key.flags & FLAG_FORBID_READ_HOLES != 0,
         };
-        let mut reads = Vec::with_capacity(jobs.len());
-        let mut owners = Vec::with_capacity(jobs.len());
-        for job in &jobs {
-            let Some(h) = handle(job.file) else {
-                results[job.idx] = -i64::from(libc::EBADF);
-                continue;
-            };
-            // SAFETY: the range lies inside the mapping (checked above) and
-            // the mapping outlives this call (`job.iov` holds it). The memory
-            // is shared with the program, which must not touch a buffer while
-            // its request is in flight (as with any DMA).
-            let buf = unsafe { std::slice::from_raw_parts_mut(job.iov.map.as_ptr().add(job.iov_offset), job.len) };
-            reads.push(ReadInto { handle: h, offset: job.file_offset, buf });
-            owners.push(job.idx);
-        }
-        let out = shared.client.read_many_into(&mut reads, options).await;
-        for (idx, r) in owners.into_iter().zip(out) {
-            results[idx] = match r {
-                Ok(n) => n as i64,
-                Err(e) => errno_of(e),
-            };
+        for group in read_groups(&jobs) {
+            let group = &jobs[group];
+            running.push(
+                async move {
+                    let mut out = Vec::with_capacity(group.len());
+                    let mut reads = Vec::with_capacity(group.len());
+                    let mut owners = Vec::with_capacity(group.len());
+                    for job in group {
+                        let Some(h) = handle(job.file) else {
+                            out.push((job.idx, -i64::from(libc::EBADF)));
+                            continue;
+                        };
+                        // SAFETY: the range lies inside the mapping (checked
+                        // above) and the mapping outlives this call (`job.iov`
+                        // holds it). The memory is shared with the program,
+                        // which must not touch a buffer while its request is
+                        // in flight (as with any DMA).
+                        let buf = unsafe { std::slice::from_raw_parts_mut(job.iov.map.as_ptr().add(job.iov_offset), job.len) };
+                        reads.push(ReadInto { handle: h, offset: job.file_offset, buf });
+                        owners.push(job);
+                    }
+                    let results = shared.client.read_many_into(&mut reads, options).await;
+                    drop(reads);
+                    for (job, r) in owners.into_iter().zip(results) {
+                        out.push((job.idx, efault(job, r.map_or_else(errno_of, |n| n as i64))));
+                    }
+                    out
+                }
+                .boxed(),
+            );
         }
     } else {
-        let writes = jobs.iter().filter_map(|job| {
-            let h = handle(job.file)?;
-            let data = Bytes::from_owner(IovSlice { map: job.iov.map.clone(), offset: job.iov_offset, len: job.len });
-            Some(async move { (job.idx, h.write_at(job.file_offset, data).await.map(|()| job.len)) })
-        });
-        let mut written: HashMap<u64, (u64, u64)> = HashMap::new();
-        for (idx, r) in futures::future::join_all(writes).await {
-            results[idx] = match r {
-                Ok(n) => n as i64,
-                Err(e) => errno_of(e),
-            };
-        }
         for job in &jobs {
-            if results[job.idx] > 0 {
-                let inode = files[job.file].1.inode.0;
-                let end = job.file_offset + job.len as u64;
-                let e = written.entry(inode).or_insert((job.file_offset, end));
-                *e = (e.0.min(job.file_offset), e.1.max(end));
-            }
-        }
-        for job in &jobs {
-            if handle(job.file).is_none() && results[job.idx] == 0 {
-                results[job.idx] = -i64::from(libc::EBADF);
-            }
-        }
-        drop(guards);
-        shared.invalidate_cached(written.into_iter().collect());
-        for job in &jobs {
-            if job.iov.map.poisoned() {
-                results[job.idx] = -i64::from(libc::EFAULT);
-            }
-        }
-        return results;
-    }
-    for job in &jobs {
-        if job.iov.map.poisoned() {
-            results[job.idx] = -i64::from(libc::EFAULT);
+            running.push(
+                async move {
+                    let Some(h) = handle(job.file) else { return vec![(job.idx, -i64::from(libc::EBADF))] };
+                    let data = Bytes::from_owner(IovSlice { map: job.iov.map.clone(), offset: job.iov_offset, len: job.len });
+                    let r = match h.write_at(job.file_offset, data).await {
+                        Ok(()) => {
+                            // Readers of this mount see it once it completes.
+                            let end = job.file_offset + job.len as u64;
+                            shared.invalidate_cached(vec![(files[job.file].1.inode.0, (job.file_offset, end))]).await;
+                            job.len as i64
+                        }
+                        Err(e) => errno_of(e),
+                    };
+                    vec![(job.idx, efault(job, r))]
+                }
+                .boxed(),
+            );
         }
     }
-    results
+    while let Some(done) = running.next().await {
+        posted.set(done);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use fskv_usrbio::proto::{Priority, RingKey};
+
+    #[test]
+    fn read_groups_cut_by_requests_and_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fd = fskv_usrbio::sys::create_file(&dir.path().join("iov"), 4096).expect("create");
+        let map = super::super::sigbus::GuardedMap::map(&fd, 4096).expect("map");
+        let region = Arc::new(super::super::Region::for_tests(map));
+        let job = |idx: usize, len: usize| Job { idx, iov: region.clone(), file: 0, iov_offset: 0, len, file_offset: 0 };
+        let small: Vec<Job> = (0..130).map(|i| job(i, 4096)).collect();
+        assert_eq!(read_groups(&small), vec![0..64, 64..128, 128..130]);
+        let big: Vec<Job> = (0..10).map(|i| job(i, 1 << 20)).collect();
+        assert_eq!(read_groups(&big), vec![0..4, 4..8, 8..10]);
+        let huge = vec![job(0, 64 << 20), job(1, 10)];
+        assert_eq!(read_groups(&huge), vec![0..1, 1..2], "one request larger than a group is a group");
+        assert!(read_groups(&[]).is_empty());
+    }
 
     #[test]
     fn errors_of_reads_map_to_errnos() {

@@ -137,6 +137,24 @@ pub struct RingEntry {
     pub running: AtomicU32,
 }
 
+impl Region {
+    /// A region over `map` with no owner or name (unit tests).
+    #[cfg(test)]
+    pub(crate) fn for_tests(map: Arc<GuardedMap>) -> Region {
+        Region {
+            ino: 0,
+            name: String::new(),
+            key: IovKey { id: [0; 16], block_size: 0, ring: None },
+            target: PathBuf::new(),
+            owner: Owner { tgid: 0, uid: 0, gid: 0 },
+            map,
+            file_id: (0, 0),
+            created: SystemTime::UNIX_EPOCH,
+            ring: None,
+        }
+    }
+}
+
 impl RingEntry {
     fn close(&self) {
         if !self.closed.swap(true, Ordering::AcqRel) {
