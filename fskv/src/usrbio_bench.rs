@@ -8,7 +8,8 @@
 //! | 4 KiB random reads, IOPS | ring of `d` entries, `d` requests kept in flight | `psync` × `numjobs=d`; `libaio` `iodepth=d` | `d` tasks of `read_into`; one `read_many_into` of `d` reads at a time |
 //! | 1 MiB sequential reads, MiB/s | same | same (`psync` jobs read their own `1/d` of the file) | same |
 //!
-//! for `d` in `--depths` (1, 32, 128). FUSE runs with `direct=1` so the
+//! for `d` in `--depths` (1, 32, 128), `--rounds` times with the order of
+//! the methods rotating (the report gives medians). FUSE runs with `direct=1` so the
 //! kernel's page cache on the client side does not answer for the mount
 //! (USRBIO has none); the storage processes read from their page cache in
 //! every case (the file was just written). The daemon's CPU time (user +
@@ -40,8 +41,12 @@ pub struct UsrbioBenchArgs {
     #[arg(long, default_value_t = 1024)]
     file_mib: u64,
     /// Seconds per measurement.
-    #[arg(long, default_value_t = 4.0)]
+    #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Rounds per workload and depth (the order of the methods rotates);
+    /// the report gives each method's median round.
+    #[arg(long, default_value_t = 3)]
+    rounds: u64,
     /// Requests in flight (USRBIO ring depth, fio numjobs / iodepth, native tasks).
     #[arg(long, value_delimiter = ',', default_value = "1,32,128")]
     depths: Vec<usize>,
@@ -77,7 +82,18 @@ pub struct ReplicaReport {
     pub replicas: u32,
     pub file_mib: u64,
     pub seconds: f64,
+    pub rounds: u64,
+    /// The median round of each method, workload and depth.
     pub measures: Vec<Measure>,
+    /// Every round.
+    pub all_rounds: Vec<Measure>,
+}
+
+/// The round with the median figure (ops/s for 4 KiB, MiB/s for 1 MiB).
+fn median(mut runs: Vec<Measure>) -> Measure {
+    runs.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+    let i = runs.len() / 2;
+    runs.swap_remove(i)
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -94,7 +110,11 @@ impl ReplicaReport {
 impl fmt::Display for UsrbioBenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.runs {
-            writeln!(f, "replication {} — file {} MiB, {} s per measurement", r.replicas, r.file_mib, r.seconds)?;
+            writeln!(
+                f,
+                "replication {} — file {} MiB, {} s per measurement, median of {} rounds",
+                r.replicas, r.file_mib, r.seconds, r.rounds
+            )?;
             let depths: Vec<usize> = {
                 let mut d: Vec<usize> = r.measures.iter().map(|m| m.depth).collect();
                 d.sort_unstable();
@@ -516,26 +536,44 @@ async fn bench_replicas(args: &UsrbioBenchArgs, replicas: u32) -> anyhow::Result
     if meta_len != file_len {
         bail!("the file is {meta_len} bytes through the mount, want {file_len}");
     }
+    let mut methods = vec!["usrbio", "native", "native-batch"];
+    if !args.no_fio {
+        methods.extend(["fuse-psync", "fuse-libaio"]);
+    }
+    let rounds = args.rounds.max(1);
     let mut measures = Vec::new();
+    let mut all_rounds = Vec::new();
     for (random, bs) in [(true, 4096u64), (false, MIB)] {
         for &d in &args.depths {
             let d = d.max(1);
             let label = if random { "rand4k" } else { "seq1m" };
-            eprintln!("bench usrbio: r{replicas} {label} depth {d} ...");
             let job = Job { file_len, bs, depth: d, random, seconds: args.seconds };
-            let (p, upr) = (&path, &up);
-            measures.push(tokio::task::block_in_place(|| run_usrbio(upr, p, job))?);
-            if !args.no_fio {
-                measures.push(tokio::task::block_in_place(|| run_fio(upr, p, job, false))?);
-                measures.push(tokio::task::block_in_place(|| run_fio(upr, p, job, true))?);
+            let mut got: Vec<Vec<Measure>> = vec![Vec::new(); methods.len()];
+            for round in 0..rounds {
+                eprintln!("bench usrbio: r{replicas} {label} depth {d} round {} of {rounds} ...", round + 1);
+                // The order rotates by one per round: no method always goes first.
+                for k in 0..methods.len() {
+                    let m = (k + round as usize) % methods.len();
+                    let (p, upr, nm) = (&path, &up, format!("/{name}"));
+                    let r = match methods[m] {
+                        "usrbio" => tokio::task::block_in_place(|| run_usrbio(upr, p, job))?,
+                        "fuse-psync" => tokio::task::block_in_place(|| run_fio(upr, p, job, false))?,
+                        "fuse-libaio" => tokio::task::block_in_place(|| run_fio(upr, p, job, true))?,
+                        "native" => run_native(&fs, &nm, job).await?,
+                        _ => run_native_batched(&fs, &nm, job).await?,
+                    };
+                    got[m].push(r);
+                }
             }
-            measures.push(run_native(&fs, &format!("/{name}"), job).await?);
-            measures.push(run_native_batched(&fs, &format!("/{name}"), job).await?);
+            for runs in got {
+                all_rounds.extend(runs.iter().cloned());
+                measures.push(median(runs));
+            }
         }
     }
     fs.shutdown();
     drop(up);
-    Ok(ReplicaReport { replicas, file_mib: file_len / MIB, seconds: args.seconds, measures })
+    Ok(ReplicaReport { replicas, file_mib: file_len / MIB, seconds: args.seconds, rounds, measures, all_rounds })
 }
 
 use futures::{StreamExt, TryStreamExt};
