@@ -17,7 +17,7 @@
 //!   shared by the C library (`client/usrbio/capi`, `libhf3fs_api_shared.so`).
 //! * [`api`]: the safe Rust API ([`Iov`], [`IoBuf`], [`Ring`], [`File`]).
 //!
-//! See `docs/usrbio.md`.
+//! See `docs/usrbio.md`; measured in docs/BENCHMARKS.md (`fskv bench usrbio`).
 
 pub mod api;
 pub mod batch;
