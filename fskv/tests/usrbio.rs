@@ -42,6 +42,7 @@ struct Cluster {
     mnt: PathBuf,
     data: PathBuf,
     mgmtd: String,
+    meta: String,
 }
 
 fn start_cluster(dir: &Path, extra: &[&str]) -> Cluster {
@@ -53,7 +54,7 @@ fn start_cluster(dir: &Path, extra: &[&str]) -> Cluster {
     let child = start_up_with(&data, base, &args);
     let up = UpGuard { child: Some(child), mount: Some(mnt.clone()) };
     assert!(is_mounted(&mnt), "fskv up reported ready without the mount");
-    Cluster { up, mnt, data, mgmtd: format!("127.0.0.1:{}", base + 11) }
+    Cluster { up, mnt, data, mgmtd: format!("127.0.0.1:{}", base + 11), meta: format!("127.0.0.1:{}", base + 12) }
 }
 
 fn pattern(seed: u64, off: u64, buf: &mut [u8]) {
@@ -73,7 +74,7 @@ fn xorshift(state: &mut u64) -> u64 {
 /// Reads through USRBIO and through FUSE (`pread`) agree, byte for byte
 /// and in length, for random unaligned ranges (some past EOF); writes
 /// through USRBIO are visible through FUSE after completion + fsync.
-fn check_reads_and_writes(mnt: &Path) {
+fn check_reads_and_writes(mnt: &Path, mgmtd: &str, meta: &str, scratch: &Path) {
     let path = mnt.join("rw.bin");
     let len = 5 * MIB as u64 + 12_345;
     let mut content = vec![0u8; len as usize];
@@ -142,6 +143,13 @@ fn check_reads_and_writes(mnt: &Path) {
     let mut through_fd = vec![0u8; model.len()];
     f.read_exact_at(&mut through_fd, 0).expect("read through the writer's fd");
     assert!(through_fd == model, "content through the writing fd");
+    // Another client (the native client of `fskv get`, as the S3 gateways
+    // use it) sees data and length after completion + fsync.
+    let local = scratch.join("rw.get");
+    common::fskv_ok(&["get", "--mgmtd", mgmtd, "--meta", meta, "/rw.bin", local.to_str().unwrap()]);
+    let got = fs::read(&local).expect("read what fskv get wrote");
+    assert_eq!(got.len(), model.len(), "length seen by another client after fsync");
+    assert!(got == model, "content seen by another client after fsync");
     println!("reads and writes: ok ({} bytes)", model.len());
 }
 
@@ -201,7 +209,7 @@ fn usrbio_through_a_mount() {
     let root: Vec<String> =
         fs::read_dir(&c.mnt).expect("readdir").map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
     assert!(!root.iter().any(|n| n == "3fs-virt"), "3fs-virt is not listed in the root: {root:?}");
-    check_reads_and_writes(&c.mnt);
+    check_reads_and_writes(&c.mnt, &c.mgmtd, &c.meta, dir.path());
     check_holes(&c.mnt);
     let left: Vec<String> =
         fs::read_dir(&virt).expect("readdir iovs").map(|e| e.expect("entry").file_name().to_string_lossy().into()).collect();
