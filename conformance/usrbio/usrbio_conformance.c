@@ -405,10 +405,6 @@ static int t_holes(void) {
   CHECK(hf3fs_prep_io(&strict, &iov, true, iov.base + 2 * MIB, fd, 3 * MIB, 1000, NULL) >= 0, "prep");
   hf3fs_submit_ios(&strict);
   CHECK(wait_n(&strict, c, 3) == 3, "strict: completions");
-  for (int i = 0; i < 3; i++) {
-    int idx = c[i].index;
-    (void)idx;
-  }
   int enodata = 0, full = 0;
   for (int i = 0; i < 3; i++) {
     if (c[i].result == -ENODATA) enodata++;
