@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, check that the FoundationDB
 # engine compiles, then run every test of the workspace (unit, integration,
-# conformance, kill -9 durability). Its tests of FoundationDB itself run only
+# conformance, kill -9 durability), the S3 conformance suite, pjdfstest and
+# the USRBIO conformance (deploy/usrbio-conformance.sh). Its tests of FoundationDB itself run only
 # where FDB_CLUSTER_FILE names a cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,12 +75,22 @@ set -e
 
 echo "test: pjdfstest (POSIX file system suite) on a FUSE mount of a fresh fskv up, against conformance/pjdfstest/expected-failures.txt"
 pjd_log=$(mktemp)
-trap 'rm -f "$log" "$pjd_log"' EXIT
+trap 'rm -f "$log" "$skip_log" "$pjd_log"' EXIT
 set +e
 ./deploy/pjdfstest.sh 2>&1 | tee "$pjd_log"
 pjd_status=${PIPESTATUS[0]}
 set -e
 grep -E '^pjdfstest: ([0-9]+ passed|skipped)' "$pjd_log" | tail -1 || echo "pjdfstest: no summary (exit $pjd_status)"
+
+echo "test: USRBIO conformance (C program and Python module against FUSE; kill -9 of a program mid-I/O) on a FUSE mount of a fresh fskv up"
+usrbio_log=$(mktemp)
+trap 'rm -f "$log" "$skip_log" "$pjd_log" "$usrbio_log"' EXIT
+set +e
+./deploy/usrbio-conformance.sh 2>&1 | tee "$usrbio_log"
+usrbio_status=${PIPESTATUS[0]}
+set -e
+grep -E '^pjdfstest: ([0-9]+ passed|skipped)' "$pjd_log" | tail -1 || true
+grep -E '^usrbio: ([0-9]+ passed|SKIPPED)' "$usrbio_log" | tail -1 || echo "usrbio: no summary (exit $usrbio_status)"
 echo "$summary"
 if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
     status=$s3_status
@@ -90,5 +101,8 @@ fi
 if [ "$status" -eq 0 ] && [ "$deploy_status" -ne 0 ]; then
     echo "test: deploy/validate.sh failed"
     status=$deploy_status
+fi
+if [ "$status" -eq 0 ] && [ "$usrbio_status" -ne 0 ]; then
+    status=$usrbio_status
 fi
 exit "$status"

@@ -19,6 +19,8 @@ pub enum BenchCommand {
     Meta(crate::meta_cmd::MetaBenchArgs),
     /// Real processes: kill -9 of a storage node -> writes flowing again, and re-sync MiB/s next to raw chain-3 writes.
     Failover(crate::failover_bench::FailoverBenchArgs),
+    /// USRBIO 4 KiB random / 1 MiB sequential reads vs fio on the FUSE mount and the in-process native client (fresh fskv up --mount).
+    Usrbio(crate::usrbio_bench::UsrbioBenchArgs),
 }
 
 #[derive(Args)]
@@ -113,6 +115,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         }
         BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
         BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
+        BenchCommand::Usrbio(a) => crate::usrbio_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

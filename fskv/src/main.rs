@@ -14,6 +14,7 @@ mod storage_cmd;
 mod supervisor;
 mod transfer;
 mod up;
+mod usrbio_bench;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
-//! `fskv mount --mgmtd A --meta A PATH`: the FUSE mount. Serves until
-//! SIGTERM / Ctrl-C, then unmounts (also when serving fails).
+//! `fskv mount --mgmtd A --meta A PATH`: the FUSE mount, with USRBIO in
+//! `PATH/3fs-virt` unless `--no-usrbio`. Serves until SIGTERM / Ctrl-C, then
+//! unmounts (also when serving fails).
 
 use anyhow::Context;
 use clap::Args;
@@ -23,6 +24,9 @@ pub struct MountArgs {
     /// Only the mounting user may use the mount (no `allow_other`).
     #[arg(long)]
     private: bool,
+    /// Do not serve USRBIO (no `3fs-virt` directory, no ring dispatcher).
+    #[arg(long)]
+    no_usrbio: bool,
     /// The directory to mount on.
     path: PathBuf,
 }
@@ -31,8 +35,11 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
     let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
         .await
         .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
-    let cfg =
+    let mut cfg =
         MountConfig { attr_ttl_ms: args.attr_ttl_ms, entry_ttl_ms: args.attr_ttl_ms, allow_other: !args.private, ..Default::default() };
+    if args.no_usrbio {
+        cfg.usrbio = None;
+    }
     let path = args.path.clone();
     let on_mounted = move || {
         println!("mounted {}; SIGTERM or Ctrl-C unmounts", path.display());

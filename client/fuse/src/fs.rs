@@ -36,6 +36,54 @@ pub(crate) struct Shared {
     pub handles: HandleTable,
     pub cache_stamps: CacheStamps,
     pub cfg: MountConfig,
+    /// USRBIO (set once the mount is up, unless disabled).
+    pub usrbio: std::sync::OnceLock<Arc<crate::usrbio::Server>>,
+    /// Tells the kernel to drop cached pages (set once the session exists).
+    pub notifier: std::sync::OnceLock<fuser::Notifier>,
+}
+
+impl Shared {
+    fn usrbio(&self) -> Option<&Arc<crate::usrbio::Server>> {
+        self.usrbio.get()
+    }
+
+    /// Drops the kernel's cached pages and attributes of `(inode, (start,
+    /// end))` ranges written behind its back (USRBIO writes); returns once the
+    /// kernel has done it. Runs off the async workers (the kernel may wait
+    /// for page locks held by reads this mount is serving).
+    pub async fn invalidate_cached(&self, ranges: Vec<(u64, (u64, u64))>) {
+        let Some(notifier) = self.notifier.get().cloned() else { return };
+        if ranges.is_empty() {
+            return;
+        }
+        for (inode, _) in &ranges {
+            self.cache_stamps.forget(InodeId(*inode));
+        }
+        let done = tokio::task::spawn_blocking(move || {
+            for (inode, (start, end)) in ranges {
+                let len = i64::try_from(end - start).unwrap_or(i64::MAX);
+                if let Err(e) = notifier.inval_inode(INodeNo(inode), i64::try_from(start).unwrap_or(i64::MAX), len) {
+                    // ENOENT: the kernel has no cached inode; nothing to drop.
+                    if e.raw_os_error() != Some(libc::ENOENT) {
+                        tracing::debug!(inode, error = %e, "cache invalidation failed");
+                    }
+                }
+            }
+        });
+        if done.await.is_err() {
+            tracing::warn!("the cache invalidation task failed");
+        }
+    }
+}
+
+/// Who made a request, for USRBIO.
+fn caller(req: &Request) -> crate::usrbio::Caller {
+    crate::usrbio::Caller { uid: req.uid(), gid: req.gid(), tid: req.pid() }
+}
+
+/// Whether `name` in `parent` is the virtual directory's reserved name.
+fn is_reserved(parent: INodeNo, name: &OsStr) -> bool {
+    parent.0 == 1 && name.as_encoded_bytes() == fskv_usrbio::proto::VIRT_DIR.as_bytes()
 }
 
 /// The mounted filesystem.
@@ -77,6 +125,30 @@ impl FskvFs {
 
     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, span: tracing::Span, fut: F) {
         self.rt.spawn(fut.instrument(span));
+    }
+
+    /// The USRBIO server, when `parent`/`name` or `ino` is in the virtual
+    /// directory (`None`: an ordinary request, or USRBIO is off).
+    fn virt(&self, ino: INodeNo, name: Option<&OsStr>) -> Option<&Arc<crate::usrbio::Server>> {
+        let u = self.shared.usrbio()?;
+        let hit = crate::usrbio::is_virtual(ino.0) || name.is_some_and(|n| is_reserved(ino, n));
+        hit.then_some(u)
+    }
+
+    fn virt_ttl(&self, attr: &FileAttr) -> Duration {
+        // Registrations come and go: never cache them in the kernel.
+        if attr.kind == fuser::FileType::Directory {
+            Duration::from_millis(self.shared.cfg.entry_ttl_ms)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn reply_virt_entry(&self, reply: ReplyEntry, r: Result<FileAttr, Errno>) {
+        match r {
+            Ok(attr) => reply.entry(&self.virt_ttl(&attr), &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
     }
 }
 
@@ -239,6 +311,9 @@ impl Ctx {
 
     async fn release(&self, fh: u64) -> FsResult<()> {
         let Some(file) = self.shared.handles.remove_file(fh) else { return Err(FsError(Errno::EBADF)) };
+        if let Some(u) = self.shared.usrbio() {
+            u.forget_file(fh);
+        }
         if file.writable {
             // The close moves the inode's version; what this mount cached
             // of the file is not compared with other writers' data.
@@ -248,6 +323,12 @@ impl Ctx {
     }
 
     async fn opendir(&self, inode: InodeId) -> FsResult<u64> {
+        if crate::usrbio::is_virtual(inode.0) {
+            let u = self.shared.usrbio().ok_or(FsError(Errno::ENOENT))?;
+            let entries = u.dir_entries(inode.0).map_err(FsError)?;
+            let state = DirState { entries, more: false, ..Default::default() };
+            return self.shared.handles.insert_dir(OpenDir { inode, state: tokio::sync::Mutex::new(state) });
+        }
         let dir = self.meta().stat(inode).await?;
         let InodeData::Directory(d) = &dir.data else { return Err(FsError(Errno::ENOTDIR)) };
         let mut state = DirState { more: true, ..Default::default() };
@@ -379,6 +460,12 @@ impl Filesystem for FskvFs {
                 tracing::info!(?missing, "kernel lacks FUSE_AUTO_INVAL_DATA; cached pages refresh at open only");
             }
         }
+        // O_DIRECT reads and writes through AIO (libaio, io_uring) stay
+        // asynchronous: the kernel sends their requests without waiting for
+        // each to finish (the mount serves requests concurrently anyway).
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
+            tracing::info!(?missing, "kernel lacks FUSE_ASYNC_DIO; asynchronous direct I/O is served one request at a time");
+        }
         if let Err(max) = config.set_max_readahead(self.shared.cfg.max_readahead_bytes) {
             let _ = config.set_max_readahead(max);
         }
@@ -402,6 +489,9 @@ impl Filesystem for FskvFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if let Some(u) = self.virt(parent, Some(name)) {
+            return self.reply_virt_entry(reply, u.lookup(parent.0, name));
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("lookup", parent = parent.0), async move {
             let r = match name {
@@ -413,6 +503,12 @@ impl Filesystem for FskvFs {
     }
 
     fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
+        if let Some(u) = self.virt(i, None) {
+            return match u.getattr(i.0) {
+                Ok(attr) => reply.attr(&self.virt_ttl(&attr), &attr),
+                Err(e) => reply.error(e),
+            };
+        }
         let ctx = self.ctx(req);
         self.spawn(tracing::debug_span!("getattr", inode = i.0), async move {
             let r = ctx.meta().stat(ino(i)).await.map_err(FsError::from);
@@ -438,6 +534,9 @@ impl Filesystem for FskvFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        if self.virt(i, None).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let ctx = self.ctx(req);
         let args =
             SetAttrArgs { mode, uid, gid, size, atime_ns: atime.map(to_time_ns), mtime_ns: mtime.map(to_time_ns), fh: fh.map(|f| f.0) };
@@ -448,6 +547,12 @@ impl Filesystem for FskvFs {
     }
 
     fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
+        if let Some(u) = self.virt(i, None) {
+            return match u.readlink(i.0) {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(e),
+            };
+        }
         let ctx = self.ctx(req);
         self.spawn(tracing::debug_span!("readlink", inode = i.0), async move {
             match ctx.meta().readlink(ino(i)).await {
@@ -458,6 +563,9 @@ impl Filesystem for FskvFs {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        if self.virt(parent, Some(name)).is_some() {
+            return reply.error(if is_reserved(parent, name) { Errno::EEXIST } else { Errno::EPERM });
+        }
         let Ok(special) = special_kind_of_mode(mode) else {
             return reply.error(Errno::EINVAL);
         };
@@ -474,6 +582,9 @@ impl Filesystem for FskvFs {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        if self.virt(parent, Some(name)).is_some() {
+            return reply.error(if is_reserved(parent, name) { Errno::EEXIST } else { Errno::EPERM });
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("mkdir", parent = parent.0), async move {
             let r = match name {
@@ -485,6 +596,12 @@ impl Filesystem for FskvFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if let Some(u) = self.virt(parent, Some(name)) {
+            return match u.unlink(caller(req), parent.0, name) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("unlink", parent = parent.0), async move {
             let r = match name {
@@ -496,6 +613,9 @@ impl Filesystem for FskvFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.virt(parent, Some(name)).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("rmdir", parent = parent.0), async move {
             let r = match name {
@@ -507,6 +627,13 @@ impl Filesystem for FskvFs {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        if let Some(u) = self.virt(parent, Some(link_name)) {
+            if is_reserved(parent, link_name) {
+                return reply.error(Errno::EEXIST);
+            }
+            let r = u.symlink(caller(req), parent.0, link_name, target);
+            return self.reply_virt_entry(reply, r);
+        }
         let (ctx, name, target) = (self.ctx(req), name_str(link_name), name_str(target.as_os_str()));
         self.spawn(tracing::debug_span!("symlink", parent = parent.0), async move {
             let r = match (name, target) {
@@ -527,6 +654,9 @@ impl Filesystem for FskvFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if self.virt(parent, Some(name)).is_some() || self.virt(newparent, Some(newname)).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let (ctx, name, newname) = (self.ctx(req), name_str(name), name_str(newname));
         self.spawn(tracing::debug_span!("rename", parent = parent.0, newparent = newparent.0), async move {
             let r = match (name, newname) {
@@ -538,6 +668,9 @@ impl Filesystem for FskvFs {
     }
 
     fn link(&self, req: &Request, i: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        if self.virt(i, None).is_some() || self.virt(newparent, Some(newname)).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let (ctx, name) = (self.ctx(req), name_str(newname));
         self.spawn(tracing::debug_span!("link", inode = i.0, newparent = newparent.0), async move {
             let r = match name {
@@ -549,6 +682,9 @@ impl Filesystem for FskvFs {
     }
 
     fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.virt(i, None).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let ctx = self.ctx(req);
         self.spawn(tracing::debug_span!("open", inode = i.0), async move {
             match ctx.open(ino(i), flags).await {
@@ -669,6 +805,9 @@ impl Filesystem for FskvFs {
     }
 
     fn setxattr(&self, req: &Request, i: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        if self.virt(i, None).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
         self.spawn(tracing::debug_span!("setxattr", inode = i.0), async move {
             let r = match name {
@@ -680,6 +819,9 @@ impl Filesystem for FskvFs {
     }
 
     fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if self.virt(i, None).is_some() {
+            return reply.error(Errno::ENODATA);
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("getxattr", inode = i.0), async move {
             let r = match name {
@@ -691,6 +833,9 @@ impl Filesystem for FskvFs {
     }
 
     fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        if self.virt(i, None).is_some() {
+            return reply_xattr(reply, size, Ok(Vec::new()));
+        }
         let ctx = self.ctx(req);
         self.spawn(tracing::debug_span!("listxattr", inode = i.0), async move {
             let r = ctx.meta().list_xattr(ino(i)).await.map_err(FsError::from).map(|names| {
@@ -706,6 +851,9 @@ impl Filesystem for FskvFs {
     }
 
     fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.virt(i, None).is_some() {
+            return reply.error(Errno::EPERM);
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("removexattr", inode = i.0), async move {
             let r = match name {
@@ -721,7 +869,49 @@ impl Filesystem for FskvFs {
         reply.ok();
     }
 
+    fn ioctl(
+        &self,
+        req: &Request,
+        i: INodeNo,
+        fh: Fh,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        use fskv_usrbio::proto::{HF3FS_SUPER_MAGIC, IOC_DEREG_FD, IOC_GET_MAGIC, IOC_REG_FD};
+        let Some(u) = self.shared.usrbio().cloned() else { return reply.error(Errno::ENOTTY) };
+        match cmd {
+            IOC_GET_MAGIC if out_size >= 4 => reply.ioctl(0, &HF3FS_SUPER_MAGIC.to_ne_bytes()),
+            IOC_REG_FD if out_size as usize >= std::mem::size_of::<fskv_usrbio::proto::RegFdReply>() => {
+                if self.shared.handles.file(fh.0).is_err() {
+                    return reply.error(Errno::EBADF);
+                }
+                match u.register_file(caller(req), i.0, fh.0) {
+                    Ok(r) => {
+                        let mut out = Vec::with_capacity(24);
+                        out.extend_from_slice(&r.magic.to_ne_bytes());
+                        out.extend_from_slice(&r.flags.to_ne_bytes());
+                        out.extend_from_slice(&r.inode.to_ne_bytes());
+                        out.extend_from_slice(&r.file.to_ne_bytes());
+                        reply.ioctl(0, &out)
+                    }
+                    Err(e) => reply.error(e),
+                }
+            }
+            IOC_DEREG_FD if out_size >= 4 => {
+                u.deregister_file(caller(req), fh.0);
+                reply.ioctl(0, &HF3FS_SUPER_MAGIC.to_ne_bytes())
+            }
+            _ => reply.error(Errno::ENOTTY),
+        }
+    }
+
     fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        if self.virt(parent, Some(name)).is_some() {
+            return reply.error(if is_reserved(parent, name) { Errno::EEXIST } else { Errno::EPERM });
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("create", parent = parent.0), async move {
             let r = match name {

@@ -6,6 +6,8 @@
 //! * [`errno`]: the one mapping from fskv error codes to errno values.
 //! * [`handles`]: open file / directory handles keyed by the kernel's `fh`.
 //! * [`attr`]: inode → `FileAttr`.
+//! * [`usrbio`]: USRBIO — the virtual directory `3fs-virt/iovs/`, iov, ring
+//!   and file registration, the ring dispatcher, cleanup after a program dies.
 //!
 //! Inode numbers are fskv inode ids (the root, 1, is `FUSE_ROOT_ID`).
 //! See `docs/fuse.md` for the supported operations, caching and limits.
@@ -14,6 +16,7 @@ pub mod attr;
 pub mod errno;
 pub mod fs;
 pub mod handles;
+pub mod usrbio;
 
 use fskv_client::FsClient;
 use std::future::Future;
@@ -45,6 +48,8 @@ pub struct MountConfig {
     pub keep_page_cache: bool,
     /// Files whose last-open version the mount remembers (for the above).
     pub max_cache_stamps: usize,
+    /// USRBIO limits; `None` turns USRBIO off (no `3fs-virt`).
+    pub usrbio: Option<usrbio::UsrbioConfig>,
 }
 
 impl Default for MountConfig {
@@ -60,6 +65,7 @@ impl Default for MountConfig {
             allow_other: true,
             keep_page_cache: true,
             max_cache_stamps: 1 << 20,
+            usrbio: Some(usrbio::UsrbioConfig::default()),
         }
     }
 }
@@ -87,14 +93,25 @@ where
         handles: handles::HandleTable::new(cfg.max_open_handles),
         cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),
         cfg: cfg.clone(),
+        usrbio: std::sync::OnceLock::new(),
+        notifier: std::sync::OnceLock::new(),
     });
-    let filesystem = fs::FskvFs::new(shared, rt);
+    let filesystem = fs::FskvFs::new(shared.clone(), rt.clone());
     let options = fuser_config(&cfg);
     let path: PathBuf = mountpoint.to_path_buf();
     // The handshake blocks on /dev/fuse; keep it off the async workers.
     let mut session =
         tokio::task::spawn_blocking(move || fuser::Session::new(filesystem, &path, &options)).await.map_err(std::io::Error::other)??;
     let mut unmounter = session.unmount_callable();
+    let _ = shared.notifier.set(session.notifier());
+    if let Some(ucfg) = cfg.usrbio.clone() {
+        match usrbio::Server::start(ucfg, rt.clone(), Arc::downgrade(&shared)) {
+            Ok(server) => {
+                let _ = shared.usrbio.set(server);
+            }
+            Err(e) => tracing::warn!(error = %e, "usrbio could not start (no /dev/shm?); the mount serves without it"),
+        }
+    }
     tracing::info!(mountpoint = %mountpoint.display(), "mounted");
     on_mounted();
     let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
@@ -110,6 +127,9 @@ where
             tracing::info!("the mount went away");
             ended = true;
         }
+    }
+    if let Some(u) = shared.usrbio.get() {
+        u.shutdown();
     }
     if let Err(e) = unmounter.unmount() {
         tracing::warn!(error = %e, "unmount failed (busy?); detaching lazily");

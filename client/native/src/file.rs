@@ -25,7 +25,7 @@
 
 use crate::meta::{CloseEnd, MetaClient, MetaClientConfig, MetaClientError};
 use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
-use crate::storage::{StorageClient, StorageClientConfig, StorageClientError};
+use crate::storage::{ReadSpec, StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
 use fskv_proto::meta::{chain_for_chunk, Expected, FileLayout, Inode, PublishAttrs, UserInfo};
 use fskv_proto::storage::CopySource;
@@ -109,6 +109,33 @@ impl OpenFlags {
     }
 }
 
+/// One read of [`FsClient::read_many_into`]: `buf.len()` bytes at `offset`
+/// of `handle`, into the caller's buffer.
+pub struct ReadInto<'a> {
+    pub handle: &'a FileHandle,
+    pub offset: u64,
+    pub buf: &'a mut [u8],
+}
+
+/// How [`FsClient::read_many_into`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadIntoOptions {
+    /// Read pending (uncommitted) versions instead of waiting for them to
+    /// commit (as [`FsClientConfig::relaxed_reads`] does for `read_at`).
+    pub relaxed: bool,
+    /// A hole inside the file length (a missing chunk, or a chunk shorter
+    /// than the range asked of it) fails that read with [`FileError::Hole`]
+    /// instead of reading as zeros.
+    pub forbid_holes: bool,
+}
+
+/// Chunk pieces of one [`FsClient::read_many_into`] call sent as one
+/// `StorageClient::batch_read` (which makes one RPC per storage node): at
+/// most this many pieces ...
+const READ_BATCH_MAX_PIECES: usize = 64;
+/// ... and this many bytes.
+const READ_BATCH_MAX_BYTES: u64 = 8 << 20;
+
 /// Every error of the file API; each names the file and, for data, the chunk.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -126,6 +153,8 @@ pub enum FileError {
     Unsupported { path: String, what: &'static str },
     #[error("{path} ({inode}): layout has no chain for chunk {index}")]
     NoChain { path: String, inode: InodeId, index: u64 },
+    #[error("{path}: hole at byte {offset} (reads of this call must not cross holes)")]
+    Hole { path: String, offset: u64 },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("cannot connect: {0}")]
@@ -142,6 +171,7 @@ impl FileError {
             FileError::Closed { .. } | FileError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             FileError::Unsupported { .. } => ErrorCode::Unsupported,
             FileError::NoChain { .. } => ErrorCode::Internal,
+            FileError::Hole { .. } => ErrorCode::NotFound,
             FileError::Connect(_) => ErrorCode::ConnectionFailed,
         }
     }
@@ -378,6 +408,166 @@ impl FsClient {
             handle.truncate(0).await?;
         }
         Ok(handle)
+    }
+}
+
+/// One chunk piece of a [`FsClient::read_many_into`] call.
+#[derive(Clone, Copy, Debug)]
+struct ReadIntoPiece {
+    /// Index of its read in the call.
+    read: usize,
+    /// Offset of the piece in its read's buffer.
+    buf_offset: usize,
+    spec: ReadSpec,
+}
+
+/// Cuts `pieces` into batches of at most [`READ_BATCH_MAX_PIECES`] pieces and
+/// [`READ_BATCH_MAX_BYTES`] bytes (a single larger piece is a batch of its own).
+fn read_batches(pieces: Vec<ReadIntoPiece>) -> Vec<Vec<ReadIntoPiece>> {
+    let mut out: Vec<Vec<ReadIntoPiece>> = Vec::new();
+    let mut bytes = 0u64;
+    for p in pieces {
+        let len = u64::from(p.spec.len_bytes);
+        match out.last_mut() {
+            Some(last) if last.len() < READ_BATCH_MAX_PIECES && bytes + len <= READ_BATCH_MAX_BYTES => {
+                last.push(p);
+                bytes += len;
+            }
+            _ => {
+                out.push(vec![p]);
+                bytes = len;
+            }
+        }
+    }
+    out
+}
+
+impl FsClient {
+    /// Reads every `reads[i]` into its buffer and returns the bytes read per
+    /// read, in order. Each read stops at the file length (short, like
+    /// `read_at`; a read past the length its handle knows first re-reads it
+    /// from meta, once per handle); holes inside the length read as zeros,
+    /// or fail that read with [`FileError::Hole`] under
+    /// `options.forbid_holes`. Inline files are read through meta.
+    ///
+    /// The chunk pieces of all reads go out together as batched storage
+    /// reads (`StorageClient::batch_read`: one RPC per storage node) of at
+    /// most [`READ_BATCH_MAX_PIECES`] pieces / [`READ_BATCH_MAX_BYTES`],
+    /// `max_inflight_chunks` batches at once. Each piece is copied once, from
+    /// the RPC reply into the caller's buffer. One read failing does not
+    /// fail the others.
+    pub async fn read_many_into(&self, reads: &mut [ReadInto<'_>], options: ReadIntoOptions) -> Vec<Result<usize>> {
+        let mut results: Vec<Option<Result<usize>>> = (0..reads.len()).map(|_| None).collect();
+        // Handles to refresh: those with a read past their known length (each once).
+        let mut stale: Vec<(usize, &FileHandle)> = Vec::new();
+        for (i, r) in reads.iter().enumerate() {
+            let past = r.offset.saturating_add(r.buf.len() as u64) > r.handle.len();
+            if past && !stale.iter().any(|(_, h)| std::ptr::eq(*h, r.handle)) {
+                stale.push((i, r.handle));
+            }
+        }
+        let refreshed = futures::future::join_all(stale.iter().map(|(i, h)| async move { (*i, h.refresh_len().await) })).await;
+        let mut refresh_failed: Vec<(&FileHandle, FileError)> = Vec::new();
+        for (i, r) in refreshed {
+            if let Err(e) = r {
+                refresh_failed.push((reads[i].handle, e));
+            }
+        }
+        let mut pieces = Vec::new();
+        let mut inline = Vec::new();
+        for (i, r) in reads.iter().enumerate() {
+            if let Some((_, e)) = refresh_failed.iter().find(|(h, _)| std::ptr::eq(*h, r.handle)) {
+                // refresh_len fails with a meta error (the others cannot happen).
+                let e = match e {
+                    FileError::Meta { op, path, cause } => FileError::Meta { op, path: path.clone(), cause: cause.clone() },
+                    other => FileError::InvalidArgument(format!("{}: cannot learn its length: {other}", r.handle.path())),
+                };
+                results[i] = Some(Err(e));
+                continue;
+            }
+            if let Err(e) = r.handle.check_open(false) {
+                results[i] = Some(Err(e));
+                continue;
+            }
+            let (length, is_inline) = {
+                let st = r.handle.shared.state.lock();
+                (st.length, st.inline)
+            };
+            let len = r.offset.saturating_add(r.buf.len() as u64).min(length).saturating_sub(r.offset);
+            results[i] = Some(Ok(len as usize));
+            if len == 0 {
+                continue;
+            }
+            if is_inline {
+                inline.push((i, len));
+                continue;
+            }
+            for p in split_range(r.offset, len, r.handle.chunk_bytes()) {
+                let chain = match r.handle.chain(p.index) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        results[i] = Some(Err(e));
+                        break;
+                    }
+                };
+                // A piece lies inside one chunk, whose size is a u32.
+                let len_bytes = p.len as u32;
+                let chunk = ChunkId::new(r.handle.shared.inode, p.index);
+                let spec = ReadSpec { chain, chunk, offset_bytes: p.chunk_offset, len_bytes, relaxed: options.relaxed };
+                pieces.push(ReadIntoPiece { read: i, buf_offset: p.buf_offset as usize, spec });
+            }
+        }
+        for (i, len) in inline {
+            let r = &mut reads[i];
+            match r.handle.read_inline(r.offset, len).await {
+                Ok(data) => {
+                    let n = data.len().min(r.buf.len());
+                    r.buf[..n].copy_from_slice(&data[..n]);
+                    results[i] = Some(Ok(n));
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let storage = &self.storage;
+        let mut batches = futures::stream::iter(read_batches(pieces).into_iter().map(|batch| async move {
+            let specs: Vec<ReadSpec> = batch.iter().map(|p| p.spec).collect();
+            let out = storage.batch_read(&specs).await;
+            (batch, out)
+        }))
+        .buffer_unordered(self.config.max_inflight_chunks);
+        while let Some((batch, out)) = batches.next().await {
+            for (p, r) in batch.iter().zip(out) {
+                self.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
+                if matches!(results[p.read], Some(Err(_))) {
+                    continue;
+                }
+                let read = &mut reads[p.read];
+                let want = p.spec.len_bytes as usize;
+                let data = match r {
+                    Ok(d) => d.data,
+                    Err(e) if e.code() == ErrorCode::NotFound => Bytes::new(),
+                    Err(cause) => {
+                        let path = read.handle.path().to_string();
+                        results[p.read] =
+                            Some(Err(FileError::Storage { op: "read", path, chunk: p.spec.chunk, chain: p.spec.chain, cause }));
+                        continue;
+                    }
+                };
+                let n = data.len().min(want);
+                self.stats.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+                let Some(dst) = read.buf.get_mut(p.buf_offset..p.buf_offset + want) else { continue };
+                dst[..n].copy_from_slice(&data[..n]);
+                if n < want {
+                    if options.forbid_holes {
+                        let offset = read.offset + (p.buf_offset + n) as u64;
+                        results[p.read] = Some(Err(FileError::Hole { path: read.handle.path().to_string(), offset }));
+                        continue;
+                    }
+                    dst[n..].fill(0);
+                }
+            }
+        }
+        results.into_iter().map(|r| r.unwrap_or(Ok(0))).collect()
     }
 }
 
@@ -675,6 +865,21 @@ impl FileHandle {
         padded.extend_from_slice(&data);
         padded.resize(p.len as usize, 0);
         Ok(padded.freeze())
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset` into `buf` (one copy, from
+    /// the storage reply into `buf`); returns how many, short at the file
+    /// length. Unlike [`FileHandle::read_at`], a read past the length this
+    /// handle knows first re-reads it from meta (as the FUSE read does).
+    /// Holes read as zeros. See [`FsClient::read_many_into`].
+    pub async fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let client = self.shared.client.clone();
+        let options = ReadIntoOptions { relaxed: client.config.relaxed_reads, forbid_holes: false };
+        let mut reads = [ReadInto { handle: self, offset, buf }];
+        match client.read_many_into(&mut reads, options).await.pop() {
+            Some(r) => r,
+            None => Err(FileError::InvalidArgument("read_many_into returned no result".into())),
+        }
     }
 
     /// Writes `data` at `offset`; returns once every chain committed it.

@@ -446,23 +446,25 @@ impl StorageClient {
         for (idx, res) in futures::future::join_all(calls).await {
             if let Ok(list) = res {
                 for (i, r) in idx.into_iter().zip(list) {
-                    if r.is_ok() {
+                    // NotFound (no such chunk: a hole) is the answer, not a failure to retry.
+                    if r.as_ref().map_or_else(|e| e.code() == ErrorCode::NotFound, |_| true) {
                         results[i] = Some(r);
                     }
                 }
             }
         }
-        let mut out = Vec::with_capacity(specs.len());
-        for (i, r) in results.into_iter().enumerate() {
-            out.push(match r {
-                Some(r) => r,
-                None => {
-                    let s = specs[i];
-                    self.read(s.chain, s.chunk, s.offset_bytes, s.len_bytes, s.relaxed).await
-                }
-            });
+        // The rest are retried one by one, concurrently.
+        let retries = results.iter().enumerate().filter(|(_, r)| r.is_none()).map(|(i, _)| {
+            let s = specs[i];
+            async move { (i, self.read(s.chain, s.chunk, s.offset_bytes, s.len_bytes, s.relaxed).await) }
+        });
+        for (i, r) in futures::future::join_all(retries.collect::<Vec<_>>()).await {
+            results[i] = Some(r);
         }
-        out
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StorageClientError::Remote(Status::new(ErrorCode::Internal, "batch read lost a result")))))
+            .collect()
     }
 
     /// Metadata of the highest-index chunk of `inode` on `chain` (asks the head).

@@ -276,3 +276,101 @@ async fn close_finds_a_chunk_past_the_initial_dynamic_stripe() {
     assert_eq!(&got[offset as usize..], b"far");
     env.stop().await;
 }
+
+/// `read_many_into`: many reads of several files in one call, into caller
+/// buffers — against `read_at` and a model: unaligned ranges across chunk
+/// boundaries, past EOF, entirely past EOF, holes as zeros and as errors
+/// under `forbid_holes`, an inline file, a write-only handle, and lengths
+/// another handle grew (re-read from meta).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_many_into_matches_read_at_holes_and_eof() {
+    use fskv_client::file::{FileError, ReadInto, ReadIntoOptions};
+    let env = Env::start(FsClientConfig { max_inflight_chunks: 3, ..Default::default() }).await;
+    let c = CHUNK as usize;
+    // Dense file: 9 chunks + a bit.
+    let dense = pattern(21, 9 * c + 123);
+    let w = env.fs.open("/dense", OpenFlags::create_new()).await.expect("create");
+    w.write_at(0, Bytes::from(dense.clone())).await.expect("write");
+    w.close().await.expect("close");
+    // Sparse file: chunk 0 written, chunks 1-2 missing, chunk 3 half written.
+    let w = env.fs.open("/sparse", OpenFlags::create_new()).await.expect("create");
+    let head = pattern(22, c);
+    let tail = pattern(23, c / 2);
+    w.write_at(0, Bytes::from(head.clone())).await.expect("write head");
+    w.write_at(3 * CHUNK, Bytes::from(tail.clone())).await.expect("write tail");
+    w.close().await.expect("close");
+    let mut sparse = head.clone();
+    sparse.resize(3 * c, 0);
+    sparse.extend_from_slice(&tail);
+    let body = b"inline body bytes".to_vec();
+    env.fs.meta().create_write_publish(InodeId::ROOT, "inl", 0o644, &body, None, Default::default()).await.expect("inline");
+
+    let d = env.fs.open("/dense", OpenFlags::read_only()).await.expect("open");
+    let s = env.fs.open("/sparse", OpenFlags::read_only()).await.expect("open");
+    let i = env.fs.open("/inl", OpenFlags::read_only()).await.expect("open");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    // (handle, model, offset, len)
+    let mut cases: Vec<(&fskv_client::FileHandle, &[u8], u64, usize)> = Vec::new();
+    for _ in 0..40 {
+        let off = rng.gen_range(0..dense.len() as u64 + 10);
+        cases.push((&d, &dense, off, rng.gen_range(1..3 * c)));
+    }
+    cases.push((&d, &dense, 0, dense.len()));
+    cases.push((&d, &dense, dense.len() as u64 - 5, 100)); // short at EOF
+    cases.push((&d, &dense, dense.len() as u64 + 7, 100)); // entirely past EOF
+    cases.push((&s, &sparse, 0, sparse.len() + 50)); // across the hole
+    cases.push((&s, &sparse, CHUNK + 1, 10)); // inside the hole
+    cases.push((&i, &body, 3, 100));
+    let mut bufs: Vec<Vec<u8>> = cases.iter().map(|(_, _, _, len)| vec![0xAB; *len]).collect();
+    let mut reads: Vec<ReadInto<'_>> =
+        cases.iter().zip(bufs.iter_mut()).map(|((h, _, off, _), buf)| ReadInto { handle: h, offset: *off, buf }).collect();
+    let results = env.fs.read_many_into(&mut reads, ReadIntoOptions::default()).await;
+    drop(reads);
+    for (k, ((h, model, off, len), r)) in cases.iter().zip(results).enumerate() {
+        let n = r.unwrap_or_else(|e| panic!("case {k}: {e}"));
+        let start = (*off as usize).min(model.len());
+        let end = (*off as usize + len).min(model.len());
+        assert_eq!(n, end - start, "case {k}: bytes read at {off}+{len} of {}", model.len());
+        assert_eq!(&bufs[k][..n], &model[start..end], "case {k}: data");
+        assert!(bufs[k][n..].iter().all(|&b| b == 0xAB), "case {k}: bytes past the result untouched");
+        let via_read_at = h.read_at(*off, *len as u64).await.expect("read_at");
+        assert_eq!(&via_read_at[..], &bufs[k][..n], "case {k}: same as read_at");
+    }
+    assert!(env.fs.stats().chunks_read.load(Ordering::Relaxed) > 40);
+
+    // forbid_holes: the reads crossing or inside the hole fail, the others do not.
+    let mut a = vec![0u8; 2 * c];
+    let mut b = vec![0u8; 10];
+    let mut e = vec![0u8; c];
+    let mut reads = vec![
+        ReadInto { handle: &s, offset: c as u64 - 5, buf: &mut a },
+        ReadInto { handle: &s, offset: 2 * CHUNK, buf: &mut b },
+        ReadInto { handle: &s, offset: 3 * CHUNK, buf: &mut e },
+    ];
+    let results = env.fs.read_many_into(&mut reads, ReadIntoOptions { forbid_holes: true, relaxed: false }).await;
+    drop(reads);
+    match &results[0] {
+        Err(FileError::Hole { offset, .. }) => assert_eq!(*offset, CHUNK, "the hole starts at chunk 1"),
+        other => panic!("read across the hole: {other:?}"),
+    }
+    assert!(matches!(results[1], Err(FileError::Hole { .. })), "read inside the hole: {:?}", results[1]);
+    // The last chunk is written up to the file length: no hole.
+    assert_eq!(results[2].as_ref().ok(), Some(&(c / 2)), "tail read");
+    assert_eq!(&e[..c / 2], &tail[..]);
+
+    // A writer grows the file; a reader's handle learns the new length.
+    let g = env.fs.open("/dense", OpenFlags::read_write()).await.expect("open writer");
+    g.write_at(dense.len() as u64, Bytes::from_static(b"more")).await.expect("append");
+    g.fsync().await.expect("fsync");
+    let mut buf = vec![0u8; 10];
+    assert_eq!(d.read_into(dense.len() as u64 - 2, &mut buf).await.expect("read_into"), 6, "the length was re-read from meta");
+    assert_eq!(&buf[..6], &[dense[dense.len() - 2], dense[dense.len() - 1], b'm', b'o', b'r', b'e']);
+    g.close().await.expect("close");
+
+    // A handle not opened for reading.
+    let wo = env.fs.open("/dense", OpenFlags { write: true, ..Default::default() }).await.expect("open write-only");
+    let err = wo.read_into(0, &mut buf).await.expect_err("write-only handle");
+    assert_eq!(err.code(), ErrorCode::PermissionDenied);
+    wo.close().await.expect("close");
+    env.stop().await;
+}
