@@ -1,0 +1,526 @@
+//! The HTTP server every gateway runs: accept loop with a total and a
+//! per-peer connection cap, optional TLS, hyper's HTTP/1.1 per connection
+//! under the timeouts of [`crate::conn`], and the request pipeline:
+//!
+//! | step | on failure |
+//! |---|---|
+//! | request id, tracing span (id, method, path, peer, role, protocol, route) | — |
+//! | `GET /metrics` without SigV4 credentials → metrics (per `metrics_endpoint`) | 401/403 per the protocol's error format |
+//! | request target ≤ `max_uri_bytes` (head ≤ `max_header_bytes` and `max_headers`: hyper, 431) | 414 |
+//! | the protocol classifies the head ([`Protocol::classify`]) | — |
+//! | reader/writer guard ([`crate::route::guard`]) | 403 `ReadOnlyGateway` |
+//! | `Content-Length` ≤ the route class's body limit | 413 |
+//! | credentials per [`AuthPolicy`] | the [`AuthError`]'s status |
+//! | the handler, with the body wrapped ([`RequestBody`]: limit while streaming, progress timeout) | the protocol's own |
+//! | the request id header on the response; accounting when the last byte is sent | — |
+//!
+//! Refusals by the shared layer are rendered by [`Protocol::error_response`]
+//! (S3 XML, JSON, …) and counted in `fskv_gateway_requests_refused_total`.
+
+use crate::auth::{sigv4, Authenticator, Principal};
+use crate::body::{BoxError, Finish, RequestBody, ResponseBody};
+use crate::config::{HttpLimits, MetricsEndpoint, Role, ServerConfig};
+use crate::conn::{ConnClock, TimedIo};
+use crate::error::{AuthError, GatewayError};
+use crate::metrics::{self, Metrics, ProtocolLabels, ReasonLabels, RouteLabels};
+use crate::route::{guard, AuthPolicy, Route};
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// A protocol served by the shared layer (S3, KV, MQ, the front).
+pub trait Protocol: Send + Sync + 'static {
+    /// The handler's response body.
+    type Body: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+
+    /// `s3`, `kv`, `mq`, …: the `protocol` label of metrics and logs.
+    fn name(&self) -> &'static str;
+
+    /// The response header carrying the request id.
+    fn request_id_header(&self) -> HeaderName {
+        HeaderName::from_static("x-request-id")
+    }
+
+    /// Classifies a request from its head alone (no body, no I/O).
+    fn classify(&self, parts: &Parts) -> Route;
+
+    /// Serves one request that passed the shared checks.
+    fn handle(&self, req: Request<RequestBody>, cx: RequestContext) -> impl Future<Output = Response<Self::Body>> + Send;
+
+    /// Renders a refusal of the shared layer in the protocol's format
+    /// (start from [`GatewayError::reply`]).
+    fn error_response(&self, err: &GatewayError, cx: &RequestContext) -> Response<Bytes>;
+}
+
+/// What the shared layer knows about a request, handed to the handler.
+#[derive(Clone, Debug)]
+pub struct RequestContext {
+    pub request_id: Arc<str>,
+    pub peer: SocketAddr,
+    pub role: Role,
+    /// The route's name from [`Protocol::classify`] (`"metrics"`, or
+    /// `"unknown"` before classification).
+    pub route: &'static str,
+    /// Set when the route's [`AuthPolicy`] is `Required`.
+    pub principal: Option<Principal>,
+    pub writer_endpoint: Option<Arc<str>>,
+}
+
+/// A new request id: 16 uppercase hex digits, random.
+pub fn new_request_id() -> String {
+    format!("{:016X}", rand::random::<u64>())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunState {
+    Running,
+    Draining,
+    Abort,
+}
+
+/// Open connections per peer IP address.
+#[derive(Default)]
+struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
+
+impl PeerCounts {
+    fn try_add(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut m = self.0.lock();
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot { peers: Arc::clone(self), ip })
+    }
+}
+
+/// One connection's place in [`PeerCounts`], returned when dropped.
+struct PeerSlot {
+    peers: Arc<PeerCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.peers.0.lock();
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+struct Inner<P> {
+    protocol: Arc<P>,
+    cfg: ServerConfig,
+    writer_endpoint: Option<Arc<str>>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    conns: Arc<Semaphore>,
+    peers: Arc<PeerCounts>,
+    id_header: HeaderName,
+}
+
+/// A running server. [`ServerHandle::stop`] stops it gracefully; dropping
+/// the handle stops accepting and drains as `stop` does, without waiting.
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    state: watch::Sender<RunState>,
+    accept: tokio::task::JoinHandle<()>,
+    conns: Arc<Semaphore>,
+    max_connections: u32,
+    grace: Duration,
+}
+
+impl ServerHandle {
+    /// Stops accepting, lets requests in flight finish (idle connections
+    /// close at once) for up to `shutdown_grace_ms`, then closes the rest.
+    pub async fn stop(self) {
+        let ServerHandle { state, accept, conns, max_connections, grace, .. } = self;
+        let _ = state.send(RunState::Draining);
+        let _ = accept.await;
+        let all = |conns: Arc<Semaphore>| async move { conns.acquire_many_owned(max_connections).await.map(drop) };
+        if tokio::time::timeout(grace, all(Arc::clone(&conns))).await.is_err() {
+            tracing::info!(
+                grace_ms = grace.as_millis() as u64,
+                "requests still in flight after the shutdown grace; closing their connections"
+            );
+            let _ = state.send(RunState::Abort);
+            let _ = tokio::time::timeout(Duration::from_secs(5), all(conns)).await;
+        }
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.max_connections as usize - self.conns.available_permits()
+    }
+}
+
+/// Binds `cfg.listen` and serves `protocol` until stopped.
+pub async fn serve<P: Protocol>(
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
+    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| GatewayError::Setup(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    serve_on(listener, cfg, protocol, auth, metrics)
+}
+
+/// Serves on a listener the caller bound (`cfg.listen` is then ignored).
+pub fn serve_on<P: Protocol>(
+    listener: TcpListener,
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
+    cfg.limits.validate().map_err(GatewayError::Setup)?;
+    let tls = cfg.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    let addr = listener.local_addr().map_err(|e| GatewayError::Setup(format!("listener address: {e}")))?;
+    let max_connections = cfg.limits.max_connections as u32;
+    let conns = Arc::new(Semaphore::new(max_connections as usize));
+    let (state, state_rx) = watch::channel(RunState::Running);
+    let grace = Duration::from_millis(cfg.limits.shutdown_grace_ms);
+    let inner = Arc::new(Inner {
+        id_header: protocol.request_id_header(),
+        protocol,
+        writer_endpoint: cfg.writer_endpoint.as_deref().map(Arc::from),
+        cfg,
+        auth,
+        metrics,
+        tls,
+        conns: Arc::clone(&conns),
+        peers: Arc::default(),
+    });
+    tracing::info!(%addr, protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
+    let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
+    Ok(ServerHandle { addr, state, accept, conns, max_connections, grace })
+}
+
+/// Waits until the server should stop accepting (`Draining` or the handle dropped).
+async fn stopping(state: &mut watch::Receiver<RunState>) {
+    loop {
+        if *state.borrow_and_update() != RunState::Running {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn accept_loop<P: Protocol>(listener: TcpListener, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
+    let protocol = inner.protocol.name();
+    let limits = &inner.cfg.limits;
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&inner.conns).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stopping(&mut state) => return,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopping(&mut state) => return,
+        };
+        let Some(slot) = inner.peers.try_add(peer.ip(), limits.max_connections_per_peer) else {
+            inner.metrics.connections_refused.get_or_create(&ReasonLabels { protocol, reason: "per_peer" }).inc();
+            tracing::debug!(%peer, max = limits.max_connections_per_peer, "per-peer connection cap reached; closing the new connection");
+            drop(stream);
+            continue;
+        };
+        inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, peer, (permit, slot), state.clone()));
+    }
+}
+
+/// Counts the connection as open while alive.
+struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn serve_connection<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
+    state: watch::Receiver<RunState>,
+) {
+    let protocol = inner.protocol.name();
+    let open = inner.metrics.connections_open.get_or_create_owned(&ProtocolLabels { protocol });
+    open.inc();
+    let _open = OpenGuard(open);
+    let _ = stream.set_nodelay(true);
+    let limits = &inner.cfg.limits;
+    let clock = Arc::new(ConnClock::new(
+        Instant::now(),
+        Duration::from_millis(limits.header_read_timeout_ms),
+        Duration::from_millis(limits.idle_timeout_ms),
+    ));
+    let send_timeout = Duration::from_millis(limits.send_progress_timeout_ms);
+    match inner.tls.clone() {
+        None => drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock), send_timeout), clock, peer, state).await,
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(Duration::from_millis(limits.tls_handshake_timeout_ms), acceptor.accept(stream)).await;
+            match handshake {
+                Ok(Ok(tls)) => drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock), send_timeout), clock, peer, state).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => {
+                    inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: "tls_handshake" }).inc();
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                }
+            }
+        }
+    }
+}
+
+async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr, mut state: watch::Receiver<RunState>)
+where
+    P: Protocol,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let protocol = inner.protocol.name();
+    let limits: &HttpLimits = &inner.cfg.limits;
+    let svc = {
+        let inner = Arc::clone(&inner);
+        let clock = Arc::clone(&clock);
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let inner = Arc::clone(&inner);
+            let clock = Arc::clone(&clock);
+            async move { Ok::<_, Infallible>(handle(inner, clock, peer, req).await) }
+        })
+    };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.keep_alive(true).max_headers(limits.max_headers).max_header_size(limits.max_header_bytes).header_read_timeout(None);
+    let conn = http.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let mut next_check = Instant::now();
+    let mut state_open = true;
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    if clock.send_timed_out() {
+                        inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: "send_progress" }).inc();
+                    }
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep_until(next_check) => match clock.check(Instant::now()) {
+                Ok(t) => next_check = t,
+                Err(expiry) => {
+                    inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: expiry.label() }).inc();
+                    tracing::debug!(%peer, timeout = expiry.label(), "closing the connection: timed out");
+                    return;
+                }
+            },
+            r = state.changed(), if state_open => {
+                let now = if r.is_err() { state_open = false; RunState::Draining } else { *state.borrow_and_update() };
+                match now {
+                    RunState::Running => {}
+                    RunState::Draining if !draining => {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    RunState::Draining => {}
+                    RunState::Abort => return,
+                }
+            }
+        }
+    }
+}
+
+fn content_length(parts: &Parts) -> Option<u64> {
+    parts.headers.get(CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn is_metrics_request(parts: &Parts, endpoint: MetricsEndpoint) -> bool {
+    endpoint != MetricsEndpoint::Off
+        && (parts.method == http::Method::GET || parts.method == http::Method::HEAD)
+        && parts.uri.path() == "/metrics"
+        && matches!(sigv4::scheme(parts), Ok(sigv4::Scheme::Anonymous | sigv4::Scheme::Bearer(_)))
+}
+
+async fn handle<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    clock: Arc<ConnClock>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<ResponseBody<P::Body>> {
+    let protocol = inner.protocol.name();
+    let finish = Finish::start(clock, Arc::clone(&inner.metrics), protocol, metrics::method_label(req.method()));
+    let request_id: Arc<str> = Arc::from(new_request_id());
+    let span = tracing::info_span!(
+        "request",
+        id = %request_id,
+        method = %req.method(),
+        path = %req.uri().path(),
+        %peer,
+        role = %inner.cfg.role,
+        protocol,
+        route = tracing::field::Empty,
+    );
+    let cx = RequestContext {
+        request_id,
+        peer,
+        role: inner.cfg.role,
+        route: "unknown",
+        principal: None,
+        writer_endpoint: inner.writer_endpoint.clone(),
+    };
+    pipeline(inner, finish, cx, req).instrument(span).await
+}
+
+async fn pipeline<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    mut finish: Finish,
+    mut cx: RequestContext,
+    req: Request<Incoming>,
+) -> Response<ResponseBody<P::Body>> {
+    let (parts, body) = req.into_parts();
+    let limits = &inner.cfg.limits;
+    if is_metrics_request(&parts, limits.metrics_endpoint) {
+        finish.route = "metrics";
+        cx.route = "metrics";
+        return metrics_response(&inner, finish, &cx, &parts);
+    }
+    match admit(&inner, &mut finish, &mut cx, &parts, body).await {
+        Ok(body) => {
+            let resp = inner.protocol.handle(Request::from_parts(parts, body), cx.clone()).await;
+            finish.status = resp.status().as_u16();
+            let (mut head, body) = resp.into_parts();
+            set_request_id(&mut head.headers, &inner.id_header, &cx.request_id);
+            Response::from_parts(head, ResponseBody::handler(body, finish))
+        }
+        Err(err) => {
+            let reason = err.label();
+            inner.metrics.refused.get_or_create(&ReasonLabels { protocol: inner.protocol.name(), reason }).inc();
+            if matches!(err, GatewayError::Internal(_) | GatewayError::Auth(AuthError::NeedsBody)) {
+                tracing::error!(error = %err, "request failed in the gateway layer");
+            } else {
+                tracing::debug!(reason, error = %err, "request refused");
+            }
+            error_response(&inner, finish, &cx, &err)
+        }
+    }
+}
+
+/// The shared checks of one request; on success its body for the handler.
+async fn admit<P: Protocol>(
+    inner: &Inner<P>,
+    finish: &mut Finish,
+    cx: &mut RequestContext,
+    parts: &Parts,
+    body: Incoming,
+) -> Result<RequestBody, GatewayError> {
+    let limits = &inner.cfg.limits;
+    let uri_len = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
+    if uri_len > limits.max_uri_bytes {
+        return Err(GatewayError::UriTooLong { len: uri_len, max: limits.max_uri_bytes });
+    }
+    let route: Route = inner.protocol.classify(parts);
+    finish.route = route.name;
+    cx.route = route.name;
+    tracing::Span::current().record("route", route.name);
+    guard(inner.cfg.role, route.access, cx.writer_endpoint.as_deref())?;
+    let max = limits.max_body_bytes(route.body);
+    if let Some(len) = content_length(parts) {
+        if len > max {
+            return Err(GatewayError::BodyTooLarge { len: Some(len), max });
+        }
+    }
+    let bytes_in = inner.metrics.body_bytes_in.get_or_create_owned(&RouteLabels { protocol: inner.protocol.name(), route: route.name });
+    let body = RequestBody::stream(body, max, limits.body_progress_timeout_ms, bytes_in);
+    match route.auth {
+        AuthPolicy::Open => Ok(body),
+        AuthPolicy::Delegated => {
+            inner.auth.sigv4().precheck(parts, SystemTime::now())?;
+            Ok(body)
+        }
+        AuthPolicy::Required => match inner.auth.authenticate(parts, None, SystemTime::now()) {
+            Ok(p) => {
+                cx.principal = Some(p);
+                Ok(body)
+            }
+            Err(AuthError::NeedsBody) => {
+                let bytes = body.collect().await?;
+                cx.principal = Some(inner.auth.authenticate(parts, Some(&bytes), SystemTime::now())?);
+                Ok(RequestBody::full(bytes))
+            }
+            Err(e) => Err(e.into()),
+        },
+    }
+}
+
+fn set_request_id(headers: &mut http::HeaderMap, name: &HeaderName, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+fn error_response<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: &RequestContext,
+    err: &GatewayError,
+) -> Response<ResponseBody<P::Body>> {
+    let resp = inner.protocol.error_response(err, cx);
+    finish.status = resp.status().as_u16();
+    let (mut head, body) = resp.into_parts();
+    set_request_id(&mut head.headers, &inner.id_header, &cx.request_id);
+    Response::from_parts(head, ResponseBody::full(body, finish))
+}
+
+fn metrics_response<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: &RequestContext,
+    parts: &Parts,
+) -> Response<ResponseBody<P::Body>> {
+    if inner.cfg.limits.metrics_endpoint == MetricsEndpoint::Bearer {
+        let checked = match sigv4::scheme(parts) {
+            Ok(sigv4::Scheme::Bearer(token)) => inner.auth.bearer(token).map(drop),
+            _ => Err(AuthError::Missing),
+        };
+        if let Err(e) = checked {
+            return error_response(inner, finish, cx, &GatewayError::Auth(e));
+        }
+    }
+    let text = if parts.method == http::Method::HEAD { Bytes::new() } else { Bytes::from(inner.metrics.render()) };
+    finish.status = 200;
+    let mut resp = Response::new(ResponseBody::full(text, finish));
+    *resp.status_mut() = StatusCode::OK;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
+    set_request_id(resp.headers_mut(), &inner.id_header, &cx.request_id);
+    resp
+}
