@@ -94,13 +94,13 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Up(args) => up::run(args, &config).await,
+            Command::Up(args) => up::run(args, &config, cli.config.as_deref()).await,
             Command::Bench(cmd) => bench::run(cmd, &config).await,
             Command::Admin(cmd) => admin::run(cmd).await,
             Command::Put(args) => transfer::put(args).await,
             Command::Get(args) => transfer::get(args).await,
             Command::Mount(args) => mount_cmd::run(args).await,
-            Command::Gateway(cmd) => gateway_cmd::run(cmd).await,
+            Command::Gateway(cmd) => gateway_cmd::run(cmd, &config).await,
             Command::Mgmtd(args) => mgmtd_cmd::run(args).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,

@@ -111,7 +111,8 @@ impl Ports {
     }
 }
 
-pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
+/// `config_path`: the `--config` file, passed on to the gateways (their HTTP limits).
+pub async fn run(args: UpArgs, config: &Config, config_path: Option<&Path>) -> anyhow::Result<()> {
     let data_dir = args.data.clone().unwrap_or_else(|| config.up.data_dir.clone());
     let base_port = args.base_port.unwrap_or(config.up.base_port);
     anyhow::ensure!(base_port <= 65535 - 20, "--base-port {base_port} leaves no room for internal ports above it");
@@ -142,7 +143,11 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         supervisor.shutdown().await;
         return Err(e);
     }
-    let gateways = match start_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
+    let config_path = match config_path {
+        Some(p) => Some(p.canonicalize().with_context(|| format!("config file {}", p.display()))?),
+        None => None,
+    };
+    let gateways = match start_gateways(&exe, &data_dir, &ports, config_path.as_deref(), !args.no_restart).await {
         Ok(g) => g,
         Err(e) => {
             eprintln!("fskv up: {e:#}; stopping");
@@ -210,10 +215,14 @@ const GATEWAY_READY_TIMEOUT_MS: u64 = 30_000;
 
 /// Starts the S3 writer and reader gateways under their own supervisor
 /// (stopped before the cluster) and waits until both accept connections.
-async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
+async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, config: Option<&Path>, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
     let s3 = |role: &str, listen: &str| {
-        let mut args: Vec<String> = vec!["gateway".into(), "s3".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
+        let mut args: Vec<String> = match config {
+            Some(c) => vec!["--config".into(), c.display().to_string()],
+            None => vec![],
+        };
+        args.extend(["gateway".into(), "s3".into(), "--role".into(), role.into(), "--listen".into(), listen.into()]);
         args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--meta".into(), ports.meta.clone(), "--credentials".into(), creds.clone()]);
         if role == "reader" {
             args.extend(["--writer-endpoint".into(), format!("http://{}", ports.s3)]);

@@ -202,6 +202,17 @@ pub fn check_tags(tags: &TagList) -> Result<(), String> {
     Ok(())
 }
 
+/// The record of a directory object: a directory's mtime changes with its
+/// entries, so only readability is checked; a directory without a record
+/// is not an object.
+pub fn effective_dir(inode: &Inode, record: Option<&[u8]>) -> ObjectMeta {
+    let parsed = record.and_then(|b| serde_json::from_slice::<ObjectMeta>(b).ok());
+    parsed.unwrap_or_else(|| ObjectMeta { etag: EMPTY_MD5.into(), size: 0, mtime_ns: inode.mtime_ns, ..ObjectMeta::default() })
+}
+
+/// MD5 of no bytes: the ETag of an empty object.
+pub const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,14 +235,3 @@ mod tests {
         assert!(parse_tagging_header(&(0..11).map(|i| format!("k{i}=v")).collect::<Vec<_>>().join("&")).is_err());
     }
 }
-
-/// The record of a directory object: a directory's mtime changes with its
-/// entries, so only readability is checked; a directory without a record
-/// is not an object.
-pub fn effective_dir(inode: &Inode, record: Option<&[u8]>) -> ObjectMeta {
-    let parsed = record.and_then(|b| serde_json::from_slice::<ObjectMeta>(b).ok());
-    parsed.unwrap_or_else(|| ObjectMeta { etag: EMPTY_MD5.into(), size: 0, mtime_ns: inode.mtime_ns, ..ObjectMeta::default() })
-}
-
-/// MD5 of no bytes: the ETag of an empty object.
-pub const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
