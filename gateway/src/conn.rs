@@ -75,8 +75,9 @@ impl ConnClock {
     }
 
     /// Bytes arrived: while idle they start the next request's head.
-    pub fn on_read(&self, now: Instant) {
+    pub fn on_read(&self, now: impl FnOnce() -> Instant) {
         if self.idle.load(Ordering::Relaxed) {
+            let now = now();
             let mut s = self.state.lock();
             if s.phase == Phase::Idle {
                 *s = State { phase: Phase::Head, since: now };
@@ -193,7 +194,7 @@ impl<S: AsyncRead> AsyncRead for TimedIo<S> {
         let before = buf.filled().len();
         let r = this.inner.poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.clock.on_read(Instant::now());
+            this.clock.on_read(Instant::now);
         }
         r
     }
@@ -260,7 +261,7 @@ mod tests {
         let c = clock(t0);
         assert_eq!(c.check(t0), Ok(t0 + Duration::from_secs(10)));
         // Bytes trickling in do not extend the head deadline.
-        c.on_read(t0 + Duration::from_secs(5));
+        c.on_read(|| t0 + Duration::from_secs(5));
         assert_eq!(c.check(t0 + Duration::from_secs(10)), Err(Expiry::HeaderRead));
     }
 
@@ -271,7 +272,7 @@ mod tests {
         c.on_request_start();
         let late = t0 + Duration::from_secs(3600);
         assert!(c.check(late).is_ok());
-        c.on_read(late);
+        c.on_read(|| late);
         assert!(c.check(late + Duration::from_secs(100)).is_ok());
     }
 
@@ -287,7 +288,7 @@ mod tests {
         assert_eq!(c.check(t1 + Duration::from_secs(60)), Err(Expiry::Idle));
         // A byte of the next request switches to the head deadline.
         let t2 = t1 + Duration::from_secs(30);
-        c.on_read(t2);
+        c.on_read(|| t2);
         assert_eq!(c.check(t2), Ok(t2 + Duration::from_secs(10)));
         assert_eq!(c.check(t2 + Duration::from_secs(10)), Err(Expiry::HeaderRead));
     }

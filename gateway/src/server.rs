@@ -83,7 +83,9 @@ pub struct RequestContext {
 
 /// A new request id: 16 uppercase hex digits, random.
 pub fn new_request_id() -> String {
-    format!("{:016X}", rand::random::<u64>())
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let v = rand::random::<u64>();
+    (0..16).map(|i| HEX[((v >> (60 - 4 * i)) & 0xf) as usize] as char).collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -322,7 +324,7 @@ where
     http.keep_alive(true).max_headers(limits.max_headers).max_header_size(limits.max_header_bytes).header_read_timeout(None);
     let conn = http.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    let mut next_check = Instant::now();
+    let mut next_check = clock.check(Instant::now()).unwrap_or_else(|_| Instant::now());
     let mut state_open = true;
     let mut draining = false;
     loop {
@@ -378,50 +380,47 @@ async fn handle<P: Protocol>(
     req: Request<Incoming>,
 ) -> Response<ResponseBody<P::Body>> {
     let protocol = inner.protocol.name();
-    let finish = Finish::start(clock, Arc::clone(&inner.metrics), protocol, metrics::method_label(req.method()));
+    let (parts, body) = req.into_parts();
+    let mut finish = Finish::start(clock, Arc::clone(&inner.metrics), protocol, metrics::method_label(&parts.method));
     let request_id: Arc<str> = Arc::from(new_request_id());
+    // Classification is pure and cheap, so the span is made once with the route.
+    let route = if is_metrics_request(&parts, inner.cfg.limits.metrics_endpoint) { None } else { Some(inner.protocol.classify(&parts)) };
+    let route_name = route.map_or("metrics", |r| r.name);
+    finish.route = route_name;
     let span = tracing::info_span!(
         "request",
         id = %request_id,
-        method = %req.method(),
-        path = %req.uri().path(),
+        method = %parts.method,
+        path = %parts.uri.path(),
         %peer,
-        role = %inner.cfg.role,
+        role = inner.cfg.role.as_str(),
         protocol,
-        route = tracing::field::Empty,
+        route = route_name,
     );
     let cx = RequestContext {
         request_id,
         peer,
         role: inner.cfg.role,
-        route: "unknown",
+        route: route_name,
         principal: None,
         writer_endpoint: inner.writer_endpoint.clone(),
     };
-    pipeline(inner, finish, cx, req).instrument(span).await
+    pipeline(inner, finish, cx, parts, body, route).instrument(span).await
 }
 
 async fn pipeline<P: Protocol>(
     inner: Arc<Inner<P>>,
-    mut finish: Finish,
+    finish: Finish,
     mut cx: RequestContext,
-    req: Request<Incoming>,
+    parts: Parts,
+    body: Incoming,
+    route: Option<Route>,
 ) -> Response<ResponseBody<P::Body>> {
-    let (parts, body) = req.into_parts();
-    let limits = &inner.cfg.limits;
-    if is_metrics_request(&parts, limits.metrics_endpoint) {
-        finish.route = "metrics";
-        cx.route = "metrics";
+    let Some(route) = route else {
         return metrics_response(&inner, finish, &cx, &parts);
-    }
-    match admit(&inner, &mut finish, &mut cx, &parts, body).await {
-        Ok(body) => {
-            let resp = inner.protocol.handle(Request::from_parts(parts, body), cx.clone()).await;
-            finish.status = resp.status().as_u16();
-            let (mut head, body) = resp.into_parts();
-            set_request_id(&mut head.headers, &inner.id_header, &cx.request_id);
-            Response::from_parts(head, ResponseBody::handler(body, finish))
-        }
+    };
+    match admit(&inner, route, &mut cx, &parts, body).await {
+        Ok(body) => respond(&inner, finish, cx, parts, body).await,
         Err(err) => {
             let reason = err.label();
             inner.metrics.refused.get_or_create(&ReasonLabels { protocol: inner.protocol.name(), reason }).inc();
@@ -435,10 +434,25 @@ async fn pipeline<P: Protocol>(
     }
 }
 
+async fn respond<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: RequestContext,
+    parts: Parts,
+    body: RequestBody,
+) -> Response<ResponseBody<P::Body>> {
+    let request_id = Arc::clone(&cx.request_id);
+    let resp = inner.protocol.handle(Request::from_parts(parts, body), cx).await;
+    finish.status = resp.status().as_u16();
+    let (mut head, body) = resp.into_parts();
+    set_request_id(&mut head.headers, &inner.id_header, &request_id);
+    Response::from_parts(head, ResponseBody::handler(body, finish))
+}
+
 /// The shared checks of one request; on success its body for the handler.
 async fn admit<P: Protocol>(
     inner: &Inner<P>,
-    finish: &mut Finish,
+    route: Route,
     cx: &mut RequestContext,
     parts: &Parts,
     body: Incoming,
@@ -448,10 +462,6 @@ async fn admit<P: Protocol>(
     if uri_len > limits.max_uri_bytes {
         return Err(GatewayError::UriTooLong { len: uri_len, max: limits.max_uri_bytes });
     }
-    let route: Route = inner.protocol.classify(parts);
-    finish.route = route.name;
-    cx.route = route.name;
-    tracing::Span::current().record("route", route.name);
     guard(inner.cfg.role, route.access, cx.writer_endpoint.as_deref())?;
     let max = limits.max_body_bytes(route.body);
     if let Some(len) = content_length(parts) {
@@ -464,7 +474,7 @@ async fn admit<P: Protocol>(
     match route.auth {
         AuthPolicy::Open => Ok(body),
         AuthPolicy::Delegated => {
-            inner.auth.sigv4().precheck(parts, SystemTime::now())?;
+            inner.auth.sigv4().check(parts, SystemTime::now())?;
             Ok(body)
         }
         AuthPolicy::Required => match inner.auth.authenticate(parts, None, SystemTime::now()) {

@@ -28,6 +28,7 @@ use http::request::Parts;
 use http::HeaderMap;
 use percent_encoding::{percent_decode_str, AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
@@ -158,12 +159,22 @@ impl SigV4Verifier {
     /// needs neither the key nor an HMAC (scheme, scope, dates, expiry).
     /// `Ok(None)`: no SigV4 credentials (anonymous or bearer).
     pub fn precheck(&self, parts: &Parts, now: SystemTime) -> Result<Option<SigV4Request>, AuthError> {
+        Ok(self.parse_checked(parts, now)?.map(Parsed::into_owned))
+    }
+
+    /// [`SigV4Verifier::precheck`] without its result: no allocation for
+    /// header auth (what the shared layer runs on every delegated request).
+    pub fn check(&self, parts: &Parts, now: SystemTime) -> Result<(), AuthError> {
+        self.parse_checked(parts, now).map(drop)
+    }
+
+    fn parse_checked<'a>(&self, parts: &'a Parts, now: SystemTime) -> Result<Option<Parsed<'a>>, AuthError> {
         let req = match scheme(parts)? {
             Scheme::Anonymous | Scheme::Bearer(_) => return Ok(None),
             Scheme::SigV4Header(rest) => self.parse_header(rest, &parts.headers)?,
             Scheme::SigV4Query => self.parse_query(parts.uri.query().unwrap_or(""))?,
         };
-        self.check_time(&req, now)?;
+        check_time(req.time, req.presigned_expires_secs, now)?;
         Ok(Some(req))
     }
 
@@ -244,7 +255,8 @@ impl SigV4Verifier {
         Ok(out.signature().to_string())
     }
 
-    fn check_scope(&self, cred: &str, malformed: fn(String) -> AuthError) -> Result<(String, String, String, String), AuthError> {
+    /// `(access key, day, region, service)` of a credential scope.
+    fn check_scope<'a>(&self, cred: &'a str, malformed: fn(String) -> AuthError) -> Result<[&'a str; 4], AuthError> {
         let mut it = cred.rsplitn(5, '/');
         let (Some(term), Some(service), Some(region), Some(day), Some(ak)) = (it.next(), it.next(), it.next(), it.next(), it.next()) else {
             return Err(malformed(format!("Credential {cred:?} is not AK/YYYYMMDD/region/service/aws4_request")));
@@ -258,10 +270,10 @@ impl SigV4Verifier {
         if region != self.region {
             return Err(AuthError::WrongRegion { got: region.to_string(), expected: self.region.clone() });
         }
-        Ok((ak.to_string(), day.to_string(), region.to_string(), service.to_string()))
+        Ok([ak, day, region, service])
     }
 
-    fn parse_header(&self, rest: &str, headers: &HeaderMap) -> Result<SigV4Request, AuthError> {
+    fn parse_header<'a>(&self, rest: &'a str, headers: &'a HeaderMap) -> Result<Parsed<'a>, AuthError> {
         let bad = AuthError::MalformedHeader;
         let (mut cred, mut signed, mut sig) = (None, None, None);
         for part in rest.split(',') {
@@ -286,25 +298,27 @@ impl SigV4Verifier {
         if headers.contains_key("x-amz-security-token") {
             return Err(AuthError::SessionToken);
         }
-        let (access_key, day, region, service) = self.check_scope(cred, bad)?;
+        let [access_key, day, region, service] = self.check_scope(cred, bad)?;
         let amz_date = single_header(headers, "x-amz-date")?.ok_or_else(|| bad("the x-amz-date header is required".into()))?;
         let time = parse_amz_date(amz_date).ok_or_else(|| bad(format!("x-amz-date {amz_date:?} is not YYYYMMDDTHHMMSSZ")))?;
-        if !amz_date.starts_with(&day) {
+        if !amz_date.starts_with(day) {
             return Err(bad(format!("the credential scope's date {day} is not the day of x-amz-date {amz_date}")));
         }
-        Ok(SigV4Request {
-            access_key,
-            amz_date: amz_date.to_string(),
+        check_signed_headers(signed, bad)?;
+        check_signature(sig, bad)?;
+        Ok(Parsed {
+            access_key: Cow::Borrowed(access_key),
+            amz_date: Cow::Borrowed(amz_date),
             time,
-            region,
-            service,
-            signed_headers: parse_signed_headers(signed, bad)?,
-            signature: parse_signature(sig, bad)?,
+            region: Cow::Borrowed(region),
+            service: Cow::Borrowed(service),
+            signed_headers: Cow::Borrowed(signed),
+            signature: Cow::Borrowed(sig),
             presigned_expires_secs: None,
         })
     }
 
-    fn parse_query(&self, query: &str) -> Result<SigV4Request, AuthError> {
+    fn parse_query(&self, query: &str) -> Result<Parsed<'static>, AuthError> {
         let bad = AuthError::MalformedQuery;
         let mut found: [Option<String>; 6] = Default::default();
         for (k, v) in query_pairs(query) {
@@ -323,9 +337,9 @@ impl SigV4Verifier {
         if alg != ALGORITHM {
             return Err(AuthError::UnsupportedAlgorithm(alg.chars().take(40).collect()));
         }
-        let (access_key, day, region, service) = self.check_scope(&cred, bad)?;
+        let [access_key, day, region, service] = self.check_scope(&cred, bad)?;
         let time = parse_amz_date(&amz_date).ok_or_else(|| bad(format!("X-Amz-Date {amz_date:?} is not YYYYMMDDTHHMMSSZ")))?;
-        if !amz_date.starts_with(&day) {
+        if !amz_date.starts_with(day) {
             return Err(bad(format!("the credential scope's date {day} is not the day of X-Amz-Date {amz_date}")));
         }
         let secs: u64 = expires.parse().map_err(|_| bad(format!("X-Amz-Expires {expires:?} is not a number of seconds")))?;
@@ -335,28 +349,59 @@ impl SigV4Verifier {
         if secs > MAX_PRESIGN_SECS {
             return Err(AuthError::ExpiresTooLong { secs });
         }
-        Ok(SigV4Request {
-            access_key,
-            amz_date,
+        check_signed_headers(&signed, bad)?;
+        check_signature(&sig, bad)?;
+        Ok(Parsed {
+            access_key: Cow::Owned(access_key.to_string()),
+            region: Cow::Owned(region.to_string()),
+            service: Cow::Owned(service.to_string()),
+            amz_date: Cow::Owned(amz_date),
             time,
-            region,
-            service,
-            signed_headers: parse_signed_headers(&signed, bad)?,
-            signature: parse_signature(&sig, bad)?,
+            signed_headers: Cow::Owned(signed),
+            signature: Cow::Owned(sig),
             presigned_expires_secs: Some(secs),
         })
     }
+}
 
-    fn check_time(&self, req: &SigV4Request, now: SystemTime) -> Result<(), AuthError> {
-        let t = unix_secs(req.time);
-        let now = unix_secs(now);
-        match req.presigned_expires_secs {
-            None if t.abs_diff(now) > MAX_SKEW_SECS => Err(AuthError::TimeSkewed),
-            None => Ok(()),
-            Some(_) if t > now + MAX_SKEW_SECS as i64 => Err(AuthError::NotYetValid),
-            Some(secs) if now > t + secs as i64 => Err(AuthError::Expired),
-            Some(_) => Ok(()),
+/// A request's SigV4 credentials as parsed, borrowed from its head where
+/// they can be.
+struct Parsed<'a> {
+    access_key: Cow<'a, str>,
+    amz_date: Cow<'a, str>,
+    time: SystemTime,
+    region: Cow<'a, str>,
+    service: Cow<'a, str>,
+    /// Checked by [`check_signed_headers`].
+    signed_headers: Cow<'a, str>,
+    signature: Cow<'a, str>,
+    presigned_expires_secs: Option<u64>,
+}
+
+impl Parsed<'_> {
+    fn into_owned(self) -> SigV4Request {
+        SigV4Request {
+            signed_headers: self.signed_headers.split(';').map(str::to_string).collect(),
+            access_key: self.access_key.into_owned(),
+            amz_date: self.amz_date.into_owned(),
+            time: self.time,
+            region: self.region.into_owned(),
+            service: self.service.into_owned(),
+            signature: self.signature.into_owned(),
+            presigned_expires_secs: self.presigned_expires_secs,
         }
+    }
+}
+
+fn check_time(time: SystemTime, presigned_expires_secs: Option<u64>, now: SystemTime) -> Result<(), AuthError> {
+    let t = unix_secs(time);
+    let now = unix_secs(now);
+    match presigned_expires_secs {
+        None if t.abs_diff(now) > MAX_SKEW_SECS => Err(AuthError::TimeSkewed),
+        None => Ok(()),
+        Some(_) if t > now + MAX_SKEW_SECS as i64 => Err(AuthError::NotYetValid),
+        Some(secs) if now > t + secs as i64 => Err(AuthError::Expired),
+        Some(_) => Ok(()),
     }
 }
 
@@ -376,22 +421,22 @@ fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a st
     }
 }
 
-fn parse_signed_headers(s: &str, bad: fn(String) -> AuthError) -> Result<Vec<String>, AuthError> {
-    let list: Vec<String> = s.split(';').map(str::to_string).collect();
-    if list.iter().any(|h| h.is_empty() || h.bytes().any(|b| !(b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b)))) {
+fn check_signed_headers(s: &str, bad: fn(String) -> AuthError) -> Result<(), AuthError> {
+    let valid = |h: &str| !h.is_empty() && h.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if !s.split(';').all(valid) {
         return Err(bad(format!("SignedHeaders {s:?} must be lowercase header names separated by ';'")));
     }
-    if !list.iter().any(|h| h == "host") {
+    if !s.split(';').any(|h| h == "host") {
         return Err(bad("the host header must be signed".into()));
     }
-    Ok(list)
+    Ok(())
 }
 
-fn parse_signature(s: &str, bad: fn(String) -> AuthError) -> Result<String, AuthError> {
+fn check_signature(s: &str, bad: fn(String) -> AuthError) -> Result<(), AuthError> {
     if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
         return Err(bad("Signature must be 64 lowercase hex digits".into()));
     }
-    Ok(s.to_string())
+    Ok(())
 }
 
 /// `(name, value)` of every signed header, as the signer takes them.
