@@ -7,7 +7,7 @@
 //! the bytes sent and, when the response is done or dropped, ends the
 //! request's accounting (metrics, the connection's idle clock).
 
-use crate::conn::{ConnClock, ProgressTimer};
+use crate::conn::ConnClock;
 use crate::error::GatewayError;
 use crate::metrics::{Metrics, ProtocolLabels, RouteLabels, StatusLabels};
 use bytes::Bytes;
@@ -19,7 +19,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -33,7 +32,8 @@ pub struct RequestBody {
     source: Source,
     limit: u64,
     received: u64,
-    timer: ProgressTimer,
+    /// The connection's clock: its sweeper declares the body stalled.
+    clock: Option<Arc<ConnClock>>,
     timeout_ms: u64,
     bytes_in: Option<Counter>,
     failed: bool,
@@ -46,12 +46,12 @@ impl std::fmt::Debug for RequestBody {
 }
 
 impl RequestBody {
-    pub(crate) fn stream(body: Incoming, limit: u64, progress_timeout_ms: u64, bytes_in: Counter) -> Self {
+    pub(crate) fn stream(body: Incoming, limit: u64, clock: Arc<ConnClock>, progress_timeout_ms: u64, bytes_in: Counter) -> Self {
         RequestBody {
             source: Source::Stream(body),
             limit,
             received: 0,
-            timer: ProgressTimer::new(Duration::from_millis(progress_timeout_ms)),
+            clock: Some(clock),
             timeout_ms: progress_timeout_ms,
             bytes_in: Some(bytes_in),
             failed: false,
@@ -64,7 +64,7 @@ impl RequestBody {
             limit: u64::MAX,
             received: 0,
             source: Source::Full(Some(data)),
-            timer: ProgressTimer::new(Duration::from_secs(1)),
+            clock: None,
             timeout_ms: 0,
             bytes_in: None,
             failed: false,
@@ -106,7 +106,18 @@ impl RequestBody {
 
     fn fail(&mut self, e: GatewayError) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.failed = true;
+        if let Some(c) = &self.clock {
+            c.body_done();
+        }
         Poll::Ready(Some(Err(Box::new(e))))
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        if let Some(c) = &self.clock {
+            c.body_done();
+        }
     }
 }
 
@@ -125,7 +136,9 @@ impl Body for RequestBody {
         };
         match polled {
             Poll::Ready(Some(Ok(frame))) => {
-                this.timer.progress();
+                if let Some(c) = &this.clock {
+                    c.body_progress();
+                }
                 if let Some(d) = frame.data_ref() {
                     this.received += d.len() as u64;
                     if let Some(c) = &this.bytes_in {
@@ -138,8 +151,13 @@ impl Body for RequestBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => this.fail(GatewayError::BodyRead(e.to_string())),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.timer.poll_expired(cx) {
+            Poll::Ready(None) => {
+                if let Some(c) = &this.clock {
+                    c.body_done();
+                }
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.clock.as_ref().map_or(Poll::Pending, |c| c.poll_body_stalled(cx)) {
                 Poll::Ready(()) => {
                     tracing::debug!(timeout_ms = this.timeout_ms, received = this.received, "request body stalled; cutting it");
                     let timeout_ms = this.timeout_ms;

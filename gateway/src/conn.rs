@@ -1,26 +1,36 @@
-//! Per-connection timeouts: a pure clock of the connection's phase, and an
-//! IO wrapper that feeds it and bounds stalled sends.
+//! Per-connection timeouts without a timer per connection or per request.
 //!
-//! | phase | entered when | deadline |
-//! |---|---|---|
-//! | `Head` | accept; or the first byte read while `Idle` | since + `header_read_timeout_ms` (the whole head, however slowly it trickles) |
-//! | `Active(n)` | a request's head is parsed (n requests in flight) | none here: the body has `body_progress_timeout_ms` ([`crate::body`]) and sends `send_progress_timeout_ms` ([`TimedIo`]) |
-//! | `Idle` | the last response in flight is done | since + `idle_timeout_ms` |
+//! Each connection has a [`ConnClock`]: its phase and the moments its body
+//! and its sends started waiting. One sweeper task per server
+//! ([`Sweeper`]) looks at every clock once per period and acts on what
+//! [`ConnClock::check`] (pure: time is passed in) finds. No tokio timer is
+//! armed per connection or per request (one per server instead), and
+//! shutdown needs no per-connection channel.
 //!
-//! A connection past its deadline is closed by the server's connection task,
-//! which asks [`ConnClock::check`] when the deadline it was last given passes.
+//! | what | waiting since | limit | on expiry |
+//! |---|---|---|---|
+//! | phase `Head` | accept; or the first byte read while `Idle` | `header_read_timeout_ms` (the whole head, however slowly it trickles) | connection closed |
+//! | phase `Idle` | the last response in flight was done | `idle_timeout_ms` | connection closed |
+//! | phase `Active(n)` | — (n requests in flight) | none for the connection itself | — |
+//! | request body | the handler's first poll that found no bytes since the last progress | `body_progress_timeout_ms` | the body fails with `BodyStalled` (the handler answers 408) |
+//! | sends | a write the peer did not accept | `send_progress_timeout_ms` | connection closed |
+//!
+//! A limit is enforced within one sweep period after it passes: the period
+//! is a quarter of the smallest timeout, between 10 ms and 1 s. Shutdown
+//! reaches connections the same way ([`Signal`]).
 
+use futures::task::AtomicWaker;
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
-use std::future::Future;
+use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -29,11 +39,12 @@ enum Phase {
     Idle,
 }
 
-/// Why a connection was closed by its clock.
+/// Why a connection is closed by its clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expiry {
     HeaderRead,
     Idle,
+    SendProgress,
 }
 
 impl Expiry {
@@ -41,7 +52,44 @@ impl Expiry {
         match self {
             Expiry::HeaderRead => "header_read",
             Expiry::Idle => "idle",
+            Expiry::SendProgress => "send_progress",
         }
+    }
+}
+
+/// What [`ConnClock::check`] finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Verdict {
+    /// Close the connection.
+    pub close: Option<Expiry>,
+    /// Fail the request body being waited for.
+    pub body_stalled: bool,
+}
+
+/// What the server asks of a connection, in increasing order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Signal {
+    None = 0,
+    /// Finish the request in flight, take no more (graceful shutdown).
+    Drain = 1,
+    /// Close now (a timeout or the end of the shutdown grace).
+    Close = 2,
+}
+
+/// The timeouts a clock enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub header_read: Duration,
+    pub idle: Duration,
+    pub body_progress: Duration,
+    pub send_progress: Duration,
+}
+
+impl Timeouts {
+    /// The sweeper's period for these timeouts.
+    pub fn sweep_period(&self) -> Duration {
+        let min = self.header_read.min(self.idle).min(self.body_progress).min(self.send_progress);
+        (min / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 }
 
@@ -51,26 +99,68 @@ struct State {
     since: Instant,
 }
 
-/// The phase of one connection and its deadline. Time is passed in.
-#[derive(Debug)]
+/// `0`: not waiting; otherwise nanoseconds since the clock's origin, plus one.
+struct WaitSince(AtomicU64);
+
+impl WaitSince {
+    fn start(&self, origin: Instant) {
+        if self.0.load(Ordering::Relaxed) == 0 {
+            let ns = Instant::now().saturating_duration_since(origin).as_nanos() as u64;
+            self.0.store(ns.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    fn stop(&self) {
+        if self.0.load(Ordering::Relaxed) != 0 {
+            self.0.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn waited(&self, origin: Instant, now: Instant) -> Option<Duration> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            v => Some(now.saturating_duration_since(origin + Duration::from_nanos(v - 1))),
+        }
+    }
+}
+
+/// The timing state of one connection.
 pub struct ConnClock {
+    origin: Instant,
+    timeouts: Timeouts,
     state: Mutex<State>,
-    /// Set while `Idle`, so a read checks the lock only when it may matter.
+    /// Set while `Idle`, so a read takes the lock only when it may matter.
     idle: AtomicBool,
-    send_timed_out: AtomicBool,
-    header_read_timeout: Duration,
-    idle_timeout: Duration,
+    body_wait: WaitSince,
+    send_wait: WaitSince,
+    body_stalled: AtomicBool,
+    body_waker: AtomicWaker,
+    signal: AtomicU8,
+    expiry: AtomicU8,
+    conn_waker: AtomicWaker,
+}
+
+impl std::fmt::Debug for ConnClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnClock").field("state", &*self.state.lock()).finish_non_exhaustive()
+    }
 }
 
 impl ConnClock {
     /// A connection accepted at `now`, waiting for its first request head.
-    pub fn new(now: Instant, header_read_timeout: Duration, idle_timeout: Duration) -> ConnClock {
+    pub fn new(now: Instant, timeouts: Timeouts) -> ConnClock {
         ConnClock {
+            origin: now,
+            timeouts,
             state: Mutex::new(State { phase: Phase::Head, since: now }),
             idle: AtomicBool::new(false),
-            send_timed_out: AtomicBool::new(false),
-            header_read_timeout,
-            idle_timeout,
+            body_wait: WaitSince(AtomicU64::new(0)),
+            send_wait: WaitSince(AtomicU64::new(0)),
+            body_stalled: AtomicBool::new(false),
+            body_waker: AtomicWaker::new(),
+            signal: AtomicU8::new(Signal::None as u8),
+            expiry: AtomicU8::new(0),
+            conn_waker: AtomicWaker::new(),
         }
     }
 
@@ -109,82 +199,170 @@ impl ConnClock {
         }
     }
 
-    /// Whether a send was failed by the send progress timeout.
-    pub fn send_timed_out(&self) -> bool {
-        self.send_timed_out.load(Ordering::Relaxed)
-    }
-
-    /// `Err` when the connection is past its deadline at `now`; otherwise the
-    /// time to check again (a deadline, or a re-check while active).
-    pub fn check(&self, now: Instant) -> Result<Instant, Expiry> {
-        let s = self.state.lock();
-        let (limit, expiry) = match s.phase {
-            Phase::Head => (self.header_read_timeout, Expiry::HeaderRead),
-            Phase::Idle => (self.idle_timeout, Expiry::Idle),
-            Phase::Active(_) => return Ok(now + self.header_read_timeout.min(self.idle_timeout)),
-        };
-        let deadline = s.since + limit;
-        if now >= deadline {
-            Err(expiry)
-        } else if s.phase == Phase::Idle {
-            // A head may start any time: look again within its timeout.
-            Ok(deadline.min(now + self.header_read_timeout))
+    /// The handler found no body bytes; `Ready` if the sweeper has declared
+    /// the body stalled (then the flag is consumed).
+    pub(crate) fn poll_body_stalled(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.body_wait.start(self.origin);
+        self.body_waker.register(cx.waker());
+        if self.body_stalled.swap(false, Ordering::AcqRel) {
+            Poll::Ready(())
         } else {
-            Ok(deadline)
+            Poll::Pending
+        }
+    }
+
+    /// Body bytes arrived, or the body is done: it is not waiting.
+    pub(crate) fn body_progress(&self) {
+        self.body_wait.stop();
+    }
+
+    pub(crate) fn body_done(&self) {
+        self.body_wait.stop();
+        self.body_stalled.store(false, Ordering::Relaxed);
+    }
+
+    fn send_waiting(&self) {
+        self.send_wait.start(self.origin);
+    }
+
+    fn send_progress(&self) {
+        self.send_wait.stop();
+    }
+
+    /// What is due at `now` (pure: reads the state, changes nothing).
+    pub fn check(&self, now: Instant) -> Verdict {
+        let t = &self.timeouts;
+        let s = self.state.lock();
+        let mut v = Verdict::default();
+        match s.phase {
+            Phase::Head if now.saturating_duration_since(s.since) >= t.header_read => v.close = Some(Expiry::HeaderRead),
+            Phase::Idle if now.saturating_duration_since(s.since) >= t.idle => v.close = Some(Expiry::Idle),
+            Phase::Active(_) => v.body_stalled = self.body_wait.waited(self.origin, now).is_some_and(|w| w >= t.body_progress),
+            _ => {}
+        }
+        if v.close.is_none() && self.send_wait.waited(self.origin, now).is_some_and(|w| w >= t.send_progress) {
+            v.close = Some(Expiry::SendProgress);
+        }
+        v
+    }
+
+    /// Acts on a verdict: wakes the stalled body, or asks the connection to close.
+    fn apply(&self, v: Verdict) {
+        if v.body_stalled {
+            self.body_wait.stop();
+            self.body_stalled.store(true, Ordering::Release);
+            self.body_waker.wake();
+        }
+        if let Some(e) = v.close {
+            self.expiry.store(e as u8 + 1, Ordering::Relaxed);
+            self.raise(Signal::Close);
+        }
+    }
+
+    /// Raises the signal to at least `s` and wakes the connection task.
+    pub fn raise(&self, s: Signal) {
+        if self.signal.fetch_max(s as u8, Ordering::AcqRel) < s as u8 {
+            self.conn_waker.wake();
+        }
+    }
+
+    /// Waits until the signal is above `seen`.
+    pub async fn signal_above(&self, seen: Signal) -> Signal {
+        std::future::poll_fn(|cx| {
+            self.conn_waker.register(cx.waker());
+            match self.signal.load(Ordering::Acquire) {
+                2 if seen < Signal::Close => Poll::Ready(Signal::Close),
+                1 if seen < Signal::Drain => Poll::Ready(Signal::Drain),
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    /// The timeout that closed the connection, if one did.
+    pub fn expiry(&self) -> Option<Expiry> {
+        match self.expiry.load(Ordering::Relaxed) {
+            1 => Some(Expiry::HeaderRead),
+            2 => Some(Expiry::Idle),
+            3 => Some(Expiry::SendProgress),
+            _ => None,
         }
     }
 }
 
-/// Bounds how long an operation may stay pending: the wait starts at the
-/// first `Pending` after progress; the timer is allocated once and reset at
-/// most once per timeout period.
-#[derive(Debug)]
-pub(crate) struct ProgressTimer {
-    timeout: Duration,
-    waiting_since: Option<Instant>,
-    sleep: Option<Pin<Box<Sleep>>>,
+/// The live connections of a server and the run state they should follow.
+#[derive(Default)]
+pub struct Sweeper {
+    conns: Mutex<HashMap<u64, Arc<ConnClock>>>,
+    next_id: AtomicU64,
+    /// The signal every connection gets (raised at shutdown).
+    all: AtomicU8,
 }
 
-impl ProgressTimer {
-    pub(crate) fn new(timeout: Duration) -> Self {
-        ProgressTimer { timeout, waiting_since: None, sleep: None }
+/// A connection's place in the [`Sweeper`], removed when dropped.
+pub struct Registration {
+    sweeper: Arc<Sweeper>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.sweeper.conns.lock().remove(&self.id);
+    }
+}
+
+impl Sweeper {
+    pub fn register(self: &Arc<Self>, clock: Arc<ConnClock>) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut conns = self.conns.lock();
+        // Read under the lock: a shutdown raised before is seen here, one
+        // raised after sees this connection in the map.
+        match self.all.load(Ordering::Acquire) {
+            1 => clock.raise(Signal::Drain),
+            2 => clock.raise(Signal::Close),
+            _ => {}
+        }
+        conns.insert(id, clock);
+        Registration { sweeper: Arc::clone(self), id }
     }
 
-    /// The operation made progress: the wait, if any, is over.
-    pub(crate) fn progress(&mut self) {
-        self.waiting_since = None;
+    /// One sweep at `now`.
+    pub fn sweep(&self, now: Instant) {
+        for clock in self.conns.lock().values() {
+            clock.apply(clock.check(now));
+        }
     }
 
-    /// Called when the operation is pending: `Ready` once it has been
-    /// pending for the whole timeout without progress.
-    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let since = *self.waiting_since.get_or_insert_with(Instant::now);
-        let deadline = since + self.timeout;
-        let sleep = self.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if sleep.deadline() != deadline {
-            sleep.as_mut().reset(deadline);
+    /// Raises `s` on every connection, present and future.
+    pub fn raise_all(&self, s: Signal) {
+        self.all.fetch_max(s as u8, Ordering::AcqRel);
+        for clock in self.conns.lock().values() {
+            clock.raise(s);
         }
-        match sleep.as_mut().poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(()) => Poll::Ready(()),
-        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.conns.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
 pin_project! {
-    /// The connection's byte stream: reads move the clock, sends that make no
-    /// progress for `send_progress_timeout` fail with `TimedOut`.
+    /// The connection's byte stream: reads move the clock; a write the
+    /// peer does not accept starts the send-progress wait.
     pub struct TimedIo<S> {
         #[pin]
         inner: S,
         clock: Arc<ConnClock>,
-        send: ProgressTimer,
     }
 }
 
 impl<S> TimedIo<S> {
-    pub fn new(inner: S, clock: Arc<ConnClock>, send_progress_timeout: Duration) -> Self {
-        TimedIo { inner, clock, send: ProgressTimer::new(send_progress_timeout) }
+    pub fn new(inner: S, clock: Arc<ConnClock>) -> Self {
+        TimedIo { inner, clock }
     }
 }
 
@@ -200,36 +378,28 @@ impl<S: AsyncRead> AsyncRead for TimedIo<S> {
     }
 }
 
-fn send_result<T>(r: Poll<io::Result<T>>, timer: &mut ProgressTimer, clock: &ConnClock, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+fn sent<T>(r: Poll<io::Result<T>>, clock: &ConnClock) -> Poll<io::Result<T>> {
     match r {
         Poll::Ready(r) => {
-            timer.progress();
+            clock.send_progress();
             Poll::Ready(r)
         }
-        Poll::Pending => match timer.poll_expired(cx) {
-            Poll::Ready(()) => {
-                clock.send_timed_out.store(true, Ordering::Relaxed);
-                Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the peer accepted no response bytes for the send progress timeout",
-                )))
-            }
-            Poll::Pending => Poll::Pending,
-        },
+        Poll::Pending => {
+            clock.send_waiting();
+            Poll::Pending
+        }
     }
 }
 
 impl<S: AsyncWrite> AsyncWrite for TimedIo<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.project();
-        let r = this.inner.poll_write(cx, buf);
-        send_result(r, this.send, this.clock, cx)
+        sent(this.inner.poll_write(cx, buf), this.clock)
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         let this = self.project();
-        let r = this.inner.poll_write_vectored(cx, bufs);
-        send_result(r, this.send, this.clock, cx)
+        sent(this.inner.poll_write_vectored(cx, bufs), this.clock)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -238,8 +408,7 @@ impl<S: AsyncWrite> AsyncWrite for TimedIo<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.project();
-        let r = this.inner.poll_flush(cx);
-        send_result(r, this.send, this.clock, cx)
+        sent(this.inner.poll_flush(cx), this.clock)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -251,18 +420,24 @@ impl<S: AsyncWrite> AsyncWrite for TimedIo<S> {
 mod tests {
     use super::*;
 
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
     fn clock(now: Instant) -> ConnClock {
-        ConnClock::new(now, Duration::from_secs(10), Duration::from_secs(60))
+        ConnClock::new(now, Timeouts { header_read: S(10), idle: S(60), body_progress: S(30), send_progress: S(20) })
+    }
+
+    fn close(c: &ConnClock, now: Instant) -> Option<Expiry> {
+        c.check(now).close
     }
 
     #[test]
     fn fresh_connection_must_send_a_head_in_time() {
         let t0 = Instant::now();
         let c = clock(t0);
-        assert_eq!(c.check(t0), Ok(t0 + Duration::from_secs(10)));
+        assert_eq!(close(&c, t0 + S(9)), None);
         // Bytes trickling in do not extend the head deadline.
-        c.on_read(|| t0 + Duration::from_secs(5));
-        assert_eq!(c.check(t0 + Duration::from_secs(10)), Err(Expiry::HeaderRead));
+        c.on_read(|| t0 + S(5));
+        assert_eq!(close(&c, t0 + S(10)), Some(Expiry::HeaderRead));
     }
 
     #[test]
@@ -270,10 +445,10 @@ mod tests {
         let t0 = Instant::now();
         let c = clock(t0);
         c.on_request_start();
-        let late = t0 + Duration::from_secs(3600);
-        assert!(c.check(late).is_ok());
+        let late = t0 + S(3600);
+        assert_eq!(c.check(late), Verdict::default());
         c.on_read(|| late);
-        assert!(c.check(late + Duration::from_secs(100)).is_ok());
+        assert_eq!(c.check(late + S(100)), Verdict::default());
     }
 
     #[test]
@@ -281,16 +456,15 @@ mod tests {
         let t0 = Instant::now();
         let c = clock(t0);
         c.on_request_start();
-        let t1 = t0 + Duration::from_secs(1);
+        let t1 = t0 + S(1);
         c.on_request_end(t1);
-        assert_eq!(c.check(t1), Ok(t1 + Duration::from_secs(10)), "idle: re-check within a head timeout");
-        assert_eq!(c.check(t1 + Duration::from_secs(55)), Ok(t1 + Duration::from_secs(60)));
-        assert_eq!(c.check(t1 + Duration::from_secs(60)), Err(Expiry::Idle));
+        assert_eq!(close(&c, t1 + S(59)), None);
+        assert_eq!(close(&c, t1 + S(60)), Some(Expiry::Idle));
         // A byte of the next request switches to the head deadline.
-        let t2 = t1 + Duration::from_secs(30);
+        let t2 = t1 + S(30);
         c.on_read(|| t2);
-        assert_eq!(c.check(t2), Ok(t2 + Duration::from_secs(10)));
-        assert_eq!(c.check(t2 + Duration::from_secs(10)), Err(Expiry::HeaderRead));
+        assert_eq!(close(&c, t2 + S(9)), None);
+        assert_eq!(close(&c, t2 + S(10)), Some(Expiry::HeaderRead));
     }
 
     #[test]
@@ -300,11 +474,54 @@ mod tests {
         c.on_request_start();
         c.on_request_start();
         c.on_request_end(t0);
-        assert!(c.check(t0 + Duration::from_secs(100)).is_ok(), "one request still in flight");
-        c.on_request_end(t0 + Duration::from_secs(100));
-        assert_eq!(c.check(t0 + Duration::from_secs(160)), Err(Expiry::Idle));
+        assert_eq!(close(&c, t0 + S(100)), None, "one request still in flight");
+        c.on_request_end(t0 + S(100));
+        assert_eq!(close(&c, t0 + S(160)), Some(Expiry::Idle));
         // A stray end (never started) changes nothing.
         c.on_request_end(t0);
-        assert_eq!(c.check(t0 + Duration::from_secs(160)), Err(Expiry::Idle));
+        assert_eq!(close(&c, t0 + S(160)), Some(Expiry::Idle));
+    }
+
+    #[test]
+    fn stalled_body_and_stalled_sends() {
+        let t0 = Instant::now();
+        let c = clock(t0);
+        c.on_request_start();
+        // The body waits from its first empty poll (the real clock: now).
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(c.poll_body_stalled(&mut cx).is_pending());
+        let start = Instant::now();
+        assert!(!c.check(start + S(29)).body_stalled);
+        let v = c.check(start + S(31));
+        assert!(v.body_stalled && v.close.is_none(), "{v:?}");
+        c.apply(v);
+        assert!(c.poll_body_stalled(&mut cx).is_ready(), "the body sees the stall once");
+        // Progress clears the wait.
+        c.body_progress();
+        assert!(!c.check(start + S(100)).body_stalled);
+        // A send that waits too long closes the connection, in any phase.
+        c.send_waiting();
+        let start = Instant::now();
+        assert_eq!(close(&c, start + S(19)), None);
+        assert_eq!(close(&c, start + S(21)), Some(Expiry::SendProgress));
+        c.send_progress();
+        assert_eq!(close(&c, start + S(100)), None);
+    }
+
+    #[test]
+    fn signals_only_rise() {
+        let c = clock(Instant::now());
+        c.raise(Signal::Close);
+        c.raise(Signal::Drain);
+        assert_eq!(c.signal.load(Ordering::Relaxed), Signal::Close as u8);
+    }
+
+    #[test]
+    fn sweep_periods() {
+        let t = |ms: u64| Timeouts { header_read: Duration::from_millis(ms), idle: S(60), body_progress: S(30), send_progress: S(30) };
+        assert_eq!(t(10_000).sweep_period(), S(1));
+        assert_eq!(t(300).sweep_period(), Duration::from_millis(75));
+        assert_eq!(t(1).sweep_period(), Duration::from_millis(10));
     }
 }

@@ -1,13 +1,13 @@
 //! The HTTP server every gateway runs: accept loop with a total and a
 //! per-peer connection cap, optional TLS, hyper's HTTP/1.1 per connection
-//! under the timeouts of [`crate::conn`], and the request pipeline:
+//! under the timeouts of [`crate::conn`] (one sweeper task per server), and
+//! the request pipeline:
 //!
 //! | step | on failure |
 //! |---|---|
+//! | `GET /metrics` without SigV4 credentials → metrics (per `metrics_endpoint`); otherwise the protocol classifies the head ([`Protocol::classify`]) | 401/403 per the protocol's error format |
 //! | request id, tracing span (id, method, path, peer, role, protocol, route) | — |
-//! | `GET /metrics` without SigV4 credentials → metrics (per `metrics_endpoint`) | 401/403 per the protocol's error format |
 //! | request target ≤ `max_uri_bytes` (head ≤ `max_header_bytes` and `max_headers`: hyper, 431) | 414 |
-//! | the protocol classifies the head ([`Protocol::classify`]) | — |
 //! | reader/writer guard ([`crate::route::guard`]) | 403 `ReadOnlyGateway` |
 //! | `Content-Length` ≤ the route class's body limit | 413 |
 //! | credentials per [`AuthPolicy`] | the [`AuthError`]'s status |
@@ -20,7 +20,7 @@
 use crate::auth::{sigv4, Authenticator, Principal};
 use crate::body::{BoxError, Finish, RequestBody, ResponseBody};
 use crate::config::{HttpLimits, MetricsEndpoint, Role, ServerConfig};
-use crate::conn::{ConnClock, TimedIo};
+use crate::conn::{ConnClock, Signal, Sweeper, TimedIo, Timeouts};
 use crate::error::{AuthError, GatewayError};
 use crate::metrics::{self, Metrics, ProtocolLabels, ReasonLabels, RouteLabels};
 use crate::route::{guard, AuthPolicy, Route};
@@ -73,8 +73,8 @@ pub struct RequestContext {
     pub request_id: Arc<str>,
     pub peer: SocketAddr,
     pub role: Role,
-    /// The route's name from [`Protocol::classify`] (`"metrics"`, or
-    /// `"unknown"` before classification).
+    /// The route's name from [`Protocol::classify`] (`"metrics"` for the
+    /// metrics endpoint).
     pub route: &'static str,
     /// Set when the route's [`AuthPolicy`] is `Required`.
     pub principal: Option<Principal>,
@@ -139,6 +139,8 @@ struct Inner<P> {
     conns: Arc<Semaphore>,
     peers: Arc<PeerCounts>,
     id_header: HeaderName,
+    sweeper: Arc<Sweeper>,
+    timeouts: Timeouts,
 }
 
 /// A running server. [`ServerHandle::stop`] stops it gracefully; dropping
@@ -147,6 +149,7 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     state: watch::Sender<RunState>,
     accept: tokio::task::JoinHandle<()>,
+    sweep: tokio::task::JoinHandle<()>,
     conns: Arc<Semaphore>,
     max_connections: u32,
     grace: Duration,
@@ -156,7 +159,7 @@ impl ServerHandle {
     /// Stops accepting, lets requests in flight finish (idle connections
     /// close at once) for up to `shutdown_grace_ms`, then closes the rest.
     pub async fn stop(self) {
-        let ServerHandle { state, accept, conns, max_connections, grace, .. } = self;
+        let ServerHandle { state, accept, sweep, conns, max_connections, grace, .. } = self;
         let _ = state.send(RunState::Draining);
         let _ = accept.await;
         let all = |conns: Arc<Semaphore>| async move { conns.acquire_many_owned(max_connections).await.map(drop) };
@@ -168,6 +171,7 @@ impl ServerHandle {
             let _ = state.send(RunState::Abort);
             let _ = tokio::time::timeout(Duration::from_secs(5), all(conns)).await;
         }
+        sweep.abort();
     }
 
     /// Connections open now.
@@ -202,7 +206,18 @@ pub fn serve_on<P: Protocol>(
     let conns = Arc::new(Semaphore::new(max_connections as usize));
     let (state, state_rx) = watch::channel(RunState::Running);
     let grace = Duration::from_millis(cfg.limits.shutdown_grace_ms);
+    let l = &cfg.limits;
+    let timeouts = Timeouts {
+        header_read: Duration::from_millis(l.header_read_timeout_ms),
+        idle: Duration::from_millis(l.idle_timeout_ms),
+        body_progress: Duration::from_millis(l.body_progress_timeout_ms),
+        send_progress: Duration::from_millis(l.send_progress_timeout_ms),
+    };
+    let sweeper = Arc::new(Sweeper::default());
+    let sweep = tokio::spawn(sweep_loop(Arc::clone(&sweeper), timeouts.sweep_period(), state_rx.clone()));
     let inner = Arc::new(Inner {
+        sweeper,
+        timeouts,
         id_header: protocol.request_id_header(),
         protocol,
         writer_endpoint: cfg.writer_endpoint.as_deref().map(Arc::from),
@@ -215,7 +230,41 @@ pub fn serve_on<P: Protocol>(
     });
     tracing::info!(%addr, protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
     let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
-    Ok(ServerHandle { addr, state, accept, conns, max_connections, grace })
+    Ok(ServerHandle { addr, state, accept, sweep, conns, max_connections, grace })
+}
+
+/// The one timer of a server: sweeps every connection's clock each period,
+/// and passes shutdown on to them. Ends once the server is stopping and no
+/// connection is left.
+async fn sweep_loop(sweeper: Arc<Sweeper>, period: Duration, mut state: watch::Receiver<RunState>) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut now_state = RunState::Running;
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                sweeper.sweep(Instant::now());
+                if now_state != RunState::Running && sweeper.is_empty() {
+                    return;
+                }
+            }
+            r = state.changed(), if listening => {
+                now_state = match r {
+                    Ok(()) => *state.borrow_and_update(),
+                    Err(_) => {
+                        listening = false;
+                        RunState::Draining
+                    }
+                };
+                match now_state {
+                    RunState::Running => {}
+                    RunState::Draining => sweeper.raise_all(Signal::Drain),
+                    RunState::Abort => sweeper.raise_all(Signal::Close),
+                }
+            }
+        }
+    }
 }
 
 /// Waits until the server should stop accepting (`Draining` or the handle dropped).
@@ -256,7 +305,7 @@ async fn accept_loop<P: Protocol>(listener: TcpListener, inner: Arc<Inner<P>>, m
             continue;
         };
         inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
-        tokio::spawn(serve_connection(Arc::clone(&inner), stream, peer, (permit, slot), state.clone()));
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, peer, (permit, slot)));
     }
 }
 
@@ -274,26 +323,20 @@ async fn serve_connection<P: Protocol>(
     stream: TcpStream,
     peer: SocketAddr,
     _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
-    state: watch::Receiver<RunState>,
 ) {
     let protocol = inner.protocol.name();
     let open = inner.metrics.connections_open.get_or_create_owned(&ProtocolLabels { protocol });
     open.inc();
     let _open = OpenGuard(open);
     let _ = stream.set_nodelay(true);
-    let limits = &inner.cfg.limits;
-    let clock = Arc::new(ConnClock::new(
-        Instant::now(),
-        Duration::from_millis(limits.header_read_timeout_ms),
-        Duration::from_millis(limits.idle_timeout_ms),
-    ));
-    let send_timeout = Duration::from_millis(limits.send_progress_timeout_ms);
+    let clock = Arc::new(ConnClock::new(Instant::now(), inner.timeouts));
+    let _registered = inner.sweeper.register(Arc::clone(&clock));
     match inner.tls.clone() {
-        None => drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock), send_timeout), clock, peer, state).await,
+        None => drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer).await,
         Some(acceptor) => {
-            let handshake = tokio::time::timeout(Duration::from_millis(limits.tls_handshake_timeout_ms), acceptor.accept(stream)).await;
-            match handshake {
-                Ok(Ok(tls)) => drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock), send_timeout), clock, peer, state).await,
+            let limit = Duration::from_millis(inner.cfg.limits.tls_handshake_timeout_ms);
+            match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer).await,
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => {
                     inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: "tls_handshake" }).inc();
@@ -304,7 +347,7 @@ async fn serve_connection<P: Protocol>(
     }
 }
 
-async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr, mut state: watch::Receiver<RunState>)
+async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr)
 where
     P: Protocol,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -321,41 +364,34 @@ where
         })
     };
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.keep_alive(true).max_headers(limits.max_headers).max_header_size(limits.max_header_bytes).header_read_timeout(None);
+    http.keep_alive(true).max_header_size(limits.max_header_bytes).header_read_timeout(None);
+    if limits.max_headers != 100 {
+        // hyper's default; setting it makes hyper initialise its header array per request.
+        http.max_headers(limits.max_headers);
+    }
     let conn = http.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
-    let mut next_check = clock.check(Instant::now()).unwrap_or_else(|_| Instant::now());
-    let mut state_open = true;
-    let mut draining = false;
+    let mut seen = Signal::None;
     loop {
         tokio::select! {
             r = conn.as_mut() => {
                 if let Err(e) = r {
-                    if clock.send_timed_out() {
-                        inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: "send_progress" }).inc();
-                    }
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
                 return;
             }
-            _ = tokio::time::sleep_until(next_check) => match clock.check(Instant::now()) {
-                Ok(t) => next_check = t,
-                Err(expiry) => {
-                    inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: expiry.label() }).inc();
-                    tracing::debug!(%peer, timeout = expiry.label(), "closing the connection: timed out");
-                    return;
-                }
-            },
-            r = state.changed(), if state_open => {
-                let now = if r.is_err() { state_open = false; RunState::Draining } else { *state.borrow_and_update() };
-                match now {
-                    RunState::Running => {}
-                    RunState::Draining if !draining => {
-                        draining = true;
-                        conn.as_mut().graceful_shutdown();
+            s = clock.signal_above(seen) => {
+                seen = s;
+                match s {
+                    Signal::Drain => conn.as_mut().graceful_shutdown(),
+                    Signal::Close => {
+                        if let Some(expiry) = clock.expiry() {
+                            inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: expiry.label() }).inc();
+                            tracing::debug!(%peer, timeout = expiry.label(), "closing the connection: timed out");
+                        }
+                        return;
                     }
-                    RunState::Draining => {}
-                    RunState::Abort => return,
+                    Signal::None => {}
                 }
             }
         }
@@ -381,7 +417,7 @@ async fn handle<P: Protocol>(
 ) -> Response<ResponseBody<P::Body>> {
     let protocol = inner.protocol.name();
     let (parts, body) = req.into_parts();
-    let mut finish = Finish::start(clock, Arc::clone(&inner.metrics), protocol, metrics::method_label(&parts.method));
+    let mut finish = Finish::start(Arc::clone(&clock), Arc::clone(&inner.metrics), protocol, metrics::method_label(&parts.method));
     let request_id: Arc<str> = Arc::from(new_request_id());
     // Classification is pure and cheap, so the span is made once with the route.
     let route = if is_metrics_request(&parts, inner.cfg.limits.metrics_endpoint) { None } else { Some(inner.protocol.classify(&parts)) };
@@ -393,9 +429,9 @@ async fn handle<P: Protocol>(
         method = %parts.method,
         path = %parts.uri.path(),
         %peer,
-        role = inner.cfg.role.as_str(),
-        protocol,
-        route = route_name,
+        role = %inner.cfg.role.as_str(),
+        protocol = %protocol,
+        route = %route_name,
     );
     let cx = RequestContext {
         request_id,
@@ -405,11 +441,12 @@ async fn handle<P: Protocol>(
         principal: None,
         writer_endpoint: inner.writer_endpoint.clone(),
     };
-    pipeline(inner, finish, cx, parts, body, route).instrument(span).await
+    pipeline(inner, clock, finish, cx, parts, body, route).instrument(span).await
 }
 
 async fn pipeline<P: Protocol>(
     inner: Arc<Inner<P>>,
+    clock: Arc<ConnClock>,
     finish: Finish,
     mut cx: RequestContext,
     parts: Parts,
@@ -419,7 +456,7 @@ async fn pipeline<P: Protocol>(
     let Some(route) = route else {
         return metrics_response(&inner, finish, &cx, &parts);
     };
-    match admit(&inner, route, &mut cx, &parts, body).await {
+    match admit(&inner, route, clock, &mut cx, &parts, body).await {
         Ok(body) => respond(&inner, finish, cx, parts, body).await,
         Err(err) => {
             let reason = err.label();
@@ -453,6 +490,7 @@ async fn respond<P: Protocol>(
 async fn admit<P: Protocol>(
     inner: &Inner<P>,
     route: Route,
+    clock: Arc<ConnClock>,
     cx: &mut RequestContext,
     parts: &Parts,
     body: Incoming,
@@ -470,7 +508,7 @@ async fn admit<P: Protocol>(
         }
     }
     let bytes_in = inner.metrics.body_bytes_in.get_or_create_owned(&RouteLabels { protocol: inner.protocol.name(), route: route.name });
-    let body = RequestBody::stream(body, max, limits.body_progress_timeout_ms, bytes_in);
+    let body = RequestBody::stream(body, max, clock, limits.body_progress_timeout_ms, bytes_in);
     match route.auth {
         AuthPolicy::Open => Ok(body),
         AuthPolicy::Delegated => {
