@@ -72,7 +72,10 @@ fn init_logging(level: &str) {
         eprintln!("fskv: invalid log filter {filter:?} ({e}); using \"info\"");
         tracing_subscriber::EnvFilter::new("info")
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    // Colours only on a terminal: log files (`fskv up` children) stay plain,
+    // and the request span of every gateway request is formatted without them.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(ansi).init();
 }
 
 fn main() -> std::process::ExitCode {
