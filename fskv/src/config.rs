@@ -65,6 +65,40 @@ frame_read_timeout_ms = 60000
 # closed (clients reconnect on their next call).
 idle_timeout_ms = 600000
 
+[gateway]
+# HTTP limits of every gateway process (`fskv gateway s3`; `fskv up` passes
+# its --config on to its gateways). See docs/gateway.md.
+# Open client connections; further ones wait in the listen backlog.
+max_connections = 4096
+# Open connections from one peer IP address; a further one is closed at once.
+max_connections_per_peer = 512
+# From a connection's accept (or the first byte of its next request) to the
+# end of the request head: a peer sending half a header is cut after this.
+header_read_timeout_ms = 10000
+# A kept-alive connection with no request in flight is closed after this.
+idle_timeout_ms = 60000
+# A handler waiting this long for request body bytes fails the request (408).
+body_progress_timeout_ms = 30000
+# A peer accepting no response bytes for this long is disconnected.
+send_progress_timeout_ms = 30000
+tls_handshake_timeout_ms = 10000
+# At shutdown, how long requests in flight may still take.
+shutdown_grace_ms = 10000
+# Request line plus headers, and header fields per request (more: 431).
+max_header_bytes = 65536
+max_headers = 100
+# Request target (path and query); longer: 414.
+max_uri_bytes = 16384
+# Body limits by the class the protocol gives a request: none expected
+# (GET, HEAD, DELETE), control documents (XML, JSON, key batches), data
+# (object or value bytes, 5 TiB; S3 applies its own object limits too).
+max_body_bytes_bodiless = 1048576
+max_body_bytes_control = 20971520
+max_body_bytes_data = 5497558138880
+# GET /metrics on the gateway's port: "open", "bearer" (a bearer token of
+# the key store) or "off".
+metrics_endpoint = "open"
+
 [up]
 # Data directory of `fskv up` (all state of the single-node cluster).
 data_dir = "./data"
@@ -78,6 +112,7 @@ pub struct Config {
     pub log: LogConfig,
     pub kv: KvConfig,
     pub rpc: RpcConfig,
+    pub gateway: fskv_gateway::HttpLimits,
     pub up: UpConfig,
 }
 
@@ -237,6 +272,7 @@ impl Config {
         );
         anyhow::ensure!(self.rpc.frame_read_timeout_ms >= 100, "rpc.frame_read_timeout_ms must be at least 100");
         anyhow::ensure!(self.rpc.idle_timeout_ms >= 1000, "rpc.idle_timeout_ms must be at least 1000");
+        self.gateway.validate().map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.up.base_port <= 65535 - 20, "up.base_port leaves no room for the internal ports above it");
         self.kv.engine_spec(Path::new("."))?;
         Ok(())
@@ -280,5 +316,9 @@ mod tests {
         assert!(format!("{e:#}").contains("TLS"), "{e:#}");
         let e = Config::parse("[rpc]\nmax_frame_bytes = 10\n").unwrap_err();
         assert!(format!("{e:#}").contains("max_frame_bytes"), "{e:#}");
+        let e = Config::parse("[gateway]\nidle_timeout_ms = 0\n").unwrap_err();
+        assert!(format!("{e:#}").contains("idle_timeout_ms"), "{e:#}");
+        let e = Config::parse("[gateway]\nmetrics_endpoint = \"public\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("metrics_endpoint") || format!("{e:#}").contains("unknown variant"), "{e:#}");
     }
 }

@@ -1,12 +1,14 @@
 //! `fskv gateway s3 --role reader|writer ...`: one S3 gateway process.
 
+use crate::config::Config;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use fskv_client::file::{FsClient, FsClientConfig};
-use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
+use fskv_gateway_s3::{GatewayConfig, KeyStore, Role};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Subcommand)]
 pub enum GatewayCommand {
@@ -32,7 +34,8 @@ pub struct S3Args {
     /// Filesystem directory whose subdirectories are the buckets (a writer creates it).
     #[arg(long, default_value = "/s3")]
     root: String,
-    /// JSON file with the access keys: {"access_key": .., "secret_key": ..} or a list of such objects.
+    /// JSON file with the access keys: {"access_key": .., "secret_key": ..} or a list of such objects
+    /// (optional fields: user, tenant, bearer_token; see docs/gateway.md).
     #[arg(long)]
     credentials: PathBuf,
     /// Region reported and expected in signatures.
@@ -49,35 +52,10 @@ pub struct S3Args {
     tls_key: Option<PathBuf>,
 }
 
-#[derive(serde::Deserialize)]
-struct KeyFile {
-    access_key: String,
-    secret_key: String,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum Keys {
-    One(KeyFile),
-    Many(Vec<KeyFile>),
-}
-
-fn load_keys(path: &PathBuf) -> anyhow::Result<Vec<AccessKey>> {
-    let text = std::fs::read(path).with_context(|| format!("cannot read credentials {}", path.display()))?;
-    let keys: Keys = serde_json::from_slice(&text)
-        .with_context(|| format!("{}: expected {{\"access_key\", \"secret_key\"}} or a list of them", path.display()))?;
-    let list = match keys {
-        Keys::One(k) => vec![k],
-        Keys::Many(v) => v,
-    };
-    anyhow::ensure!(!list.is_empty(), "{}: no access keys", path.display());
-    Ok(list.into_iter().map(|k| AccessKey { access_key: k.access_key, secret_key: k.secret_key }).collect())
-}
-
-pub async fn run(cmd: GatewayCommand) -> anyhow::Result<()> {
+pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
     let GatewayCommand::S3(args) = cmd;
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let keys = load_keys(&args.credentials)?;
+    let keys = Arc::new(KeyStore::load(&args.credentials)?);
     let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
         .await
         .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
@@ -85,6 +63,7 @@ pub async fn run(cmd: GatewayCommand) -> anyhow::Result<()> {
     cfg.root_path = args.root;
     cfg.region = args.region;
     cfg.writer_endpoint = args.writer_endpoint;
+    cfg.http = config.gateway.clone();
     if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
         cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
     }

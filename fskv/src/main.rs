@@ -73,7 +73,10 @@ fn init_logging(level: &str) {
         eprintln!("fskv: invalid log filter {filter:?} ({e}); using \"info\"");
         tracing_subscriber::EnvFilter::new("info")
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    // Colours only on a terminal: log files (`fskv up` children) stay plain,
+    // and the request span of every gateway request is formatted without them.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(ansi).init();
 }
 
 fn main() -> std::process::ExitCode {
@@ -103,7 +106,7 @@ fn main() -> std::process::ExitCode {
             Command::Put(args) => transfer::put(args).await,
             Command::Get(args) => transfer::get(args).await,
             Command::Mount(args) => mount_cmd::run(args).await,
-            Command::Gateway(cmd) => gateway_cmd::run(cmd).await,
+            Command::Gateway(cmd) => gateway_cmd::run(cmd, &config).await,
             Command::Mgmtd(args) => mgmtd_cmd::run(args, &config).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,

@@ -1,26 +1,10 @@
-//! Gateway settings and limits, every one with its default.
+//! Gateway settings and limits, every one with its default. Connection and
+//! HTTP limits (timeouts, caps, header/URI/body sizes) are the shared
+//! layer's [`HttpLimits`]; the limits here are S3's own.
 
+pub use fskv_gateway::{AccessKey, HttpLimits, KeyStore, Role, TlsFiles};
 use std::net::SocketAddr;
-
-/// What a gateway process serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// Reads only; mutations get 403 ReadOnlyGateway naming the writer.
-    Reader,
-    /// Everything.
-    Writer,
-}
-
-impl std::str::FromStr for Role {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "reader" => Ok(Role::Reader),
-            "writer" => Ok(Role::Writer),
-            other => Err(format!("role {other:?}: expected reader or writer")),
-        }
-    }
-}
+use std::sync::Arc;
 
 /// Limits on requests, with S3's own where S3 has one.
 #[derive(Clone, Debug)]
@@ -45,8 +29,6 @@ pub struct Limits {
     pub max_uploads_listed: usize,
     /// Keys in one DeleteObjects request (S3: 1000).
     pub max_delete_keys: usize,
-    /// Open client connections; more wait in the listen backlog.
-    pub max_connections: usize,
     /// Part copies of one CompleteMultipartUpload / CopyObject in flight.
     pub copy_parallelism: usize,
 }
@@ -64,24 +46,9 @@ impl Default for Limits {
             expiry_scan_interval_ms: 3600 * 1000,
             max_uploads_listed: 10_000,
             max_delete_keys: 1000,
-            max_connections: 4096,
             copy_parallelism: 4,
         }
     }
-}
-
-/// One access key.
-#[derive(Clone, Debug)]
-pub struct AccessKey {
-    pub access_key: String,
-    pub secret_key: String,
-}
-
-/// PEM files of the certificate chain and private key for HTTPS.
-#[derive(Clone, Debug)]
-pub struct TlsFiles {
-    pub cert_path: std::path::PathBuf,
-    pub key_path: std::path::PathBuf,
 }
 
 #[derive(Clone, Debug)]
@@ -94,14 +61,17 @@ pub struct GatewayConfig {
     pub region: String,
     /// Named in a reader's refusal of writes.
     pub writer_endpoint: Option<String>,
-    pub keys: Vec<AccessKey>,
+    /// The access keys (the shared key store; s3s verifies signatures with them).
+    pub keys: Arc<KeyStore>,
     pub limits: Limits,
+    /// Connections, timeouts and request sizes (the shared layer's).
+    pub http: HttpLimits,
     /// Serve HTTPS instead of HTTP.
     pub tls: Option<TlsFiles>,
 }
 
 impl GatewayConfig {
-    pub fn new(listen: SocketAddr, role: Role, keys: Vec<AccessKey>) -> Self {
+    pub fn new(listen: SocketAddr, role: Role, keys: Arc<KeyStore>) -> Self {
         GatewayConfig {
             listen,
             role,
@@ -110,6 +80,7 @@ impl GatewayConfig {
             writer_endpoint: None,
             keys,
             limits: Limits::default(),
+            http: HttpLimits::default(),
             tls: None,
         }
     }

@@ -1,10 +1,13 @@
 //! Every error of the gateway becomes an S3 error here, in one place: the
-//! filesystem's [`ErrorCode`]s, the key and request checks, and our own
-//! conflict codes. Handlers return [`S3Error`] built by these functions and
-//! never format status codes themselves.
+//! filesystem's [`ErrorCode`]s, the key and request checks, the shared
+//! HTTP layer's refusals ([`from_gateway`]) and our own conflict codes.
+//! Handlers return [`S3Error`] built by these functions and never format
+//! status codes themselves.
 
+use bytes::Bytes;
 use fskv_client::file::FileError;
 use fskv_client::meta::MetaClientError;
+use fskv_gateway::GatewayError;
 use fskv_types::ErrorCode;
 use s3s::{S3Error, S3ErrorCode};
 
@@ -113,4 +116,39 @@ pub fn from_file(e: FileError, what: &str) -> S3Error {
 
 pub fn from_meta(e: MetaClientError, what: &str) -> S3Error {
     from_code(e.code(), what, &e)
+}
+
+/// A refusal of the shared HTTP layer (limits, reader role, credentials
+/// checked before s3s) as S3 reports it: S3's codes and statuses where S3
+/// has them, the shared table's otherwise.
+pub fn from_gateway(e: &GatewayError) -> S3Error {
+    let reply = e.reply();
+    match e {
+        GatewayError::ReadOnly { writer_endpoint } => read_only(writer_endpoint.as_deref()),
+        // S3 answers 400 for both.
+        GatewayError::BodyTooLarge { .. } => S3Error::with_message(S3ErrorCode::EntityTooLarge, reply.message),
+        GatewayError::BodyStalled { .. } => S3Error::with_message(S3ErrorCode::RequestTimeout, reply.message),
+        _ => {
+            let code = S3ErrorCode::from_bytes(reply.code.as_bytes()).unwrap_or_else(|| S3ErrorCode::Custom(reply.code.to_string().into()));
+            let mut err = S3Error::with_message(code, reply.message);
+            err.set_status_code(reply.status);
+            err
+        }
+    }
+}
+
+/// The S3 error XML of `err`, with `request_id`.
+pub fn xml_response(mut err: S3Error, request_id: &str) -> http::Response<Bytes> {
+    use s3s::xml::Serialize as _;
+    err.set_request_id(request_id);
+    let status = err.status_code().unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut buf = Vec::with_capacity(256);
+    let mut ser = s3s::xml::Serializer::new(&mut buf);
+    if ser.decl().and_then(|()| err.serialize(&mut ser)).is_err() {
+        buf = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>InternalError</Code></Error>".to_vec();
+    }
+    let mut resp = http::Response::new(Bytes::from(buf));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/xml"));
+    resp
 }

@@ -11,8 +11,10 @@
 //! Code map: `paths` (keys → paths), `objmeta` (the xattr records, ETags),
 //! `store` (buckets and directories), `walk` + `list` (listing in S3 order
 //! from a position), `body` (digests in, read-ahead stream out),
-//! `ops/*` (one file per group of operations), `auth` (keys, reader role),
-//! `server` (HTTP accept loop).
+//! `ops/*` (one file per group of operations), `auth` (s3s's keys from the
+//! shared key store), `route` (which S3 operation a request head is: read or
+//! mutation, body class), `server` (the protocol on the shared gateway layer,
+//! `fskv-gateway`: connections, timeouts, limits, reader guard, metrics).
 
 pub mod auth;
 pub mod body;
@@ -22,10 +24,11 @@ pub mod list;
 pub mod objmeta;
 pub mod ops;
 pub mod paths;
+pub mod route;
 pub mod s3;
 pub mod server;
 pub mod store;
 pub mod walk;
 
-pub use config::{AccessKey, GatewayConfig, Limits, Role};
+pub use config::{AccessKey, GatewayConfig, HttpLimits, KeyStore, Limits, Role};
 pub use server::{start, GatewayHandle};

@@ -155,6 +155,11 @@ fn account(digests: &mut Digests, piece: &[u8], max_bytes: u64) -> Result<(), S3
 }
 
 fn body_error(e: s3s::StdError) -> S3Error {
+    // The shared layer's limits (size, progress timeout) on the body.
+    if let Some(g) = fskv_gateway::GatewayError::from_body_error(e.as_ref()) {
+        tracing::debug!(error = %g, "request body cut");
+        return error::from_gateway(g);
+    }
     // A signature or checksum failure inside an aws-chunked body surfaces here.
     let msg = e.to_string();
     tracing::debug!(error = %msg, "request body failed");

@@ -5,7 +5,7 @@ use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig}
 use fskv_client::{FsClient, FsClientConfig, MetaClient, MetaClientConfig};
 use fskv_gateway_s3::ops::Gateway;
 use fskv_gateway_s3::store::Store;
-use fskv_gateway_s3::{AccessKey, GatewayConfig, Role};
+use fskv_gateway_s3::{AccessKey, GatewayConfig, KeyStore, Role};
 use fskv_meta::{MetaConfig, MetaService, NoStorage, StorageBackend};
 use fskv_proto::routing::RoutingInfo;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rp
     let storage = StorageClient::new(rpc, publisher.handle(), StorageClientConfig::default());
     let fs = FsClient::new(meta, storage, FsClientConfig::default());
     let store = Store::open(fs, "/s3", true).await.expect("store");
-    let keys = vec![AccessKey { access_key: "a".into(), secret_key: "b".into() }];
+    let keys = Arc::new(KeyStore::new(vec![AccessKey::new("a", "b")]).expect("keys"));
     let mut cfg = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), Role::Writer, keys);
     tune(&mut cfg);
     let gw = Gateway { store, cfg: Arc::new(cfg) };

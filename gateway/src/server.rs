@@ -1,0 +1,574 @@
+//! The HTTP server every gateway runs: accept loop with a total and a
+//! per-peer connection cap, optional TLS, hyper's HTTP/1.1 per connection
+//! under the timeouts of [`crate::conn`] (one sweeper task per server), and
+//! the request pipeline:
+//!
+//! | step | on failure |
+//! |---|---|
+//! | `GET /metrics` without SigV4 credentials → metrics (per `metrics_endpoint`); otherwise the protocol classifies the head ([`Protocol::classify`]) | 401/403 per the protocol's error format |
+//! | request id, tracing span (id, method, path, peer, role, protocol, route) | — |
+//! | request target ≤ `max_uri_bytes` (head ≤ `max_header_bytes` and `max_headers`: hyper, 431) | 414 |
+//! | reader/writer guard ([`crate::route::guard`]) | 403 `ReadOnlyGateway` |
+//! | `Content-Length` ≤ the route class's body limit | 413 |
+//! | credentials per [`AuthPolicy`] | the [`AuthError`]'s status |
+//! | the handler, with the body wrapped ([`RequestBody`]: limit while streaming, progress timeout) | the protocol's own |
+//! | the request id header on the response; accounting when the last byte is sent | — |
+//!
+//! Refusals by the shared layer are rendered by [`Protocol::error_response`]
+//! (S3 XML, JSON, …) and counted in `fskv_gateway_requests_refused_total`.
+
+use crate::auth::{sigv4, Authenticator, Principal};
+use crate::body::{BoxError, Finish, RequestBody, ResponseBody};
+use crate::config::{HttpLimits, MetricsEndpoint, Role, ServerConfig};
+use crate::conn::{ConnClock, Signal, Sweeper, TimedIo, Timeouts};
+use crate::error::{AuthError, GatewayError};
+use crate::metrics::{self, Metrics, ProtocolLabels, ReasonLabels, RouteLabels};
+use crate::route::{guard, AuthPolicy, Route};
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// A protocol served by the shared layer (S3, KV, MQ, the front).
+pub trait Protocol: Send + Sync + 'static {
+    /// The handler's response body.
+    type Body: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+
+    /// `s3`, `kv`, `mq`, …: the `protocol` label of metrics and logs.
+    fn name(&self) -> &'static str;
+
+    /// The response header carrying the request id.
+    fn request_id_header(&self) -> HeaderName {
+        HeaderName::from_static("x-request-id")
+    }
+
+    /// Classifies a request from its head alone (no body, no I/O).
+    fn classify(&self, parts: &Parts) -> Route;
+
+    /// Serves one request that passed the shared checks.
+    fn handle(&self, req: Request<RequestBody>, cx: RequestContext) -> impl Future<Output = Response<Self::Body>> + Send;
+
+    /// Renders a refusal of the shared layer in the protocol's format
+    /// (start from [`GatewayError::reply`]).
+    fn error_response(&self, err: &GatewayError, cx: &RequestContext) -> Response<Bytes>;
+}
+
+/// What the shared layer knows about a request, handed to the handler.
+#[derive(Clone, Debug)]
+pub struct RequestContext {
+    pub request_id: Arc<str>,
+    pub peer: SocketAddr,
+    pub role: Role,
+    /// The route's name from [`Protocol::classify`] (`"metrics"` for the
+    /// metrics endpoint).
+    pub route: &'static str,
+    /// Set when the route's [`AuthPolicy`] is `Required`.
+    pub principal: Option<Principal>,
+    pub writer_endpoint: Option<Arc<str>>,
+}
+
+/// A new request id: 16 uppercase hex digits, random.
+pub fn new_request_id() -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let v = rand::random::<u64>();
+    (0..16).map(|i| HEX[((v >> (60 - 4 * i)) & 0xf) as usize] as char).collect()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunState {
+    Running,
+    Draining,
+    Abort,
+}
+
+/// Open connections per peer IP address.
+#[derive(Default)]
+struct PeerCounts(Mutex<HashMap<IpAddr, usize>>);
+
+impl PeerCounts {
+    fn try_add(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<PeerSlot> {
+        let mut m = self.0.lock();
+        let n = m.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot { peers: Arc::clone(self), ip })
+    }
+}
+
+/// One connection's place in [`PeerCounts`], returned when dropped.
+struct PeerSlot {
+    peers: Arc<PeerCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.peers.0.lock();
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+struct Inner<P> {
+    protocol: Arc<P>,
+    cfg: ServerConfig,
+    writer_endpoint: Option<Arc<str>>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    conns: Arc<Semaphore>,
+    peers: Arc<PeerCounts>,
+    id_header: HeaderName,
+    sweeper: Arc<Sweeper>,
+    timeouts: Timeouts,
+}
+
+/// A running server. [`ServerHandle::stop`] stops it gracefully; dropping
+/// the handle stops accepting and drains as `stop` does, without waiting.
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+    state: watch::Sender<RunState>,
+    accept: tokio::task::JoinHandle<()>,
+    sweep: tokio::task::JoinHandle<()>,
+    conns: Arc<Semaphore>,
+    max_connections: u32,
+    grace: Duration,
+}
+
+impl ServerHandle {
+    /// Stops accepting, lets requests in flight finish (idle connections
+    /// close at once) for up to `shutdown_grace_ms`, then closes the rest.
+    pub async fn stop(self) {
+        let ServerHandle { state, accept, sweep, conns, max_connections, grace, .. } = self;
+        let _ = state.send(RunState::Draining);
+        let _ = accept.await;
+        let all = |conns: Arc<Semaphore>| async move { conns.acquire_many_owned(max_connections).await.map(drop) };
+        if tokio::time::timeout(grace, all(Arc::clone(&conns))).await.is_err() {
+            tracing::info!(
+                grace_ms = grace.as_millis() as u64,
+                "requests still in flight after the shutdown grace; closing their connections"
+            );
+            let _ = state.send(RunState::Abort);
+            let _ = tokio::time::timeout(Duration::from_secs(5), all(conns)).await;
+        }
+        sweep.abort();
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.max_connections as usize - self.conns.available_permits()
+    }
+}
+
+/// Binds `cfg.listen` and serves `protocol` until stopped.
+pub async fn serve<P: Protocol>(
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
+    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| GatewayError::Setup(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    serve_on(listener, cfg, protocol, auth, metrics)
+}
+
+/// Serves on a listener the caller bound (`cfg.listen` is then ignored).
+pub fn serve_on<P: Protocol>(
+    listener: TcpListener,
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
+    cfg.limits.validate().map_err(GatewayError::Setup)?;
+    let tls = cfg.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+    let addr = listener.local_addr().map_err(|e| GatewayError::Setup(format!("listener address: {e}")))?;
+    let max_connections = cfg.limits.max_connections as u32;
+    let conns = Arc::new(Semaphore::new(max_connections as usize));
+    let (state, state_rx) = watch::channel(RunState::Running);
+    let grace = Duration::from_millis(cfg.limits.shutdown_grace_ms);
+    let l = &cfg.limits;
+    let timeouts = Timeouts {
+        header_read: Duration::from_millis(l.header_read_timeout_ms),
+        idle: Duration::from_millis(l.idle_timeout_ms),
+        body_progress: Duration::from_millis(l.body_progress_timeout_ms),
+        send_progress: Duration::from_millis(l.send_progress_timeout_ms),
+    };
+    let sweeper = Arc::new(Sweeper::default());
+    let sweep = tokio::spawn(sweep_loop(Arc::clone(&sweeper), timeouts.sweep_period(), state_rx.clone()));
+    let inner = Arc::new(Inner {
+        sweeper,
+        timeouts,
+        id_header: protocol.request_id_header(),
+        protocol,
+        writer_endpoint: cfg.writer_endpoint.as_deref().map(Arc::from),
+        cfg,
+        auth,
+        metrics,
+        tls,
+        conns: Arc::clone(&conns),
+        peers: Arc::default(),
+    });
+    tracing::info!(%addr, protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
+    let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
+    Ok(ServerHandle { addr, state, accept, sweep, conns, max_connections, grace })
+}
+
+/// The one timer of a server: sweeps every connection's clock each period,
+/// and passes shutdown on to them. Ends once the server is stopping and no
+/// connection is left.
+async fn sweep_loop(sweeper: Arc<Sweeper>, period: Duration, mut state: watch::Receiver<RunState>) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut now_state = RunState::Running;
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                sweeper.sweep(Instant::now());
+                if now_state != RunState::Running && sweeper.is_empty() {
+                    return;
+                }
+            }
+            r = state.changed(), if listening => {
+                now_state = match r {
+                    Ok(()) => *state.borrow_and_update(),
+                    Err(_) => {
+                        listening = false;
+                        RunState::Draining
+                    }
+                };
+                match now_state {
+                    RunState::Running => {}
+                    RunState::Draining => sweeper.raise_all(Signal::Drain),
+                    RunState::Abort => sweeper.raise_all(Signal::Close),
+                }
+            }
+        }
+    }
+}
+
+/// Waits until the server should stop accepting (`Draining` or the handle dropped).
+async fn stopping(state: &mut watch::Receiver<RunState>) {
+    loop {
+        if *state.borrow_and_update() != RunState::Running {
+            return;
+        }
+        if state.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn accept_loop<P: Protocol>(listener: TcpListener, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
+    let protocol = inner.protocol.name();
+    let limits = &inner.cfg.limits;
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&inner.conns).acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = stopping(&mut state) => return,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopping(&mut state) => return,
+        };
+        let Some(slot) = inner.peers.try_add(peer.ip(), limits.max_connections_per_peer) else {
+            inner.metrics.connections_refused.get_or_create(&ReasonLabels { protocol, reason: "per_peer" }).inc();
+            tracing::debug!(%peer, max = limits.max_connections_per_peer, "per-peer connection cap reached; closing the new connection");
+            drop(stream);
+            continue;
+        };
+        inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, peer, (permit, slot)));
+    }
+}
+
+/// Counts the connection as open while alive.
+struct OpenGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn serve_connection<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
+) {
+    let protocol = inner.protocol.name();
+    let open = inner.metrics.connections_open.get_or_create_owned(&ProtocolLabels { protocol });
+    open.inc();
+    let _open = OpenGuard(open);
+    let _ = stream.set_nodelay(true);
+    let clock = Arc::new(ConnClock::new(Instant::now(), inner.timeouts));
+    let _registered = inner.sweeper.register(Arc::clone(&clock));
+    match inner.tls.clone() {
+        None => drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer).await,
+        Some(acceptor) => {
+            let limit = Duration::from_millis(inner.cfg.limits.tls_handshake_timeout_ms);
+            match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer).await,
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => {
+                    inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: "tls_handshake" }).inc();
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                }
+            }
+        }
+    }
+}
+
+async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr)
+where
+    P: Protocol,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let protocol = inner.protocol.name();
+    let limits: &HttpLimits = &inner.cfg.limits;
+    let svc = {
+        let inner = Arc::clone(&inner);
+        let clock = Arc::clone(&clock);
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let inner = Arc::clone(&inner);
+            let clock = Arc::clone(&clock);
+            async move { Ok::<_, Infallible>(handle(inner, clock, peer, req).await) }
+        })
+    };
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.keep_alive(true).max_header_size(limits.max_header_bytes).header_read_timeout(None);
+    if limits.max_headers != 100 {
+        // hyper's default; setting it makes hyper initialise its header array per request.
+        http.max_headers(limits.max_headers);
+    }
+    let conn = http.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    let mut seen = Signal::None;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            s = clock.signal_above(seen) => {
+                seen = s;
+                match s {
+                    Signal::Drain => conn.as_mut().graceful_shutdown(),
+                    Signal::Close => {
+                        if let Some(expiry) = clock.expiry() {
+                            inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: expiry.label() }).inc();
+                            tracing::debug!(%peer, timeout = expiry.label(), "closing the connection: timed out");
+                        }
+                        return;
+                    }
+                    Signal::None => {}
+                }
+            }
+        }
+    }
+}
+
+fn content_length(parts: &Parts) -> Option<u64> {
+    parts.headers.get(CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn is_metrics_request(parts: &Parts, endpoint: MetricsEndpoint) -> bool {
+    endpoint != MetricsEndpoint::Off
+        && (parts.method == http::Method::GET || parts.method == http::Method::HEAD)
+        && parts.uri.path() == "/metrics"
+        && matches!(sigv4::scheme(parts), Ok(sigv4::Scheme::Anonymous | sigv4::Scheme::Bearer(_)))
+}
+
+async fn handle<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    clock: Arc<ConnClock>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<ResponseBody<P::Body>> {
+    let protocol = inner.protocol.name();
+    let (parts, body) = req.into_parts();
+    let mut finish = Finish::start(Arc::clone(&clock), Arc::clone(&inner.metrics), protocol, metrics::method_label(&parts.method));
+    let request_id: Arc<str> = Arc::from(new_request_id());
+    // Classification is pure and cheap, so the span is made once with the route.
+    let route = if is_metrics_request(&parts, inner.cfg.limits.metrics_endpoint) { None } else { Some(inner.protocol.classify(&parts)) };
+    let route_name = route.map_or("metrics", |r| r.name);
+    finish.route = route_name;
+    let span = tracing::info_span!(
+        "request",
+        id = %request_id,
+        method = %parts.method,
+        path = %parts.uri.path(),
+        %peer,
+        role = %inner.cfg.role.as_str(),
+        protocol = %protocol,
+        route = %route_name,
+    );
+    let cx = RequestContext {
+        request_id,
+        peer,
+        role: inner.cfg.role,
+        route: route_name,
+        principal: None,
+        writer_endpoint: inner.writer_endpoint.clone(),
+    };
+    pipeline(inner, clock, finish, cx, parts, body, route).instrument(span).await
+}
+
+async fn pipeline<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    clock: Arc<ConnClock>,
+    finish: Finish,
+    mut cx: RequestContext,
+    parts: Parts,
+    body: Incoming,
+    route: Option<Route>,
+) -> Response<ResponseBody<P::Body>> {
+    let Some(route) = route else {
+        return metrics_response(&inner, finish, &cx, &parts);
+    };
+    match admit(&inner, route, clock, &mut cx, &parts, body).await {
+        Ok(body) => respond(&inner, finish, cx, parts, body).await,
+        Err(err) => {
+            let reason = err.label();
+            inner.metrics.refused.get_or_create(&ReasonLabels { protocol: inner.protocol.name(), reason }).inc();
+            if matches!(err, GatewayError::Internal(_) | GatewayError::Auth(AuthError::NeedsBody)) {
+                tracing::error!(error = %err, "request failed in the gateway layer");
+            } else {
+                tracing::debug!(reason, error = %err, "request refused");
+            }
+            error_response(&inner, finish, &cx, &err)
+        }
+    }
+}
+
+async fn respond<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: RequestContext,
+    parts: Parts,
+    body: RequestBody,
+) -> Response<ResponseBody<P::Body>> {
+    let request_id = Arc::clone(&cx.request_id);
+    let resp = inner.protocol.handle(Request::from_parts(parts, body), cx).await;
+    finish.status = resp.status().as_u16();
+    let (mut head, body) = resp.into_parts();
+    set_request_id(&mut head.headers, &inner.id_header, &request_id);
+    Response::from_parts(head, ResponseBody::handler(body, finish))
+}
+
+/// The shared checks of one request; on success its body for the handler.
+async fn admit<P: Protocol>(
+    inner: &Inner<P>,
+    route: Route,
+    clock: Arc<ConnClock>,
+    cx: &mut RequestContext,
+    parts: &Parts,
+    body: Incoming,
+) -> Result<RequestBody, GatewayError> {
+    let limits = &inner.cfg.limits;
+    let uri_len = parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
+    if uri_len > limits.max_uri_bytes {
+        return Err(GatewayError::UriTooLong { len: uri_len, max: limits.max_uri_bytes });
+    }
+    guard(inner.cfg.role, route.access, cx.writer_endpoint.as_deref())?;
+    let max = limits.max_body_bytes(route.body);
+    if let Some(len) = content_length(parts) {
+        if len > max {
+            return Err(GatewayError::BodyTooLarge { len: Some(len), max });
+        }
+    }
+    let bytes_in = inner.metrics.body_bytes_in.get_or_create_owned(&RouteLabels { protocol: inner.protocol.name(), route: route.name });
+    let body = RequestBody::stream(body, max, clock, limits.body_progress_timeout_ms, bytes_in);
+    match route.auth {
+        AuthPolicy::Open => Ok(body),
+        AuthPolicy::Delegated => {
+            inner.auth.sigv4().check(parts, SystemTime::now())?;
+            Ok(body)
+        }
+        AuthPolicy::Required => match inner.auth.authenticate(parts, None, SystemTime::now()) {
+            Ok(p) => {
+                cx.principal = Some(p);
+                Ok(body)
+            }
+            Err(AuthError::NeedsBody) => {
+                let bytes = body.collect().await?;
+                cx.principal = Some(inner.auth.authenticate(parts, Some(&bytes), SystemTime::now())?);
+                Ok(RequestBody::full(bytes))
+            }
+            Err(e) => Err(e.into()),
+        },
+    }
+}
+
+fn set_request_id(headers: &mut http::HeaderMap, name: &HeaderName, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        headers.insert(name.clone(), v);
+    }
+}
+
+fn error_response<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: &RequestContext,
+    err: &GatewayError,
+) -> Response<ResponseBody<P::Body>> {
+    let resp = inner.protocol.error_response(err, cx);
+    finish.status = resp.status().as_u16();
+    let (mut head, body) = resp.into_parts();
+    set_request_id(&mut head.headers, &inner.id_header, &cx.request_id);
+    Response::from_parts(head, ResponseBody::full(body, finish))
+}
+
+fn metrics_response<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: &RequestContext,
+    parts: &Parts,
+) -> Response<ResponseBody<P::Body>> {
+    if inner.cfg.limits.metrics_endpoint == MetricsEndpoint::Bearer {
+        let checked = match sigv4::scheme(parts) {
+            Ok(sigv4::Scheme::Bearer(token)) => inner.auth.bearer(token).map(drop),
+            _ => Err(AuthError::Missing),
+        };
+        if let Err(e) = checked {
+            return error_response(inner, finish, cx, &GatewayError::Auth(e));
+        }
+    }
+    let text = if parts.method == http::Method::HEAD { Bytes::new() } else { Bytes::from(inner.metrics.render()) };
+    finish.status = 200;
+    let mut resp = Response::new(ResponseBody::full(text, finish));
+    *resp.status_mut() = StatusCode::OK;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
+    set_request_id(resp.headers_mut(), &inner.id_header, &cx.request_id);
+    resp
+}
