@@ -272,7 +272,7 @@ impl RpcClient {
             }
             .instrument(span.clone()),
         );
-        let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer);
+        let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer).trusting_frame_sizes();
         let reader = tokio::spawn(read_loop(reader, shared.clone()).instrument(span)).abort_handle();
         Ok(Arc::new(Conn { shared, tx, permits: Arc::new(Semaphore::new(max_in_flight)), reader }))
     }

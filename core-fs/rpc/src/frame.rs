@@ -24,10 +24,11 @@
 //! * The total frame size (header + body + payload) is computed in `u64` from
 //!   the header and compared with `max_frame_bytes` **before** any buffer is
 //!   grown, so a hostile header cannot make us allocate.
-//! * Once a valid header is seen, the buffer grows towards the frame's size
-//!   as bytes arrive (doubling, at least [`GROW_MIN_BYTES`]), never to the
-//!   size a header merely claims; socket reads land in it directly (one copy
-//!   from the kernel).
+//! * Once a valid header is seen, a frame of up to the eager-reserve size
+//!   ([`EAGER_RESERVE_BYTES`] by default) gets its whole buffer at once; a
+//!   larger one's buffer grows as bytes arrive (doubling, at least
+//!   [`GROW_MIN_BYTES`]), never to the size a header merely claims. Socket
+//!   reads land in it directly (one copy from the kernel).
 //! * Body and payload are returned as [`Bytes`] split off the receive buffer:
 //!   no copy.
 //! * No input makes the decoder panic.
@@ -159,15 +160,31 @@ pub enum FrameError {
 /// The least a buffer holding a partial frame is grown by.
 pub const GROW_MIN_BYTES: usize = 256 * 1024;
 
-/// Stateless frame decoder; only holds the size limit.
+/// Frames up to this size are reserved whole once their header is known (on
+/// a server too): one allocation, no regrowth. Larger ones grow with the
+/// bytes that arrive. The server's in-flight byte budget, charged at the
+/// header, bounds what such reservations can add up to.
+pub const EAGER_RESERVE_BYTES: usize = 4 << 20;
+
+/// Stateless frame decoder; only holds the size limits.
 #[derive(Clone, Copy, Debug)]
 pub struct FrameDecoder {
     max_frame_bytes: usize,
+    /// Frames up to this size are reserved whole at their header.
+    eager_reserve_bytes: usize,
 }
 
 impl FrameDecoder {
+    /// A decoder reserving frames of up to [`EAGER_RESERVE_BYTES`] whole.
     pub fn new(max_frame_bytes: usize) -> Self {
-        FrameDecoder { max_frame_bytes }
+        FrameDecoder { max_frame_bytes, eager_reserve_bytes: EAGER_RESERVE_BYTES }
+    }
+
+    /// Sets the largest frame reserved whole at its header (a client reading
+    /// the replies to its own requests trusts their sizes: `usize::MAX`).
+    pub fn with_eager_reserve(mut self, bytes: usize) -> Self {
+        self.eager_reserve_bytes = bytes;
+        self
     }
 
     pub fn max_frame_bytes(&self) -> usize {
@@ -191,10 +208,11 @@ impl FrameDecoder {
     /// Decodes one frame from the front of `buf`.
     ///
     /// * `Ok(None)`: more bytes are needed; if the header is complete and
-    ///   valid, `buf` has been grown towards the frame's size by at most
-    ///   what it holds (or [`GROW_MIN_BYTES`]), so a header alone (which a
-    ///   peer can send for free) never makes us reserve much more than the
-    ///   bytes it actually sent.
+    ///   valid, `buf` has been reserved for the whole frame if it is at most
+    ///   the eager-reserve size, else grown towards it by at most what it
+    ///   holds (or [`GROW_MIN_BYTES`]), so a header alone (which a peer can
+    ///   send for free) never makes us reserve much more than the bytes it
+    ///   actually sent.
     /// * `Ok(Some(frame))`: the frame's bytes were split off `buf`.
     /// * `Err(_)`: the stream is corrupt or the frame is too large; `buf` was
     ///   not grown.
@@ -213,7 +231,11 @@ impl FrameDecoder {
         if buf.len() < frame_len {
             let missing = frame_len - buf.len();
             let room = buf.capacity() - buf.len();
-            if room < missing && room < GROW_MIN_BYTES / 4 {
+            if frame_len <= self.eager_reserve_bytes {
+                if room < missing {
+                    buf.reserve(missing);
+                }
+            } else if room < missing && room < GROW_MIN_BYTES / 4 {
                 // Grow as bytes arrive: double what we hold (large
                 // buffers are grown by the allocator in place, mremap).
                 buf.reserve(missing.min(buf.len().max(GROW_MIN_BYTES)));
@@ -335,7 +357,7 @@ mod tests {
         let body = vec![7u8; 3 << 20];
         let f = OutFrame::build(FrameKind::Request, 1, 1, 0, &[], Bytes::from(body), 80 << 20).unwrap();
         let raw = frame_bytes(&f);
-        let decoder = FrameDecoder::new(80 << 20);
+        let decoder = FrameDecoder::new(80 << 20).with_eager_reserve(1 << 20);
         let mut buf = BytesMut::new();
         buf.extend_from_slice(&raw[..HEADER_BYTES]);
         assert!(decoder.decode(&mut buf).unwrap().is_none());

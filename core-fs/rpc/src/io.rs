@@ -71,6 +71,13 @@ impl FrameReader {
         }
     }
 
+    /// Reserves every frame whole at its header (a client reading replies
+    /// to its own requests).
+    pub fn trusting_frame_sizes(mut self) -> Self {
+        self.decoder = self.decoder.with_eager_reserve(usize::MAX);
+        self
+    }
+
     /// Charges request frames to `budget` (permits are bytes).
     pub fn with_budget(mut self, budget: Arc<Semaphore>) -> Self {
         self.budget = Some(budget);

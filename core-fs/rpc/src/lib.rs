@@ -44,8 +44,10 @@
 //! that does not fit is read, dropped and answered `Overloaded` — refused,
 //! not waited for, so services calling each other cannot deadlock on it),
 //! `frame_read_timeout_ms` (a frame must arrive whole within it of its first
-//! byte) and `idle_timeout_ms`. Receive buffers grow as bytes arrive, never to
-//! the size a header merely claims. Defaults and the `[rpc]` keys:
+//! byte) and `idle_timeout_ms`. A server reserves a request frame whole at its
+//! header only up to 4 MiB (charged to the budget first); a larger one's
+//! buffer grows as its bytes arrive, never to the size a header merely
+//! claims. Defaults and the `[rpc]` keys:
 //! [`settings`].
 //!
 //! # Transport seam

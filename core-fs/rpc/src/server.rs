@@ -46,7 +46,9 @@ pub struct ServerConfig {
     /// connection is closed (a peer that stalls mid-frame holds nothing).
     pub frame_read_timeout_ms: u64,
     /// A connection with nothing in flight and no frame for this long is
-    /// closed (clients reconnect on their next call).
+    /// closed (checked by one timer per connection, so the close comes
+    /// between one and two of this after the last frame; clients reconnect
+    /// on their next call).
     pub idle_timeout_ms: u64,
 }
 
@@ -336,19 +338,18 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     let idle_timeout = Duration::from_millis(shared.config.idle_timeout_ms);
     let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), shutting_down: *shutdown_rx.borrow() };
     let mut protocol_error = false;
+    // The idle timer: one timer for the connection's life, checked when it
+    // fires (no wake-up per request). It closes the connection when nothing
+    // is in flight, no frame is arriving and none arrived for the idle
+    // timeout; otherwise it is pushed one timeout further. The reader
+    // enforces the frame-read timeout.
+    let mut idle_checked = reader.last_frame();
+    let idle = tokio::time::sleep_until(idle_checked + idle_timeout);
+    tokio::pin!(idle);
     loop {
         if state.shutting_down && state.in_flight.is_empty() {
             break;
         }
-        // The idle timer: a connection with nothing in flight closes after
-        // the idle timeout (the reader enforces the frame-read timeout).
-        let idle_at = state.in_flight.is_empty().then(|| reader.last_frame() + idle_timeout);
-        let idle = async move {
-            match idle_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         // `biased` (requests first): see `accept_loop`.
         tokio::select! {
             biased;
@@ -375,17 +376,18 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
                 state.shutting_down = true;
                 if state.in_flight.is_empty() { break; }
             }
-            // Also wakes the loop when the last request finishes, so the
-            // idle timer starts.
-            _ = state.in_flight.idle.notified() => {
-                if state.shutting_down && state.in_flight.is_empty() { break; }
+            _ = state.in_flight.idle.notified(), if state.shutting_down => {
+                if state.in_flight.is_empty() { break; }
             }
-            _ = idle => {
-                // A frame started arriving meanwhile: not idle.
-                if reader.frame_started().is_none() && state.in_flight.is_empty() {
+            _ = &mut idle => {
+                let last = reader.last_frame().max(idle_checked);
+                if reader.frame_started().is_none() && state.in_flight.is_empty() && last + idle_timeout <= Instant::now() {
                     debug!("closing an idle connection");
                     break;
                 }
+                idle_checked = Instant::now();
+                let next = reader.last_frame().max(idle_checked) + idle_timeout;
+                idle.as_mut().reset(next);
             }
         }
     }

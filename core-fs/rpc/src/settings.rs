@@ -17,7 +17,7 @@
 //! | `max_connections` | server: connections open at once (more are closed at accept) | 4096 |
 //! | `max_in_flight_bytes` | server: request bytes held at once over all connections (more answered `Overloaded`) | 1 GiB |
 //! | `frame_read_timeout_ms` | server: a frame must arrive whole within this of its first byte | 60000 |
-//! | `idle_timeout_ms` | server: a connection with nothing in flight and no frame for this long is closed | 600000 |
+//! | `idle_timeout_ms` | server: a connection with nothing in flight and no frame for this long is closed (within two of it) | 600000 |
 
 use crate::frame::DEFAULT_MAX_FRAME_BYTES;
 use std::sync::OnceLock;
