@@ -63,6 +63,14 @@ pub struct HeartbeatAck {
 pub enum HeartbeatError {
     #[error("{node} heartbeat of generation {got} is older than the registered generation {registered}")]
     StaleGeneration { node: NodeId, got: u64, registered: u64 },
+    /// The node was declared failed while this generation was registered:
+    /// that process has stopped (it exits at T/2 without renewal), so the
+    /// heartbeat is a stale one delivered late (e.g. from a socket buffer
+    /// after a partition heals). Only a new generation brings the node back.
+    #[error(
+        "{node} heartbeat of generation {generation}, which was declared failed; only a restarted process (a newer generation) is accepted"
+    )]
+    DeclaredFailed { node: NodeId, generation: u64 },
     #[error("{node} reports {target}, which is not in any chain or belongs to another node")]
     UnknownTarget { node: NodeId, target: TargetId },
 }
@@ -165,6 +173,9 @@ impl ClusterState {
         if let Some(n) = self.nodes.get(&hb.node) {
             if hb.generation < n.generation {
                 return Err(HeartbeatError::StaleGeneration { node: hb.node, got: hb.generation, registered: n.generation });
+            }
+            if !n.alive && hb.generation == n.generation {
+                return Err(HeartbeatError::DeclaredFailed { node: hb.node, generation: hb.generation });
             }
         }
         for (t, _) in &hb.targets {
@@ -325,6 +336,22 @@ mod tests {
         assert!(matches!(err, HeartbeatError::StaleGeneration { got: 4, registered: 5, .. }));
         // A stale heartbeat does not renew the lease.
         assert_eq!(c.nodes()[&NodeId(1)].last_heartbeat_ms, 0);
+    }
+
+    /// A heartbeat of a generation that was declared failed arrives late
+    /// (it sat in a socket buffer during a partition): it must not revive
+    /// the node; the restarted process (a newer generation) is accepted.
+    #[test]
+    fn a_failed_generation_is_fenced() {
+        let mut c = cluster(1_000);
+        c.heartbeat(&hb(1, 5, LocalState::UpToDate), 0).unwrap();
+        let out = c.tick(1_000);
+        assert_eq!(out.failed_nodes, vec![NodeId(1)]);
+        let err = c.heartbeat(&hb(1, 5, LocalState::UpToDate), 1_100).unwrap_err();
+        assert!(matches!(err, HeartbeatError::DeclaredFailed { generation: 5, .. }), "{err}");
+        assert!(!c.nodes()[&NodeId(1)].alive, "the late heartbeat revived the node");
+        c.heartbeat(&hb(1, 6, LocalState::Online), 1_200).unwrap();
+        assert!(c.nodes()[&NodeId(1)].alive);
     }
 
     #[test]

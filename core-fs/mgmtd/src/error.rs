@@ -24,7 +24,9 @@ impl MgmtdError {
     pub fn code(&self) -> ErrorCode {
         match self {
             MgmtdError::NotPrimary { .. } | MgmtdError::LeaseLost => ErrorCode::NotPrimary,
-            MgmtdError::Heartbeat(HeartbeatError::StaleGeneration { .. }) => ErrorCode::StaleNodeGeneration,
+            MgmtdError::Heartbeat(HeartbeatError::StaleGeneration { .. } | HeartbeatError::DeclaredFailed { .. }) => {
+                ErrorCode::StaleNodeGeneration
+            }
             MgmtdError::Heartbeat(HeartbeatError::UnknownTarget { .. }) => ErrorCode::InvalidArgument,
             MgmtdError::Kv(e) => e.code(),
             MgmtdError::Layout(_) => ErrorCode::InvalidArgument,
