@@ -70,6 +70,8 @@ pub struct MetaClientConfig {
     /// Pause before a retry; doubles per attempt up to 8x.
     pub retry_backoff_ms: u64,
     pub rpc: ClientConfig,
+    /// Send changes as `relaxed` (see [`MetaClient::with_relaxed_durability`]).
+    pub relaxed: bool,
 }
 
 impl MetaClientConfig {
@@ -81,6 +83,7 @@ impl MetaClientConfig {
             max_attempts: 8,
             retry_backoff_ms: 5,
             rpc: ClientConfig::default(),
+            relaxed: false,
         }
     }
 }
@@ -127,6 +130,41 @@ impl MetaClient {
             request_id: self.next_request_id.fetch_add(1, Ordering::Relaxed),
             user: self.cfg.user.clone(),
             op,
+            relaxed: self.cfg.relaxed,
+        }
+    }
+
+    /// The same client with every change sent as `relaxed` (acknowledged
+    /// before it is fsync'ed; see [`MetaRequest`]): the FUSE mount's mode.
+    /// [`MetaClient::sync`] is its barrier.
+    pub fn with_relaxed_durability(&self) -> Self {
+        let mut cfg = (*self.cfg).clone();
+        cfg.relaxed = true;
+        MetaClient { rpc: self.rpc.clone(), cfg: Arc::new(cfg), client_id: self.client_id, next_request_id: self.next_request_id.clone() }
+    }
+
+    /// Makes every change meta acknowledged so far durable: a barrier on
+    /// every meta server (each syncs its engine). Fails only if no server
+    /// answered; a server that is down kept its acknowledged changes in its
+    /// log (they survive a process crash) and syncs them when it restarts.
+    pub async fn sync(&self) -> Result<()> {
+        let opts = CallOptions { timeout_ms: self.cfg.call_timeout_ms };
+        let calls = self.cfg.servers.iter().map(|server| {
+            let rpc = self.rpc.clone();
+            async move { rpc.call::<MetaSyncCall>(server, &SyncRequest {}, Bytes::new(), opts).await }
+        });
+        let mut last = None;
+        let mut ok = false;
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Ok(_) => ok = true,
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(RpcError::Remote(s)) if !ok => Err(MetaClientError::Status(s)),
+            Some(e) if !ok => Err(MetaClientError::Unavailable { attempts: 1, last: e }),
+            _ => Ok(()),
         }
     }
 

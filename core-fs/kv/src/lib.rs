@@ -112,6 +112,21 @@ pub struct RangeResult {
     pub more: bool,
 }
 
+/// How durable a commit is when `commit` returns.
+///
+/// | durability | on return from `commit` | after a process crash (kill -9) | after power loss / OS crash |
+/// | --- | --- | --- | --- |
+/// | `Synced` (default) | written and fsync'ed | kept | kept |
+/// | `Relaxed` | written to the engine's log, not fsync'ed | kept | kept once the next [`KvEngine::sync`], a later `Synced` commit or the engine's periodic sync (at most its `relaxed_sync_interval_ms`) ran; else lost whole (never in part) |
+///
+/// Engines that cannot relax (etcd, FoundationDB) treat `Relaxed` as `Synced`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    #[default]
+    Synced,
+    Relaxed,
+}
+
 /// A transactional engine.
 #[async_trait]
 pub trait KvEngine: Send + Sync + 'static {
@@ -120,6 +135,12 @@ pub trait KvEngine: Send + Sync + 'static {
 
     /// Starts a transaction. Its read version is fixed at the first read.
     async fn begin(&self) -> KvResult<Box<dyn Transaction>>;
+
+    /// A barrier: once it returns, every commit acknowledged before it was
+    /// called is durable across power loss (see [`Durability`]).
+    async fn sync(&self) -> KvResult<()> {
+        Ok(())
+    }
 }
 
 /// One transaction. Dropping it without `commit` discards its writes.
@@ -162,8 +183,12 @@ pub trait Transaction: Send {
     /// Adds `[begin, end)` to the write-conflict set without writing it.
     fn add_write_conflict_range(&mut self, begin: &[u8], end: &[u8]) -> KvResult<()>;
 
+    /// Sets how durable the commit is when it returns (default `Synced`).
+    fn set_durability(&mut self, _durability: Durability) {}
+
     /// Commits; returns the commit version (for a read-only transaction, its
-    /// read version). On success every write is durable.
+    /// read version). On success every write is durable as the transaction's
+    /// [`Durability`] says.
     async fn commit(self: Box<Self>) -> KvResult<u64>;
 }
 

@@ -62,9 +62,12 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn snapshot(&self) -> Self::Snapshot;
     /// The newest value of `key` (only called by the commit thread).
     fn get_latest(&self, key: &[u8]) -> KvResult<Option<Bytes>>;
-    /// Applies `mutations` in order, atomically and durably, recording
-    /// `commit_version` as the last committed version.
-    fn apply(&self, mutations: &[Mutation], commit_version: u64) -> KvResult<()>;
+    /// Applies `mutations` in order, atomically, recording `commit_version`
+    /// as the last committed version; durably (fsync) when `sync`, else so
+    /// that a process crash keeps it.
+    fn apply(&self, mutations: &[Mutation], commit_version: u64, sync: bool) -> KvResult<()>;
+    /// Makes everything applied so far durable.
+    fn sync(&self) -> KvResult<()>;
 }
 
 struct CommitRequest {
@@ -73,6 +76,7 @@ struct CommitRequest {
     writes: ConflictSet,
     mutations: Vec<PendingMutation>,
     size_bytes: usize,
+    durable: bool,
     reply: oneshot::Sender<KvResult<u64>>,
 }
 
@@ -88,6 +92,8 @@ enum PendingMutation {
 struct Core<S> {
     store: S,
     committed_version: AtomicU64,
+    /// A relaxed batch was applied since the last sync.
+    unsynced: std::sync::atomic::AtomicBool,
 }
 
 /// Owns the commit thread; joined when the last handle goes away so that a
@@ -96,10 +102,19 @@ struct Inner<S: Store> {
     core: Arc<Core<S>>,
     commit_tx: Option<mpsc::Sender<CommitRequest>>,
     thread: Option<JoinHandle<()>>,
+    /// The periodic sync thread and its stop signal.
+    syncer: Option<(StopSignal, JoinHandle<()>)>,
 }
 
 impl<S: Store> Drop for Inner<S> {
     fn drop(&mut self) {
+        if let Some((stop, t)) = self.syncer.take() {
+            *stop.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            stop.1.notify_all();
+            if t.join().is_err() {
+                tracing::error!("KV sync thread panicked");
+            }
+        }
         self.commit_tx.take();
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
@@ -121,19 +136,37 @@ impl<S: Store> Clone for LocalEngine<S> {
 }
 
 impl<S: Store> LocalEngine<S> {
-    pub fn start(store: S, committed_version: u64, name: &str) -> KvResult<Self> {
-        let core = Arc::new(Core { store, committed_version: AtomicU64::new(committed_version) });
+    /// Starts the engine's commit thread and, with `sync_interval_ms`, a
+    /// thread that syncs relaxed commits that often (the bound on what power
+    /// loss can take of them).
+    pub fn start(store: S, committed_version: u64, name: &str, sync_interval_ms: Option<u64>) -> KvResult<Self> {
+        let core = Arc::new(Core {
+            store,
+            committed_version: AtomicU64::new(committed_version),
+            unsynced: std::sync::atomic::AtomicBool::new(false),
+        });
         let (tx, rx) = mpsc::channel(COMMIT_QUEUE_DEPTH);
         let thread_core = core.clone();
         let thread = std::thread::Builder::new()
             .name(format!("kv-commit-{name}"))
             .spawn(move || commit_loop(thread_core, rx))
             .map_err(|e| KvError::Storage(format!("cannot start the commit thread: {e}")))?;
-        Ok(LocalEngine { inner: Arc::new(Inner { core, commit_tx: Some(tx), thread: Some(thread) }) })
+        let syncer = match sync_interval_ms {
+            Some(ms) => Some(start_syncer(core.clone(), name, ms)?),
+            None => None,
+        };
+        Ok(LocalEngine { inner: Arc::new(Inner { core, commit_tx: Some(tx), thread: Some(thread), syncer }) })
     }
 
     pub fn store(&self) -> &S {
         &self.inner.core.store
+    }
+
+    /// Makes every commit acknowledged so far durable (a no-op when no
+    /// relaxed commit happened since the last sync).
+    pub async fn sync(&self) -> KvResult<()> {
+        let core = self.inner.core.clone();
+        tokio::task::spawn_blocking(move || sync_core(&core)).await.map_err(|e| KvError::Storage(format!("sync task: {e}")))?
     }
 
     pub fn committed_version(&self) -> u64 {
@@ -149,8 +182,38 @@ impl<S: Store> LocalEngine<S> {
             reads: ConflictSet::default(),
             extra_writes: Vec::new(),
             size_bytes: 0,
+            durability: crate::Durability::Synced,
         }
     }
+}
+
+type StopSignal = Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
+
+fn start_syncer<S: Store>(core: Arc<Core<S>>, name: &str, interval_ms: u64) -> KvResult<(StopSignal, JoinHandle<()>)> {
+    let stop: StopSignal = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let period = std::time::Duration::from_millis(interval_ms.max(1));
+    let signal = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("kv-sync-{name}"))
+        .spawn(move || {
+            let (lock, cvar) = &*signal;
+            let mut stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while !*stopped {
+                stopped = cvar.wait_timeout(stopped, period).unwrap_or_else(|e| e.into_inner()).0;
+                if let Err(e) = sync_core(&core) {
+                    tracing::error!(error = %e, "periodic KV sync failed");
+                }
+            }
+        })
+        .map_err(|e| KvError::Storage(format!("cannot start the sync thread: {e}")))?;
+    Ok((stop, thread))
+}
+
+fn sync_core<S: Store>(core: &Core<S>) -> KvResult<()> {
+    if !core.unsynced.swap(false, Ordering::AcqRel) {
+        return Ok(());
+    }
+    core.store.sync().inspect_err(|_| core.unsynced.store(true, Ordering::Release))
 }
 
 #[derive(Clone, Debug)]
@@ -172,6 +235,7 @@ pub(crate) struct LocalTransaction<S: Store> {
     reads: ConflictSet,
     extra_writes: Vec<(Bytes, Bytes)>,
     size_bytes: usize,
+    durability: crate::Durability,
 }
 
 /// FoundationDB's ADD on an 8-byte operand.
@@ -365,6 +429,7 @@ impl<S: Store> LocalTransaction<S> {
             writes,
             mutations,
             size_bytes: self.size_bytes,
+            durable: self.durability == crate::Durability::Synced,
             reply,
         }
     }
@@ -457,6 +522,10 @@ impl<S: Store> Transaction for LocalTransaction<S> {
         Ok(())
     }
 
+    fn set_durability(&mut self, durability: crate::Durability) {
+        self.durability = durability;
+    }
+
     async fn commit(self: Box<Self>) -> KvResult<u64> {
         let read_only = self.overlay.is_empty() && self.cleared.is_empty() && self.extra_writes.is_empty();
         if read_only {
@@ -502,6 +571,7 @@ fn commit_batch<S: Store>(core: &Core<S>, resolver: &mut Resolver, next_version:
     let mut latest = BatchView { store: &core.store, written: HashMap::new(), cleared: Vec::new() };
     let mut mutations = Vec::new();
     let mut accepted = Vec::with_capacity(batch.len());
+    let mut durable_in_batch = false;
     for req in batch {
         let read_version = req.read_version.unwrap_or(*next_version - 1);
         match resolver.check(read_version, &req.reads) {
@@ -526,10 +596,17 @@ fn commit_batch<S: Store>(core: &Core<S>, resolver: &mut Resolver, next_version:
         let version = *next_version;
         *next_version += 1;
         resolver.record(version, &req.writes, now_ms);
+        durable_in_batch |= req.durable;
         accepted.push((req.reply, version));
     }
     let Some(&(_, last_version)) = accepted.last() else { return };
-    match core.store.apply(&mutations, last_version) {
+    // One durable transaction makes the whole batch durable (and everything
+    // relaxed before it: the log is written in order).
+    let sync = durable_in_batch;
+    if !sync {
+        core.unsynced.store(true, Ordering::Release);
+    }
+    match core.store.apply(&mutations, last_version, sync) {
         Ok(()) => {
             core.committed_version.store(last_version, Ordering::Release);
             for (reply, v) in accepted {

@@ -49,7 +49,11 @@ impl Store for MemStore {
         Ok(self.map.read().get(key).cloned())
     }
 
-    fn apply(&self, mutations: &[Mutation], _commit_version: u64) -> KvResult<()> {
+    fn sync(&self) -> KvResult<()> {
+        Ok(())
+    }
+
+    fn apply(&self, mutations: &[Mutation], _commit_version: u64, _sync: bool) -> KvResult<()> {
         let mut next = self.map.read().clone();
         for m in mutations {
             match m {
@@ -83,7 +87,7 @@ impl MemoryEngine {
     pub fn new() -> Self {
         let store = MemStore { map: RwLock::new(Map::new()) };
         // Starting a thread only fails when the process is out of resources.
-        let engine = LocalEngine::start(store, 0, "memory").expect("start the in-memory engine's commit thread");
+        let engine = LocalEngine::start(store, 0, "memory", None).expect("start the in-memory engine's commit thread");
         MemoryEngine { engine }
     }
 }

@@ -5,8 +5,11 @@
 //! * The column family `fskv_sys` holds engine state: the last committed
 //!   version, written in the same atomic batch as the data it versions.
 //! * Each group-commit batch is one `WriteBatch` written with `sync = true`
-//!   (WAL fsync) unless [`RocksOptions::sync_writes`] is off, so an
-//!   acknowledged commit survives `kill -9` and power loss.
+//!   (WAL fsync) unless [`RocksOptions::sync_writes`] is off or every
+//!   transaction of the batch is `Durability::Relaxed`, so an acknowledged
+//!   commit survives `kill -9` and power loss. A relaxed batch is written to
+//!   the WAL without fsync (it survives `kill -9`); `sync()` and a thread
+//!   every `relaxed_sync_interval_ms` fsync the WAL (`flush_wal(true)`).
 //! * Transactions read from a RocksDB snapshot taken at their first read.
 
 use crate::local::{LocalEngine, Mutation, Store, StoreSnapshot};
@@ -30,11 +33,14 @@ pub struct RocksOptions {
     pub sync_writes: bool,
     /// RocksDB block cache size.
     pub block_cache_bytes: usize,
+    /// Relaxed commits (see [`crate::Durability`]) are fsync'ed at least
+    /// this often; 0 = only by `sync` and later synced commits.
+    pub relaxed_sync_interval_ms: u64,
 }
 
 impl Default for RocksOptions {
     fn default() -> Self {
-        RocksOptions { sync_writes: true, block_cache_bytes: 256 << 20 }
+        RocksOptions { sync_writes: true, block_cache_bytes: 256 << 20, relaxed_sync_interval_ms: 100 }
     }
 }
 
@@ -106,7 +112,11 @@ impl Store for RocksStore {
         Ok(self.db.get(key).map_err(storage_err)?.map(Bytes::from))
     }
 
-    fn apply(&self, mutations: &[Mutation], commit_version: u64) -> KvResult<()> {
+    fn sync(&self) -> KvResult<()> {
+        self.db.flush_wal(true).map_err(storage_err)
+    }
+
+    fn apply(&self, mutations: &[Mutation], commit_version: u64, sync: bool) -> KvResult<()> {
         let sys = self.db.cf_handle(SYS_CF).ok_or_else(|| KvError::Storage("column family fskv_sys missing".into()))?;
         let mut batch = WriteBatch::default();
         for m in mutations {
@@ -124,7 +134,7 @@ impl Store for RocksStore {
         }
         batch.put_cf(&sys, VERSION_KEY, commit_version.to_le_bytes());
         let mut wo = WriteOptions::default();
-        wo.set_sync(self.sync_writes);
+        wo.set_sync(self.sync_writes && sync);
         self.db.write_opt(batch, &wo).map_err(storage_err)
     }
 }
@@ -157,7 +167,8 @@ impl RocksEngine {
             .map_err(|e| KvError::Storage(format!("open {}: {}", path.display(), e.into_string())))?;
         let version = read_version(&db)?;
         let store = RocksStore { db: Arc::new(db), sync_writes: opts.sync_writes };
-        let engine = LocalEngine::start(store, version, "rocksdb")?;
+        let interval = Some(opts.relaxed_sync_interval_ms).filter(|&ms| ms > 0);
+        let engine = LocalEngine::start(store, version, "rocksdb", interval)?;
         tracing::info!(path = %path.display(), committed_version = version, "opened embedded KV engine");
         Ok(RocksEngine { engine })
     }
@@ -193,5 +204,9 @@ impl KvEngine for RocksEngine {
 
     async fn begin(&self) -> KvResult<Box<dyn Transaction>> {
         Ok(Box::new(self.engine.begin_local()))
+    }
+
+    async fn sync(&self) -> KvResult<()> {
+        self.engine.sync().await
     }
 }

@@ -2,9 +2,11 @@
 //! commits transactions from several tasks and prints each acknowledgement;
 //! the parent kills it with SIGKILL mid-stream, reopens the database and
 //! checks that every acknowledged transaction is there and that every
-//! transaction is all-or-nothing.
+//! transaction is all-or-nothing — for synced commits, and for relaxed ones
+//! (`Durability::Relaxed`: written to the WAL without fsync, which a process
+//! crash keeps; power loss is not simulated here).
 
-use fskv_kv::{open_engine, KvEngine, RangeRequest, RocksEngine, RocksOptions};
+use fskv_kv::{open_engine, Durability, KvEngine, RangeRequest, RocksEngine, RocksOptions};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -12,11 +14,14 @@ use std::time::{Duration, Instant};
 
 const KEYS_PER_TXN: usize = 6;
 const CHILD_ENV: &str = "FSKV_KV_CRASH_CHILD_ENGINE";
+/// Set: the child's odd tasks commit relaxed (even ones stay synced).
+const RELAXED_ENV: &str = "FSKV_KV_CRASH_CHILD_RELAXED";
 
 /// The child: runs only when re-executed by `kill9_keeps_acknowledged_commits`.
 #[test]
 fn crash_child_writer() {
     let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let relaxed = std::env::var_os(RELAXED_ENV).is_some();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(async move {
         let engine = open_engine(&spec).expect("child opens engine");
@@ -28,6 +33,9 @@ fn crash_child_writer() {
                 for i in 0..1_000_000u64 {
                     let n = i * 4 + task;
                     let mut t = engine.begin().await.unwrap();
+                    if relaxed && task % 2 == 1 {
+                        t.set_durability(Durability::Relaxed);
+                    }
                     for k in 0..KEYS_PER_TXN {
                         t.set(format!("txn/{n:012}/{k}").as_bytes(), &n.to_le_bytes()).unwrap();
                     }
@@ -46,12 +54,22 @@ fn crash_child_writer() {
 
 #[test]
 fn kill9_keeps_acknowledged_commits() {
+    kill9_run(false);
+}
+
+#[test]
+fn kill9_keeps_acknowledged_relaxed_commits() {
+    kill9_run(true);
+}
+
+fn kill9_run(relaxed: bool) {
     let dir = tempfile::tempdir().unwrap();
     let spec = format!("rocksdb:{}", dir.path().display());
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads", "1"])
         .env(CHILD_ENV, &spec)
+        .env(if relaxed { RELAXED_ENV } else { "FSKV_KV_CRASH_UNUSED" }, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -93,7 +111,7 @@ fn kill9_keeps_acknowledged_commits() {
         assert!(per_txn.contains_key(n), "acknowledged transaction {n} lost after kill -9");
     }
     eprintln!(
-        "kill -9 durability: {} acknowledged, {} present after reopen (the extra ones committed but were not yet acknowledged)",
+        "kill -9 durability (relaxed: {relaxed}): {} acknowledged, {} present after reopen (the extra ones committed but were not yet acknowledged)",
         acked.len(),
         per_txn.len()
     );

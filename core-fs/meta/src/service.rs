@@ -271,12 +271,21 @@ impl MetaService {
         Ok(reply)
     }
 
-    /// The RPC routes of this service (`meta.Call`, `meta.Batch`, `meta.Fsck`).
+    /// The RPC routes of this service (`meta.Call`, `meta.Batch`, `meta.Fsck`,
+    /// `meta.Sync`).
     pub fn router(&self) -> Router {
         let one = self.clone();
         let many = self.clone();
         let checker = self.clone();
+        let syncer = self.clone();
         Router::new()
+            .route::<MetaSyncCall, _, _>(move |_ctx, _req: SyncRequest, _payload| {
+                let engine = syncer.inner.engine.clone();
+                async move {
+                    engine.sync().await.map_err(|e| Status::from(MetaError::from(e)))?;
+                    Ok((SyncReply {}, Bytes::new()))
+                }
+            })
             .route::<MetaFsckCall, _, _>(move |_ctx, req: FsckRequest, _payload| {
                 let svc = checker.clone();
                 async move { svc.fsck(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
@@ -424,6 +433,9 @@ impl Inner {
             attempt += 1;
             let result: MetaResult<Vec<MetaReply>> = async {
                 let mut txn = self.engine.begin().await?;
+                if items.iter().all(|(r, _)| r.relaxed) {
+                    txn.set_durability(fskv_kv::Durability::Relaxed);
+                }
                 let mut replies = Vec::with_capacity(items.len());
                 for (req, prep) in items {
                     replies.push(self.apply_recorded(&mut *txn, req, prep).await?);

@@ -31,6 +31,7 @@ pub fn all_methods() -> Vec<(u16, &'static str)> {
         m::<meta::MetaCall>(),
         m::<meta::MetaBatchCall>(),
         m::<meta::MetaFsckCall>(),
+        m::<meta::MetaSyncCall>(),
         m::<storage::WriteChunk>(),
         m::<storage::ForwardChunk>(),
         m::<storage::BatchRead>(),

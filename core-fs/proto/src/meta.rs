@@ -544,13 +544,28 @@ impl MetaOp {
 
 /// One request: the op, who asks, and the ids that make a retry idempotent
 /// (`request_id` 0 = no idempotency record).
+///
+/// `relaxed`: the change may be acknowledged before it is fsync'ed (the
+/// FUSE mount's namespace ops; POSIX makes them durable at fsync(2)). It
+/// survives a crash of meta (kill -9) all the same; power loss can take
+/// relaxed changes younger than meta's `relaxed_sync_interval_ms` that no
+/// [`MetaSyncCall`] or later synced change covered. A group of requests
+/// committed together is synced if any of them is not relaxed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaRequest {
     pub client_id: u64,
     pub request_id: u64,
     pub user: UserInfo,
     pub op: MetaOp,
+    pub relaxed: bool,
 }
+
+/// Asks meta to make every change it acknowledged so far durable.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncRequest {}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncReply {}
 
 /// A batch of independent requests (each succeeds or fails on its own).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -690,6 +705,11 @@ fskv_rpc::rpc_method!(
 fskv_rpc::rpc_method!(
     /// The read-only consistency check of the namespace (admin).
     "meta", MetaFsckCall = 1002, FsckRequest => FsckReply
+);
+fskv_rpc::rpc_method!(
+    /// A durability barrier: every change acknowledged before it is fsync'ed
+    /// when it returns (the FUSE mount's fsync(2) / fsyncdir(2)).
+    "meta", MetaSyncCall = 1003, SyncRequest => SyncReply
 );
 
 #[cfg(test)]

@@ -55,7 +55,13 @@ impl Fs {
     }
 
     pub fn req(&self, op: MetaOp) -> MetaRequest {
-        MetaRequest { client_id: self.client_id, request_id: self.next.fetch_add(1, Ordering::Relaxed), user: self.user.clone(), op }
+        MetaRequest {
+            client_id: self.client_id,
+            request_id: self.next.fetch_add(1, Ordering::Relaxed),
+            user: self.user.clone(),
+            op,
+            relaxed: false,
+        }
     }
 
     pub async fn op(&self, op: MetaOp) -> MetaResult<MetaReply> {
