@@ -5,6 +5,7 @@
 #   * that disk directly,
 # all in one run, with ratios. Jobs (one thread, psync, buffered):
 #   seqwrite   1 MiB blocks, --size MiB, --end_fsync=1 (the fsync is inside fio's time)
+#   seqwrite4k 4 KiB blocks, --size4k MiB (default 256), --end_fsync=1, bounded by --max-seconds
 #   seqread    1 MiB blocks over that file, after `sync; echo 3 > drop_caches` (root only)
 #   randread   4 KiB random reads over that file, --direct=0, time-based, warm caches
 #              (right after seqread, no drop; fio --invalidate=0). fio's random map reads
@@ -13,16 +14,20 @@
 #   randread_cold  the same after dropping all caches (every side reads from the disk)
 #   creates    a bash loop creating --creates empty files in one new directory
 #              (open(O_CREAT)+close each), timed; bounded by --max-seconds
+#   lsl        `ls -l` of that directory after dropping caches, in entries/s
 #
 # Rounds: every round runs every target once, in an order rotated by one per round
 # (local, bindfs, fskv-r1, fskv-r3; then bindfs, fskv-r1, ...), each fskv target on a
 # fresh `fskv up`; the table shows per-target medians over the rounds, ratios are
 # of medians, and every round's figures are printed and in the JSON.
 #
-# Usage: benches/fs/bench.sh [--replicas "1 3"] [--rounds 3] [--size-mib 1024] [--seconds 10]
+# Usage: benches/fs/bench.sh [--replicas "1 3"] [--rounds 3] [--size-mib 1024] [--size4k-mib 256] [--seconds 10]
 #          [--creates 5000] [--max-seconds 120] [--dir PARENT] [--base-port P]
 #          [--fskv PATH] [--json FILE]
 #   --dir       where temp dirs go (default ${TMPDIR:-/tmp}); must be a real disk, not tmpfs
+#   --off       also run each fskv target with write-behind and relaxed metadata off
+#               (fskv-rN-off: FSKV_MOUNT_WRITE_BUFFER_BYTES=0 FSKV_MOUNT_SYNCED_METADATA=true),
+#               the behaviour before issue 21, side by side in the same run
 #   --fskv      binary to use; default $CARGO_TARGET_DIR/release/fskv (or <repo>/target/...),
 #               built with `cargo build --release -p fskv` when missing or older than the sources
 # Needs root (or sudo) to install fio/bindfs, to mount, and to drop caches.
@@ -34,6 +39,8 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 REPLICAS="1 3"
 ROUNDS=3
 SIZE_MIB=1024
+SIZE4K_MIB=256
+OFF=""
 RR_SECONDS=10
 CREATES=5000
 MAX_SECONDS=120
@@ -47,6 +54,8 @@ while [ $# -gt 0 ]; do
         --replicas) REPLICAS=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --size-mib) SIZE_MIB=$2; shift 2 ;;
+        --size4k-mib) SIZE4K_MIB=$2; shift 2 ;;
+        --off) OFF=1; shift ;;
         --seconds) RR_SECONDS=$2; shift 2 ;;
         --creates) CREATES=$2; shift 2 ;;
         --max-seconds) MAX_SECONDS=$2; shift 2 ;;
@@ -180,6 +189,14 @@ run_jobs() { # target-name directory
     local name=$1 dir=$2 out=$WORK/fio-$1-round$ROUND f size v
     mkdir -p "$out"
     f=bench.dat
+    say "$name: seqwrite4k ${SIZE4K_MIB} MiB (4 KiB blocks, end_fsync, at most ${MAX_SECONDS} s) in $dir"
+    drop_caches
+    fio --name=seqwrite4k --directory="$dir" --filename=small.dat --ioengine=psync --rw=write --bs=4k \
+        --size="${SIZE4K_MIB}M" --end_fsync=1 --runtime="$MAX_SECONDS" \
+        --output-format=json --output="$out/seqwrite4k.json" >/dev/null
+    v=$(fio_value "$out/seqwrite4k.json" write bw_mib)
+    record "$name" seqwrite4k "$v" MiB/s
+    rm -f "$dir/small.dat"
     say "$name: seqwrite ${SIZE_MIB} MiB (1 MiB blocks, end_fsync) in $dir"
     drop_caches
     fio --name=seqwrite --directory="$dir" --filename=$f --ioengine=psync --rw=write --bs=1M \
@@ -223,6 +240,12 @@ run_jobs() { # target-name directory
     done
     t1=$(date +%s%N)
     record "$name" creates "$(python3 -c "print(f'{$i / (($t1 - $t0) / 1e9):.0f}')")" files/s
+    say "$name: ls -l of the $i files (caches dropped)"
+    drop_caches
+    t0=$(date +%s%N)
+    ls -l "$cdir" > /dev/null
+    t1=$(date +%s%N)
+    record "$name" lsl "$(python3 -c "print(f'{$i / (($t1 - $t0) / 1e9):.0f}')")" entries/s
     rm -f "$dir/$f"
 }
 
@@ -236,16 +259,22 @@ pick_base() {
     echo "$b"
 }
 
-start_fskv() { # replicas
-    local r=$1 base data log
+start_fskv() { # replicas [off]
+    local r=$1 off=${2:-} base data log
     base=$(pick_base)
     data=$WORK/fskv-r$r-data
     FSKV_MNT=$WORK/fskv-r$r-mnt
     log=$WORK/fskv-r$r.log
     mkdir -p "$FSKV_MNT"
     say "fskv up --replicas $r --base-port $base --data $data --mount $FSKV_MNT"
-    FSKV_LOG=${FSKV_LOG:-warn} "$FSKV" up --data "$data" --base-port "$base" --replicas "$r" \
-        --mount "$FSKV_MNT" > "$log" 2>&1 &
+    if [ -n "$off" ]; then
+        say "  (write-behind and relaxed metadata off)"
+        FSKV_MOUNT_WRITE_BUFFER_BYTES=0 FSKV_MOUNT_SYNCED_METADATA=true FSKV_LOG=${FSKV_LOG:-warn} \
+            "$FSKV" up --data "$data" --base-port "$base" --replicas "$r" --mount "$FSKV_MNT" > "$log" 2>&1 &
+    else
+        FSKV_LOG=${FSKV_LOG:-warn} "$FSKV" up --data "$data" --base-port "$base" --replicas "$r" \
+            --mount "$FSKV_MNT" > "$log" 2>&1 &
+    fi
     FSKV_PID=$!
     local i
     for i in $(seq 1 3000); do   # 300 s
@@ -291,6 +320,11 @@ run_target() { # name
             "$FUSERMOUNT" -u "$BINDFS_MNT"
             BINDFS_MNT=""
             rm -rf "$WORK/bindfs-src" ;;
+        fskv-r*-off)
+            local r=${1#fskv-r}
+            start_fskv "${r%-off}" off
+            run_jobs "$1" "$FSKV_MNT"
+            stop_fskv ;;
         fskv-r*)
             start_fskv "${1#fskv-r}"
             run_jobs "$1" "$FSKV_MNT"
@@ -299,7 +333,10 @@ run_target() { # name
 }
 
 TARGETS=(local bindfs)
-for r in $REPLICAS; do TARGETS+=("fskv-r$r"); done
+for r in $REPLICAS; do
+    TARGETS+=("fskv-r$r")
+    [ -z "$OFF" ] || TARGETS+=("fskv-r$r-off")
+done
 for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
     say "round $ROUND of $ROUNDS (load average $(cut -d' ' -f1-3 /proc/loadavg))"
     for ((k = 0; k < ${#TARGETS[@]}; k++)); do
@@ -308,9 +345,10 @@ for ((ROUND = 1; ROUND <= ROUNDS; ROUND++)); do
 done
 
 # ---- report ------------------------------------------------------------------
-python3 - "$RESULTS" "$JSON" "$START" "$SIZE_MIB" "$RR_SECONDS" "$CREATES" "$DROP" "$(nproc)" <<'EOF'
+python3 - "$RESULTS" "$JSON" "$START" "$SIZE_MIB" "$RR_SECONDS" "$CREATES" "$DROP" "$(nproc)" "$SIZE4K_MIB" <<'EOF'
 import json, sys
-path, json_out, start, size_mib, rr_s, creates, drop, ncpu = sys.argv[1:]
+path, json_out, start, size_mib, rr_s, creates, drop, ncpu, size4k = sys.argv[1:]
+SIZE4K = int(size4k)
 import statistics
 rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
 rounds = {}   # target -> job -> [values in round order]
@@ -322,17 +360,17 @@ for rnd, target, job, value, unit, load in rows:
     rounds.setdefault(target, {}).setdefault(job, []).append(float(value))
     loads.setdefault(target, []).append(float(load))
 res = {t: {j: statistics.median(v) for j, v in jobs_.items()} for t, jobs_ in rounds.items()}
-jobs = [("seqwrite", "MiB/s"), ("seqread", "MiB/s"), ("randread", "IOPS"), ("randread_cold", "IOPS"), ("creates", "files/s")]
+jobs = [("seqwrite4k", "MiB/s"), ("seqwrite", "MiB/s"), ("seqread", "MiB/s"), ("randread", "IOPS"), ("randread_cold", "IOPS"), ("creates", "files/s"), ("lsl", "entries/s")]
 targets = [t for t in ["local", "bindfs"] if t in res] + sorted(t for t in res if t.startswith("fskv"))
 n_rounds = max(len(v) for t in rounds.values() for v in t.values())
 print()
 print(f"fs bench {start}: seqwrite/seqread {size_mib} MiB in 1 MiB blocks (write ends with fsync), "
       f"randread 4 KiB for {rr_s} s (warm, then cold), {creates} creates; {ncpu} CPUs; drop caches: {drop}")
 print(f"medians over {n_rounds} round(s):")
-print(f"{'target':<10} {'seqwrite MiB/s':>15} {'seqread MiB/s':>14} {'randread IOPS':>14} {'rr cold IOPS':>13} {'creates/s':>10}   load avg (1 min) min-max")
+print(f"{'target':<10} {'seqw4k MiB/s':>13} {'seqwrite MiB/s':>15} {'seqread MiB/s':>14} {'randread IOPS':>14} {'rr cold IOPS':>13} {'creates/s':>10} {'ls -l/s':>9}   load avg (1 min) min-max")
 for t in targets:
     r = res[t]
-    print(f"{t:<10} {r.get('seqwrite', 0):>15.1f} {r.get('seqread', 0):>14.1f} {r.get('randread', 0):>14.0f} {r.get('randread_cold', 0):>13.0f} {r.get('creates', 0):>10.0f}   "
+    print(f"{t:<10} {r.get('seqwrite4k', 0):>13.1f} {r.get('seqwrite', 0):>15.1f} {r.get('seqread', 0):>14.1f} {r.get('randread', 0):>14.0f} {r.get('randread_cold', 0):>13.0f} {r.get('creates', 0):>10.0f} {r.get('lsl', 0):>9.0f}   "
           + f"{min(loads[t]):.1f}-{max(loads[t]):.1f}")
 print()
 print("every round (in round order):")
@@ -343,13 +381,15 @@ def ratio(a, b):
     return round(a / b, 3) if b else None
 ratios = {}
 print()
-print("ratios of the medians (writes and creates against the local disk; reads against bindfs and the local disk):")
-print(f"{'target':<10} {'seqwrite/local':>15} {'seqread/bindfs':>15} {'seqread/local':>14} {'randread/bindfs':>16} {'randread/local':>15} {'rrcold/bindfs':>14} {'rrcold/local':>13} {'creates/local':>14} {'creates/bindfs':>15}")
+print("ratios of the medians (against bindfs, the issue-21 goals, and the local disk):")
+print(f"{'target':<10} {'seqw4k/bindfs':>14} {'seqwrite/bindfs':>16} {'seqwrite/local':>15} {'seqread/bindfs':>15} {'seqread/local':>14} {'randread/bindfs':>16} {'randread/local':>15} {'rrcold/bindfs':>14} {'rrcold/local':>13} {'creates/local':>14} {'creates/bindfs':>15} {'lsl/bindfs':>11}")
 for t in targets:
     if t == "local":
         continue
     r, l, b = res[t], res.get("local", {}), res.get("bindfs", {})
     q = {
+        "seqwrite4k/bindfs": ratio(r.get("seqwrite4k", 0), b.get("seqwrite4k", 0)),
+        "seqwrite/bindfs": ratio(r["seqwrite"], b.get("seqwrite", 0)),
         "seqwrite/local": ratio(r["seqwrite"], l.get("seqwrite", 0)),
         "seqread/bindfs": ratio(r["seqread"], b.get("seqread", 0)),
         "seqread/local": ratio(r["seqread"], l.get("seqread", 0)),
@@ -359,13 +399,14 @@ for t in targets:
         "randread_cold/local": ratio(r["randread_cold"], l.get("randread_cold", 0)),
         "creates/local": ratio(r["creates"], l.get("creates", 0)),
         "creates/bindfs": ratio(r["creates"], b.get("creates", 0)),
+        "lsl/bindfs": ratio(r.get("lsl", 0), b.get("lsl", 0)),
     }
     ratios[t] = q
     print(f"{t:<10} " + " ".join(f"{(v if v is not None else float('nan')):>{w}.2f}" for v, w in
-                                 zip(q.values(), [15, 15, 14, 16, 15, 14, 13, 14, 15])))
+                                 zip(q.values(), [14, 16, 15, 15, 14, 16, 15, 14, 13, 14, 15, 11])))
 if json_out:
     doc = {"start": start, "cpus": int(ncpu), "drop_caches": drop,
-           "params": {"size_mib": int(size_mib), "randread_seconds": int(rr_s), "creates": int(creates)},
+           "params": {"size_mib": int(size_mib), "size4k_mib": SIZE4K, "randread_seconds": int(rr_s), "creates": int(creates)},
            "units": dict(jobs), "rounds": n_rounds, "medians": res, "per_round": rounds, "load1": loads, "ratios": ratios}
     with open(json_out, "w") as f:
         json.dump(doc, f, indent=2)

@@ -27,6 +27,21 @@ pub struct MountArgs {
     /// Do not serve USRBIO (no `3fs-virt` directory, no ring dispatcher).
     #[arg(long)]
     no_usrbio: bool,
+    /// Write-behind: small writes to an open file are gathered into runs of
+    /// the file's chunk size (at most this many bytes) and written in the
+    /// background; fsync(2) and close(2) wait for them. 0 = every write goes
+    /// to storage before it returns.
+    #[arg(long, env = "FSKV_MOUNT_WRITE_BUFFER_BYTES", default_value_t = MountConfig::default().write_buffer_bytes)]
+    write_buffer_bytes: u64,
+    /// A partial run is written this long after its first byte.
+    #[arg(long, default_value_t = MountConfig::default().write_flush_delay_ms)]
+    write_flush_delay_ms: u64,
+    /// fsync every namespace change (create, mkdir, rename, close, …) before
+    /// replying. Default: changes are acknowledged once in meta's log (they
+    /// survive a crash of meta) and fsync(2) / fsyncdir(2) make them durable
+    /// across power loss; meta fsyncs them within 100 ms anyway.
+    #[arg(long, env = "FSKV_MOUNT_SYNCED_METADATA")]
+    synced_metadata: bool,
     /// The directory to mount on.
     path: PathBuf,
 }
@@ -35,8 +50,15 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
     let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
         .await
         .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
-    let mut cfg =
-        MountConfig { attr_ttl_ms: args.attr_ttl_ms, entry_ttl_ms: args.attr_ttl_ms, allow_other: !args.private, ..Default::default() };
+    let mut cfg = MountConfig {
+        attr_ttl_ms: args.attr_ttl_ms,
+        entry_ttl_ms: args.attr_ttl_ms,
+        allow_other: !args.private,
+        write_buffer_bytes: args.write_buffer_bytes,
+        write_flush_delay_ms: args.write_flush_delay_ms,
+        relaxed_metadata: !args.synced_metadata,
+        ..Default::default()
+    };
     if args.no_usrbio {
         cfg.usrbio = None;
     }

@@ -433,7 +433,28 @@ fn usrbio_writes_survive_kill9_of_a_storage_node() {
         pattern(1000 + i, 0, &mut want[..MIB]);
         pattern(1000 + i, MIB as u64, &mut want[MIB..2 * MIB]);
         pattern(1000 + i, 2 * MIB as u64, &mut want[2 * MIB..]);
-        assert!(got == want, "file w{i}: {} bytes, content differs", got.len());
+        if got != want {
+            let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+            let last = got.iter().zip(&want).rposition(|(a, b)| a != b).unwrap_or(first);
+            let zeros = got[first..=last.min(got.len().saturating_sub(1))].iter().all(|&b| b == 0);
+            let region = &got[first..=last];
+            let mut other = Vec::new();
+            for j in 0..400u64 {
+                let mut p = vec![0u8; region.len()];
+                pattern(1000 + j, first as u64, &mut p);
+                if p == region {
+                    other.push(j);
+                }
+            }
+            let same = region.iter().zip(&want[first..=last]).filter(|(a, b)| a == b).count();
+            let again: Vec<bool> = (0..6)
+                .map(|_| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    fs::read(work.join(format!("w{i}"))).map(|g| g == want).unwrap_or(false)
+                })
+                .collect();
+            panic!("file w{i}: {} bytes, content differs in [{first}, {last}] (all zeros there: {zeros}; region equals file(s) {other:?} at that offset; {same} of {} bytes right; re-reads right: {again:?})", got.len(), region.len());
+        }
     };
     for i in done.lock().unwrap_or_else(|e| e.into_inner()).clone() {
         verify(i);

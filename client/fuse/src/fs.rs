@@ -40,11 +40,44 @@ pub(crate) struct Shared {
     pub usrbio: std::sync::OnceLock<Arc<crate::usrbio::Server>>,
     /// Tells the kernel to drop cached pages (set once the session exists).
     pub notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Files known to have no `security.capability` (asked before every write).
+    pub no_caps: crate::handles::NoCapCache,
+    /// Open files with buffered writes (reads and truncates look only when
+    /// it is non-zero).
+    pub dirty_files: Arc<std::sync::atomic::AtomicUsize>,
+    /// The mount-wide budget of buffered bytes (`max_dirty_bytes_total`).
+    pub dirty_budget: crate::writeback::DirtyBudget,
 }
 
 impl Shared {
     fn usrbio(&self) -> Option<&Arc<crate::usrbio::Server>> {
         self.usrbio.get()
+    }
+
+    /// Waits until the writes buffered for `inode` by any handle of this
+    /// mount are on storage (before a read or truncate of it).
+    pub async fn settle_writers(&self, inode: InodeId) {
+        if self.dirty_files.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return;
+        }
+        for f in self.handles.writers_of(inode) {
+            f.settle().await;
+        }
+    }
+
+    /// A write-behind buffer for a new writable handle of a file with
+    /// `chunk_bytes` chunks, unless buffering is off.
+    fn write_behind(&self, chunk_bytes: u64) -> Option<Arc<crate::writeback::WriteBehind>> {
+        let cfg = &self.cfg;
+        if cfg.write_buffer_bytes == 0 {
+            return None;
+        }
+        let limits = crate::writeback::WriteBufferLimits {
+            run_bytes: chunk_bytes.clamp(1, cfg.write_buffer_bytes),
+            max_dirty_bytes: cfg.max_dirty_bytes_per_file,
+            max_flushes_in_flight: cfg.max_flushes_in_flight_per_file,
+        };
+        Some(crate::writeback::WriteBehind::new(limits, cfg.write_flush_delay_ms, self.dirty_files.clone(), self.dirty_budget.clone()))
     }
 
     /// Drops the kernel's cached pages and attributes of `(inode, (start,
@@ -170,11 +203,7 @@ impl Ctx {
         let mut open_end = 0;
         if matches!(inode.data, InodeData::File(_)) {
             for f in self.shared.handles.writers_of(inode.id) {
-                if let Ok(guard) = f.handle.try_read() {
-                    if let Some(h) = guard.as_ref() {
-                        open_end = open_end.max(h.len());
-                    }
-                }
+                open_end = open_end.max(f.written_end().unwrap_or(0));
             }
         }
         to_attr(inode, open_end)
@@ -208,6 +237,8 @@ impl Ctx {
     /// Truncates through the open handle `fh` if it is writable, else
     /// through a temporary write handle (close makes the length exact).
     async fn truncate(&self, inode: InodeId, size: u64, fh: Option<u64>) -> FsResult<()> {
+        // Buffered writes land first: none may re-extend the file after it.
+        self.shared.settle_writers(inode).await;
         if let Some(file) = fh.and_then(|fh| self.shared.handles.file(fh).ok()).filter(|f| f.writable) {
             let guard = file.handle.read().await;
             let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
@@ -250,7 +281,8 @@ impl Ctx {
     }
 
     async fn insert_handle(&self, inode: InodeId, writable: bool, handle: fskv_client::FileHandle) -> FsResult<u64> {
-        let file = OpenFile { inode, writable, handle: tokio::sync::RwLock::new(None) };
+        let wb = if writable { self.shared.write_behind(u64::from(handle.layout().chunk_size_bytes)) } else { None };
+        let file = OpenFile { inode, writable, handle: tokio::sync::RwLock::new(None), wb };
         let fh = self.shared.handles.insert_file(file);
         match fh {
             Ok(fh) => {
@@ -279,38 +311,71 @@ impl Ctx {
 
     async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let file = self.shared.handles.file(fh)?;
+        // Read-your-writes inside the mount: buffered bytes land first.
+        self.shared.settle_writers(file.inode).await;
         let guard = file.handle.read().await;
         let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
         let end = offset.saturating_add(u64::from(size));
         if end > handle.len() {
             // Writes by other handles show up once reported; look again.
             handle.refresh_len().await?;
+            if end > handle.len() {
+                // Writes of this mount's other handles that meta has not
+                // heard of yet (read-your-writes inside the mount).
+                let local = self.shared.handles.writers_of(file.inode).iter().filter_map(|f| f.written_end()).max();
+                if let Some(local) = local {
+                    handle.raise_len(local);
+                }
+            }
         }
         Ok(handle.read_at(offset, u64::from(size)).await?)
     }
 
     async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         let file = self.shared.handles.file(fh)?;
+        let len = u32::try_from(data.len()).map_err(|_| FsError(Errno::EINVAL))?;
+        if let Some(wb) = &file.wb {
+            wb.write(&file, offset, data).await.map_err(FsError)?;
+            return Ok(len);
+        }
         let guard = file.handle.read().await;
         let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
-        let len = u32::try_from(data.len()).map_err(|_| FsError(Errno::EINVAL))?;
         handle.write_at(offset, data).await?;
         Ok(len)
     }
 
-    /// Reports the written end to meta (the data is already committed).
-    async fn fsync(&self, fh: u64) -> FsResult<()> {
+    /// close(2)'s flush: writes out the buffer, then reports the written
+    /// end to meta (the data is committed on every replica once its write
+    /// returned), so other clients see it.
+    async fn flush(&self, fh: u64) -> FsResult<()> {
         let file = self.shared.handles.file(fh)?;
         if !file.writable {
             return Ok(());
         }
+        file.drain().await?;
         let guard = file.handle.read().await;
         let handle = guard.as_ref().ok_or(FsError(Errno::EBADF))?;
         Ok(handle.fsync().await?)
     }
 
+    /// fsync(2): the flush, then meta's durability barrier (namespace
+    /// changes are committed relaxed; this makes them, and the length just
+    /// reported, durable).
+    async fn fsync(&self, fh: u64) -> FsResult<()> {
+        self.flush(fh).await?;
+        self.sync_meta().await
+    }
+
+    async fn sync_meta(&self) -> FsResult<()> {
+        if !self.shared.cfg.relaxed_metadata {
+            return Ok(());
+        }
+        Ok(self.meta().sync().await?)
+    }
+
     async fn release(&self, fh: u64) -> FsResult<()> {
         let Some(file) = self.shared.handles.remove_file(fh) else { return Err(FsError(Errno::EBADF)) };
+        let drained = file.drain().await;
         if let Some(u) = self.shared.usrbio() {
             u.forget_file(fh);
         }
@@ -319,7 +384,8 @@ impl Ctx {
             // of the file is not compared with other writers' data.
             self.shared.cache_stamps.forget(file.inode);
         }
-        close_file(&file).await
+        let closed = close_file(&file).await;
+        drained.and(closed)
     }
 
     async fn opendir(&self, inode: InodeId) -> FsResult<u64> {
@@ -332,8 +398,11 @@ impl Ctx {
         let dir = self.meta().stat(inode).await?;
         let InodeData::Directory(d) = &dir.data else { return Err(FsError(Errno::ENOTDIR)) };
         let mut state = DirState { more: true, ..Default::default() };
-        state.entries.push(ListedEntry { name: ".".into(), inode, kind: fuser::FileType::Directory });
-        state.entries.push(ListedEntry { name: "..".into(), inode: d.parent, kind: fuser::FileType::Directory });
+        let parent = d.parent;
+        // readdirplus: the kernel ignores the attributes of "." and "..".
+        let attr = Some(Box::new(dir.clone()));
+        state.entries.push(ListedEntry { name: ".".into(), inode, kind: fuser::FileType::Directory, attr: attr.clone() });
+        state.entries.push(ListedEntry { name: "..".into(), inode: parent, kind: fuser::FileType::Directory, attr });
         let open = OpenDir { inode, state: tokio::sync::Mutex::new(state) };
         self.shared.handles.insert_dir(open)
     }
@@ -362,9 +431,45 @@ impl Ctx {
         reply.ok();
     }
 
+    /// readdirplus: like readdir, each entry with its attributes (meta lists
+    /// them in the same page), so `ls -l` and `find` need no lookup per
+    /// entry.
+    async fn readdirplus(&self, fh: u64, offset: u64, mut reply: fuser::ReplyDirectoryPlus) {
+        let dir = match self.shared.handles.dir(fh) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e.0),
+        };
+        let mut state = dir.state.lock().await;
+        let mut index = usize::try_from(offset).unwrap_or(usize::MAX);
+        let ttl = self.entry_ttl();
+        loop {
+            while index >= state.entries.len() && state.more {
+                if let Err(e) = self.read_dir_page(dir.inode, &mut state).await {
+                    return reply.error(e.0);
+                }
+            }
+            let Some(entry) = state.entries.get(index) else { break };
+            let attr = match &entry.attr {
+                Some(inode) => self.attr_of(inode),
+                None => match self.shared.usrbio().map(|u| u.getattr(entry.inode.0)) {
+                    Some(Ok(a)) => a,
+                    _ => match self.meta().stat(entry.inode).await {
+                        Ok(inode) => self.attr_of(&inode),
+                        Err(e) => return reply.error(FsError::from(e).0),
+                    },
+                },
+            };
+            if reply.add(INodeNo(entry.inode.0), index as u64 + 1, &entry.name, &ttl, &attr, Generation(0)) {
+                break;
+            }
+            index += 1;
+        }
+        reply.ok();
+    }
+
     async fn read_dir_page(&self, dir: InodeId, state: &mut DirState) -> FsResult<()> {
         let limit = self.shared.cfg.readdir_page_entries;
-        let (entries, more) = self.meta().readdir(dir, &state.last_name, limit, false).await?;
+        let (entries, more) = self.meta().readdir(dir, &state.last_name, limit, true).await?;
         if let Some(last) = entries.last() {
             state.last_name = last.name.clone();
         }
@@ -374,6 +479,7 @@ impl Ctx {
             name: e.name,
             inode: e.inode,
             kind: crate::attr::file_type(e.kind),
+            attr: e.attr.map(Box::new),
         }));
         Ok(())
     }
@@ -466,6 +572,10 @@ impl Filesystem for FskvFs {
         if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO) {
             tracing::info!(?missing, "kernel lacks FUSE_ASYNC_DIO; asynchronous direct I/O is served one request at a time");
         }
+        // `ls -l`, `find`, `du`: entries come with their attributes.
+        if let Err(missing) = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS) {
+            tracing::info!(?missing, "kernel lacks readdirplus; listings look entries up one by one");
+        }
         if let Err(max) = config.set_max_readahead(self.shared.cfg.max_readahead_bytes) {
             let _ = config.set_max_readahead(max);
         }
@@ -481,6 +591,9 @@ impl Filesystem for FskvFs {
         tracing::info!(n = files.len(), "closing files still open at unmount");
         self.rt.block_on(async move {
             for f in files {
+                if let Err(e) = f.drain().await {
+                    tracing::warn!(inode = %f.inode, error = ?e, "buffered writes failed at unmount");
+                }
                 if let Err(e) = close_file(&f).await {
                     tracing::warn!(inode = %f.inode, error = ?e, "close at unmount failed");
                 }
@@ -726,8 +839,27 @@ impl Filesystem for FskvFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let mut data = Bytes::copy_from_slice(data);
+        // Fast path: a buffered write is answered from this thread.
+        if let Ok(file) = self.shared.handles.file(fh.0) {
+            if let Some(wb) = &file.wb {
+                let len = data.len() as u32;
+                let _rt = self.rt.enter();
+                match wb.try_write(&file, offset, data) {
+                    crate::writeback::TryWrite::Done => return reply.written(len),
+                    crate::writeback::TryWrite::Failed(e) => return reply.error(e),
+                    crate::writeback::TryWrite::BufferedOverBudget => {
+                        let wb = wb.clone();
+                        return self.spawn(tracing::debug_span!("write_wait", inode = i.0), async move {
+                            wb.wait_for_room().await;
+                            reply.written(len);
+                        });
+                    }
+                    crate::writeback::TryWrite::NoBudget(d) => data = d,
+                }
+            }
+        }
         let ctx = self.ctx(req);
-        let data = Bytes::copy_from_slice(data);
         self.spawn(tracing::debug_span!("write", inode = i.0, offset, len = data.len()), async move {
             match ctx.write(fh.0, offset, data).await {
                 Ok(n) => reply.written(n),
@@ -739,7 +871,7 @@ impl Filesystem for FskvFs {
     fn flush(&self, req: &Request, i: INodeNo, fh: Fh, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let ctx = self.ctx(req);
         self.spawn(tracing::debug_span!("flush", inode = i.0), async move {
-            let r = ctx.fsync(fh.0).await;
+            let r = ctx.flush(fh.0).await;
             reply_empty(reply, r);
         });
     }
@@ -789,14 +921,26 @@ impl Filesystem for FskvFs {
         });
     }
 
+    fn readdirplus(&self, req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: fuser::ReplyDirectoryPlus) {
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("readdirplus", inode = i.0, offset), async move {
+            ctx.readdirplus(fh.0, offset, reply).await;
+        });
+    }
+
     fn releasedir(&self, _req: &Request, _i: INodeNo, fh: Fh, _flags: OpenFlags, reply: ReplyEmpty) {
         self.shared.handles.remove_dir(fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
-        // Every namespace change is committed by meta before it replies.
-        reply.ok();
+    fn fsyncdir(&self, req: &Request, i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+        // Namespace changes are committed relaxed: the barrier makes every
+        // change acknowledged so far durable.
+        let ctx = self.ctx(req);
+        self.spawn(tracing::debug_span!("fsyncdir", inode = i.0), async move {
+            let r = ctx.sync_meta().await;
+            reply_empty(reply, r);
+        });
     }
 
     fn statfs(&self, req: &Request, _i: INodeNo, reply: ReplyStatfs) {
@@ -808,6 +952,7 @@ impl Filesystem for FskvFs {
         if self.virt(i, None).is_some() {
             return reply.error(Errno::EPERM);
         }
+        self.shared.no_caps.forget(ino(i));
         let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
         self.spawn(tracing::debug_span!("setxattr", inode = i.0), async move {
             let r = match name {
@@ -822,12 +967,19 @@ impl Filesystem for FskvFs {
         if self.virt(i, None).is_some() {
             return reply.error(Errno::ENODATA);
         }
+        let is_cap = name == crate::handles::SECURITY_CAPABILITY;
+        if is_cap && self.shared.no_caps.known_absent(ino(i)) {
+            return reply.error(Errno::ENODATA);
+        }
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("getxattr", inode = i.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().get_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
                 Err(e) => Err(e),
             };
+            if is_cap && r == Err(FsError(Errno::ENODATA)) {
+                ctx.shared.no_caps.note_absent(ino(i));
+            }
             reply_xattr(reply, size, r);
         });
     }
@@ -854,6 +1006,7 @@ impl Filesystem for FskvFs {
         if self.virt(i, None).is_some() {
             return reply.error(Errno::EPERM);
         }
+        self.shared.no_caps.forget(ino(i));
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("removexattr", inode = i.0), async move {
             let r = match name {

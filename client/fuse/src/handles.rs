@@ -1,6 +1,7 @@
 //! Open file and directory handles, keyed by the `fh` the kernel carries.
 
 use crate::errno::{FsError, FsResult};
+use crate::writeback::{FlushSink, WriteBehind};
 use fskv_client::FileHandle;
 use fskv_types::InodeId;
 use fuser::Errno;
@@ -15,6 +16,50 @@ pub struct OpenFile {
     pub inode: InodeId,
     pub writable: bool,
     pub handle: tokio::sync::RwLock<Option<FileHandle>>,
+    /// The write-behind buffer of a writable file (`None`: read-only, or
+    /// buffering turned off; writes then go straight to storage).
+    pub wb: Option<Arc<WriteBehind>>,
+}
+
+impl OpenFile {
+    /// Waits until nothing of this handle is buffered or in flight; an error
+    /// of a background flush stays for the handle's next write/fsync/close.
+    pub async fn settle(self: &Arc<Self>) {
+        if let Some(wb) = &self.wb {
+            if wb.is_dirty() {
+                wb.settle(self).await;
+            }
+        }
+    }
+
+    /// Flushes this handle's buffer and waits for it; the error of a failed
+    /// background flush, once.
+    pub async fn drain(self: &Arc<Self>) -> FsResult<()> {
+        match &self.wb {
+            Some(wb) => wb.drain(self).await.map_err(FsError),
+            None => Ok(()),
+        }
+    }
+
+    /// The end of this handle's writes, buffered ones included.
+    pub fn written_end(&self) -> Option<u64> {
+        let buffered = self.wb.as_ref().map_or(0, |wb| wb.end());
+        let written = self.handle.try_read().ok().and_then(|g| g.as_ref().map(FileHandle::len));
+        match written {
+            Some(w) => Some(w.max(buffered)),
+            None if buffered > 0 => Some(buffered),
+            None => None,
+        }
+    }
+}
+
+/// Background flushes write through the open file's handle.
+impl FlushSink for Arc<OpenFile> {
+    async fn write_at(&self, offset: u64, data: bytes::Bytes) -> Result<(), Errno> {
+        let guard = self.handle.read().await;
+        let handle = guard.as_ref().ok_or(Errno::EBADF)?;
+        handle.write_at(offset, data).await.map_err(|e| FsError::from(e).0)
+    }
 }
 
 /// One entry of a directory listing.
@@ -23,6 +68,9 @@ pub struct ListedEntry {
     pub name: String,
     pub inode: InodeId,
     pub kind: fuser::FileType,
+    /// The entry's inode as meta listed it (readdirplus); `None` for
+    /// virtual entries.
+    pub attr: Option<Box<fskv_proto::meta::Inode>>,
 }
 
 /// One open directory: the entries read so far (the kernel's readdir
@@ -71,6 +119,45 @@ impl CacheStamps {
     /// A writer of this mount closed: the next open reads fresh.
     pub fn forget(&self, inode: InodeId) {
         self.versions.lock().remove(&inode);
+    }
+}
+
+/// Files this mount recently found without a `security.capability`
+/// extended attribute. The kernel asks for it before **every** write (to
+/// drop file capabilities on write); without this cache each 4 KiB write
+/// cost a metadata round trip. An entry lives `ttl` (the attribute TTL: the
+/// same staleness as cached attributes) and is dropped when this mount sets
+/// or removes an xattr of the file. Bounded: when full it forgets
+/// everything.
+pub struct NoCapCache {
+    seen: Mutex<HashMap<InodeId, std::time::Instant>>,
+    ttl: std::time::Duration,
+    max_entries: usize,
+}
+
+/// The xattr the kernel checks before each write.
+pub const SECURITY_CAPABILITY: &str = "security.capability";
+
+impl NoCapCache {
+    pub fn new(ttl_ms: u64, max_entries: usize) -> Self {
+        NoCapCache { seen: Mutex::new(HashMap::new()), ttl: std::time::Duration::from_millis(ttl_ms), max_entries: max_entries.max(1) }
+    }
+
+    /// Whether `inode` was seen without the attribute less than `ttl` ago.
+    pub fn known_absent(&self, inode: InodeId) -> bool {
+        self.seen.lock().get(&inode).is_some_and(|at| at.elapsed() < self.ttl)
+    }
+
+    pub fn note_absent(&self, inode: InodeId) {
+        let mut seen = self.seen.lock();
+        if seen.len() >= self.max_entries && !seen.contains_key(&inode) {
+            seen.clear();
+        }
+        seen.insert(inode, std::time::Instant::now());
+    }
+
+    pub fn forget(&self, inode: InodeId) {
+        self.seen.lock().remove(&inode);
     }
 }
 

@@ -6,6 +6,7 @@
 //! * [`errno`]: the one mapping from fskv error codes to errno values.
 //! * [`handles`]: open file / directory handles keyed by the kernel's `fh`.
 //! * [`attr`]: inode → `FileAttr`.
+//! * [`writeback`]: write-behind buffering of small writes per open file.
 //! * [`usrbio`]: USRBIO — the virtual directory `3fs-virt/iovs/`, iov, ring
 //!   and file registration, the ring dispatcher, cleanup after a program dies.
 //!
@@ -17,6 +18,7 @@ pub mod errno;
 pub mod fs;
 pub mod handles;
 pub mod usrbio;
+pub mod writeback;
 
 use fskv_client::FsClient;
 use std::future::Future;
@@ -50,6 +52,23 @@ pub struct MountConfig {
     pub max_cache_stamps: usize,
     /// USRBIO limits; `None` turns USRBIO off (no `3fs-virt`).
     pub usrbio: Option<usrbio::UsrbioConfig>,
+    /// Write-behind run size cap (runs are the file's chunk size, at most
+    /// this); 0 turns buffering off: every write goes to storage before it
+    /// returns. See [`writeback`].
+    pub write_buffer_bytes: u64,
+    /// A partial run is flushed this long after its first byte.
+    pub write_flush_delay_ms: u64,
+    /// Buffered + in-flight bytes of one open file before writes wait.
+    pub max_dirty_bytes_per_file: u64,
+    /// Background flushes of one open file at once.
+    pub max_flushes_in_flight_per_file: usize,
+    /// Buffered + in-flight bytes of all open files together (at least
+    /// `max_write_bytes`, so any one write fits).
+    pub max_dirty_bytes_total: u64,
+    /// Namespace changes (create, mkdir, rename, close, …) are acknowledged
+    /// before meta fsyncs them; fsync(2) / fsyncdir(2) are the barrier.
+    /// Off: every change is fsync'ed before its reply.
+    pub relaxed_metadata: bool,
 }
 
 impl Default for MountConfig {
@@ -66,6 +85,12 @@ impl Default for MountConfig {
             keep_page_cache: true,
             max_cache_stamps: 1 << 20,
             usrbio: Some(usrbio::UsrbioConfig::default()),
+            write_buffer_bytes: 4 << 20,
+            write_flush_delay_ms: 50,
+            max_dirty_bytes_per_file: 8 << 20,
+            max_flushes_in_flight_per_file: 4,
+            max_dirty_bytes_total: 256 << 20,
+            relaxed_metadata: true,
         }
     }
 }
@@ -88,13 +113,21 @@ where
     M: FnOnce(),
 {
     let rt = tokio::runtime::Handle::current();
+    let client = if cfg.relaxed_metadata { client.with_relaxed_metadata() } else { client };
     let shared = Arc::new(fs::Shared {
         client,
         handles: handles::HandleTable::new(cfg.max_open_handles),
         cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),
+        no_caps: handles::NoCapCache::new(cfg.attr_ttl_ms, cfg.max_cache_stamps),
         cfg: cfg.clone(),
         usrbio: std::sync::OnceLock::new(),
         notifier: std::sync::OnceLock::new(),
+        dirty_files: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        dirty_budget: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(cfg.max_dirty_bytes_total.max(u64::from(cfg.max_write_bytes)))
+                .unwrap_or(usize::MAX >> 4)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
     });
     let filesystem = fs::FskvFs::new(shared.clone(), rt.clone());
     let options = fuser_config(&cfg);

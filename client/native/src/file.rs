@@ -292,6 +292,14 @@ impl FsClient {
         FsClient { meta: self.meta.with_user(user), ..self.clone() }
     }
 
+    /// The same client with metadata changes acknowledged before they are
+    /// fsync'ed (`MetaClient::with_relaxed_durability`); `meta().sync()` is
+    /// the barrier. The FUSE mount's mode: POSIX makes namespace changes
+    /// durable at fsync(2), not at each call.
+    pub fn with_relaxed_metadata(&self) -> FsClient {
+        FsClient { meta: self.meta.with_relaxed_durability(), ..self.clone() }
+    }
+
     /// Opens the file with inode id `inode` directly (no name lookup; `create`
     /// and `exclusive` are ignored).
     pub async fn open_inode(&self, inode: InodeId, flags: OpenFlags) -> Result<FileHandle> {
@@ -770,6 +778,14 @@ impl FileHandle {
         }
         st.length = meta_len.max(st.written_end);
         Ok(st.length)
+    }
+
+    /// Raises the length this handle reads up to, to `len`: another handle
+    /// of the same client wrote that far and meta has not heard of it yet
+    /// (the FUSE mount's read-your-writes across handles).
+    pub fn raise_len(&self, len: u64) {
+        let mut st = self.shared.state.lock();
+        st.length = st.length.max(len);
     }
 
     fn chunk_bytes(&self) -> u64 {

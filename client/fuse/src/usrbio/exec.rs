@@ -363,6 +363,11 @@ async fn execute(s: &Arc<Server>, shared: &Arc<crate::fs::Shared>, ring: &Arc<Ri
         jobs.push(Job { idx, iov, file, iov_offset: a.iov_offset as usize, len: a.len as usize, file_offset: a.file_offset });
     }
     posted.set(failed);
+    // Writes buffered through the mount on these handles land first, so
+    // ring I/O is ordered after them.
+    for (_, f) in &files {
+        f.settle().await;
+    }
     // In-flight calls hold the open files shared: a close waits for them.
     let guards = futures::future::join_all(files.iter().map(|(_, f)| f.handle.read())).await;
     let handle = |i: usize| -> Option<&FileHandle> { guards.get(i).and_then(|g| g.as_ref()) };

@@ -338,12 +338,22 @@ impl Server {
 
     /// The entries of a virtual directory (for readdir), `.` and `..` first.
     pub fn dir_entries(&self, ino: u64) -> Result<Vec<ListedEntry>, Errno> {
-        let dot = |name: &str, ino: u64| ListedEntry { name: name.into(), inode: fskv_types::InodeId(ino), kind: FileType::Directory };
+        let dot = |name: &str, ino: u64| ListedEntry {
+            name: name.into(),
+            inode: fskv_types::InodeId(ino),
+            kind: FileType::Directory,
+            attr: None,
+        };
         match ino {
             VIRT_DIR_INO => Ok(vec![dot(".", VIRT_DIR_INO), dot("..", 1), dot(proto::IOVS_DIR, IOVS_DIR_INO)]),
             IOVS_DIR_INO => {
                 let mut out = vec![dot(".", IOVS_DIR_INO), dot("..", VIRT_DIR_INO)];
-                out.push(ListedEntry { name: proto::SUBMIT_LINK.into(), inode: fskv_types::InodeId(SUBMIT_INO), kind: FileType::Symlink });
+                out.push(ListedEntry {
+                    name: proto::SUBMIT_LINK.into(),
+                    inode: fskv_types::InodeId(SUBMIT_INO),
+                    kind: FileType::Symlink,
+                    attr: None,
+                });
                 let reg = self.registry.lock();
                 let mut names: Vec<(&String, &u64)> = reg.by_name.iter().collect();
                 names.sort();
@@ -351,6 +361,7 @@ impl Server {
                     name: n.clone(),
                     inode: fskv_types::InodeId(*i),
                     kind: FileType::Symlink,
+                    attr: None,
                 }));
                 Ok(out)
             }
