@@ -1,0 +1,10 @@
+pub mod config;
+pub mod error;
+pub mod frame;
+pub mod index;
+pub mod keys;
+pub mod recency;
+pub mod record;
+pub mod route;
+pub mod store;
+pub mod walk;
