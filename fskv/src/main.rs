@@ -51,7 +51,7 @@ enum Command {
     Get(transfer::GetArgs),
     /// Mount the filesystem with FUSE: `fskv mount --mgmtd A --meta A PATH`.
     Mount(mount_cmd::MountArgs),
-    /// Run a gateway process: `fskv gateway s3 --role reader|writer ...`.
+    /// Run a gateway process: `fskv gateway s3|kv --role reader|writer ...`.
     #[command(subcommand)]
     Gateway(gateway_cmd::GatewayCommand),
     /// Show the configuration.

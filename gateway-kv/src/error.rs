@@ -9,7 +9,7 @@
 //! | `InvalidFrame` | 400 | `InvalidBatchFrame` |
 //! | `InvalidRange` | 400 | `InvalidRange` |
 //! | `NoSuchNamespace` | 404 | `NoSuchNamespace` |
-//! | `NoSuchKey` | 404 | `NoSuchKey` |
+//! | `NoSuchKey`, `NoSuchKeyAt` | 404 | `NoSuchKey` (`NoSuchKeyAt`: a watch's answer, with `X-Kv-Index`) |
 //! | `MethodNotAllowed` | 405 | `MethodNotAllowed` |
 //! | `KeyConflict` | 409 | `KeyConflict` (a name made outside the gateway is in the way) |
 //! | `PreconditionFailed` | 412 | `PreconditionFailed` |
@@ -51,6 +51,9 @@ pub enum KvError {
     NoSuchNamespace(String),
     #[error("no such key")]
     NoSuchKey,
+    /// A watch that ended on a missing key: 404 with the index to wait on next.
+    #[error("no such key")]
+    NoSuchKeyAt { index: u64 },
     #[error("{0}")]
     MethodNotAllowed(String),
     #[error("{0}")]
@@ -111,7 +114,7 @@ impl KvError {
             KvError::InvalidFrame(_) => (S::BAD_REQUEST, "InvalidBatchFrame"),
             KvError::InvalidRange(_) => (S::BAD_REQUEST, "InvalidRange"),
             KvError::NoSuchNamespace(_) => (S::NOT_FOUND, "NoSuchNamespace"),
-            KvError::NoSuchKey => (S::NOT_FOUND, "NoSuchKey"),
+            KvError::NoSuchKey | KvError::NoSuchKeyAt { .. } => (S::NOT_FOUND, "NoSuchKey"),
             KvError::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             KvError::KeyConflict(_) => (S::CONFLICT, "KeyConflict"),
             KvError::PreconditionFailed(_) => (S::PRECONDITION_FAILED, "PreconditionFailed"),
@@ -138,6 +141,9 @@ impl KvError {
             tracing::warn!(error = %text, "request failed: cluster unavailable");
         }
         let mut resp = self.reply().json(request_id);
+        if let KvError::NoSuchKeyAt { index } = self {
+            resp.headers_mut().insert("x-kv-index", http::HeaderValue::from(*index));
+        }
         if let KvError::RangeNotSatisfiable { size } = self {
             if let Ok(v) = http::HeaderValue::from_str(&format!("bytes */{size}")) {
                 resp.headers_mut().insert(http::header::CONTENT_RANGE, v);

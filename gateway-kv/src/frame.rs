@@ -235,6 +235,7 @@ impl RequestDecoder {
     }
 
     /// The next event the bytes pushed so far allow, or `None` (push more).
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Event>, FrameError> {
         match self.state {
             State::Done => Ok(None),
@@ -369,11 +370,7 @@ impl RequestDecoder {
             State::Done if self.buf.is_empty() => Ok(Event::End),
             State::Done => err("bytes after the last item"),
             State::Header => err("the body ended inside the batch header"),
-            State::ItemHead => err(format!(
-                "the body ended after {} of {} items",
-                self.items_seen,
-                self.header.map_or(0, |h| h.count)
-            )),
+            State::ItemHead => err(format!("the body ended after {} of {} items", self.items_seen, self.header.map_or(0, |h| h.count))),
             State::Value { left } => err(format!("the body ended {left} bytes before the end of a value")),
         }
     }
@@ -586,7 +583,13 @@ mod tests {
         let items = [
             RequestItem { key: b"a", value: Some(b"hello"), ..Default::default() },
             RequestItem { key: b"b", if_absent: true, value: Some(b""), ..Default::default() },
-            RequestItem { key: b"c", if_match: Some(Version { inode: 7, version: 9 }), ttl_ms: Some(5), value: Some(b"xyz"), ..Default::default() },
+            RequestItem {
+                key: b"c",
+                if_match: Some(Version { inode: 7, version: 9 }),
+                ttl_ms: Some(5),
+                value: Some(b"xyz"),
+                ..Default::default()
+            },
         ];
         let body = encode_request(Op::Put, 0, 0, &items);
         let mut d = RequestDecoder::new(Op::Put, limits());
@@ -644,11 +647,23 @@ mod tests {
             Op::Put,
             "101 bytes",
         );
-        let two = [RequestItem { key: b"a", value: Some(&[0; 80]), ..Default::default() }, RequestItem { key: b"b", value: Some(&[0; 80]), ..Default::default() }];
+        let two = [
+            RequestItem { key: b"a", value: Some(&[0; 80]), ..Default::default() },
+            RequestItem { key: b"b", value: Some(&[0; 80]), ..Default::default() },
+        ];
         check(encode_request(Op::Put, 0, 0, &two), Op::Put, "batch's values");
-        check(encode_request(Op::Put, 0, 0, &[RequestItem { key: b"k", ttl_ms: Some(0), value: Some(b""), ..Default::default() }]), Op::Put, "ttl_ms 0");
         check(
-            encode_request(Op::Put, 0, 0, &[RequestItem { key: b"k", if_absent: true, if_match: Some(Version::default()), value: Some(b""), ..Default::default() }]),
+            encode_request(Op::Put, 0, 0, &[RequestItem { key: b"k", ttl_ms: Some(0), value: Some(b""), ..Default::default() }]),
+            Op::Put,
+            "ttl_ms 0",
+        );
+        check(
+            encode_request(
+                Op::Put,
+                0,
+                0,
+                &[RequestItem { key: b"k", if_absent: true, if_match: Some(Version::default()), value: Some(b""), ..Default::default() }],
+            ),
             Op::Put,
             "together",
         );

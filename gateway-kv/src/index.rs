@@ -39,6 +39,8 @@ pub struct Entry {
     pub in_flight_ns: u64,
 }
 
+/// A key found by a scan: (key, size, version, expiry ns, access ns).
+pub type Scanned = (Vec<u8>, u64, Version, Option<u64>, u64);
 /// Counters of a namespace (since the writer's first start: they survive
 /// restarts through the checkpoint).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -170,7 +172,9 @@ impl NsIndex {
     }
 
     fn protected(&self, key: &[u8], e: &Entry, now_ns: u64) -> bool {
-        self.pinned(key, now_ns) || self.writing.contains_key(key) || (e.in_flight_ns > 0 && now_ns.saturating_sub(e.in_flight_ns) < IN_FLIGHT_GRACE_NS)
+        self.pinned(key, now_ns)
+            || self.writing.contains_key(key)
+            || (e.in_flight_ns > 0 && now_ns.saturating_sub(e.in_flight_ns) < IN_FLIGHT_GRACE_NS)
     }
 
     /// Keys whose expiry has passed (at most `max`), soonest first.
@@ -253,7 +257,13 @@ impl NsIndex {
 
     /// Replaces the entries with those of a fresh scan, keeping known
     /// access times; returns (added, removed).
-    pub fn reconcile(&mut self, scanned: Vec<(Vec<u8>, u64, Version, Option<u64>, u64)>) -> (usize, usize) {
+    pub fn reconcile(&mut self, scanned: Vec<Scanned>) -> (usize, usize) {
+        self.reconcile_keeping(scanned, &std::collections::HashSet::new())
+    }
+
+    /// [`NsIndex::reconcile`], keeping the keys of `keep` (written while
+    /// the scan ran, so maybe after it passed them).
+    pub fn reconcile_keeping(&mut self, scanned: Vec<Scanned>, keep: &std::collections::HashSet<Vec<u8>>) -> (usize, usize) {
         let mut seen: HashMap<Key, ()> = HashMap::new();
         let mut added = 0;
         for (key, size, version, expires, mtime) in scanned {
@@ -264,7 +274,12 @@ impl NsIndex {
             self.upsert(&key, size, version, expires, known.unwrap_or(mtime));
             seen.insert(Arc::from(&key[..]), ());
         }
-        let gone: Vec<Key> = self.entries.keys().filter(|k| !seen.contains_key(*k) && !self.writing.contains_key(*k)).cloned().collect();
+        let gone: Vec<Key> = self
+            .entries
+            .keys()
+            .filter(|k| !seen.contains_key(*k) && !self.writing.contains_key(*k) && !keep.contains(&k[..]))
+            .cloned()
+            .collect();
         for k in &gone {
             self.remove(k);
         }

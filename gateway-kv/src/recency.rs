@@ -106,7 +106,14 @@ impl Log {
             return None;
         }
         b.advance(8);
-        let mut log = Log { process: b.get_u64_le(), seq: b.get_u64_le(), at_ns: b.get_u64_le(), hits: b.get_u64_le(), misses: b.get_u64_le(), entries: vec![] };
+        let mut log = Log {
+            process: b.get_u64_le(),
+            seq: b.get_u64_le(),
+            at_ns: b.get_u64_le(),
+            hits: b.get_u64_le(),
+            misses: b.get_u64_le(),
+            entries: vec![],
+        };
         let count = b.get_u32_le();
         for _ in 0..count {
             if b.len() < ENTRY_BYTES {

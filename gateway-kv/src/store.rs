@@ -49,13 +49,18 @@ pub struct SystemDirs {
     pub stats: InodeId,
 }
 
+/// Namespaces: name → (namespace, when cached).
+type NsCache = HashMap<String, (Arc<Namespace>, Instant)>;
+/// Continuation directories: (parent, name) → (id, when cached).
+type DirCache = HashMap<(InodeId, String), (InodeId, Instant)>;
+
 #[derive(Clone)]
 pub struct Store {
     pub fs: FsClient,
     pub root: InodeId,
     pub system: SystemDirs,
-    namespaces: Arc<Mutex<HashMap<String, (Arc<Namespace>, Instant)>>>,
-    dirs: Arc<Mutex<HashMap<(InodeId, String), (InodeId, Instant)>>>,
+    namespaces: Arc<Mutex<NsCache>>,
+    dirs: Arc<Mutex<DirCache>>,
 }
 
 fn meta_err(e: fskv_client::MetaClientError, what: impl std::fmt::Display, not_found: KvError) -> KvError {
@@ -131,7 +136,8 @@ impl Store {
         let (dir, created) = match self.fs.meta().mkdir(self.root, name, DIR_MODE).await {
             Ok(i) => (i.id, true),
             Err(e) if e.code() == ErrorCode::AlreadyExists => {
-                let i = self.fs.meta().lookup(self.root, name).await.map_err(|e| meta_err(e, name, KvError::NoSuchNamespace(name.into())))?;
+                let i =
+                    self.fs.meta().lookup(self.root, name).await.map_err(|e| meta_err(e, name, KvError::NoSuchNamespace(name.into())))?;
                 if i.dir().is_none() {
                     return Err(KvError::KeyConflict(format!("{name} exists under the KV root and is not a directory")));
                 }
@@ -298,10 +304,7 @@ impl Store {
                 }
             }
         }
-        out.into_iter()
-            .enumerate()
-            .map(|(i, r)| r.map(|o| o.map(|inode| (inode, records.remove(&i).unwrap_or_default()))))
-            .collect()
+        out.into_iter().enumerate().map(|(i, r)| r.map(|o| o.map(|inode| (inode, records.remove(&i).unwrap_or_default())))).collect()
     }
 
     /// The record of a file (none unless its mode says it has one).
@@ -355,9 +358,12 @@ impl Store {
             attempt += 1;
             let parent = self.ensure_parent(ns, path).await?;
             let r = match data {
-                Data::Inline(b) => {
-                    self.fs.meta().create_write_publish(parent, &path.file, mode, b, expected.clone(), attrs.clone()).await.map_err(|e| e.code())
-                }
+                Data::Inline(b) => self
+                    .fs
+                    .meta()
+                    .create_write_publish(parent, &path.file, mode, b, expected.clone(), attrs.clone())
+                    .await
+                    .map_err(|e| e.code()),
                 Data::Temp(h) => self.fs.publish(h, parent, &path.file, expected.clone(), attrs.clone()).await.map_err(|e| e.code()),
             };
             match r {
@@ -439,7 +445,13 @@ impl Store {
         let attrs = PublishAttrs { length: None, mtime_ns: Some(record::now_ns()), xattrs: vec![] };
         let r: std::result::Result<(), ErrorCode> = async {
             if bytes.len() <= fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES {
-                return self.fs.meta().create_write_publish(dir, name, record::VALUE_MODE, &bytes, None, attrs).await.map(drop).map_err(|e| e.code());
+                return self
+                    .fs
+                    .meta()
+                    .create_write_publish(dir, name, record::VALUE_MODE, &bytes, None, attrs)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.code());
             }
             let h = self.fs.create_temp(dir, record::VALUE_MODE).await.map_err(|e| e.code())?;
             let chunk = h.layout().chunk_size_bytes.max(4096) as usize;

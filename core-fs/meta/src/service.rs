@@ -474,7 +474,15 @@ impl Inner {
     }
 
     async fn after_commit(&self, op: &MetaOp, reply: &MetaReply) {
-        if let (MetaOp::RemoveTree { .. } | MetaOp::Unlink { .. } | MetaOp::UnlinkExpected { .. } | MetaOp::Rename { .. } | MetaOp::Replace { .. }, _) = (op, reply) {
+        if let (
+            MetaOp::RemoveTree { .. }
+            | MetaOp::Unlink { .. }
+            | MetaOp::UnlinkExpected { .. }
+            | MetaOp::Rename { .. }
+            | MetaOp::Replace { .. },
+            _,
+        ) = (op, reply)
+        {
             self.gc_wakeup.notify_one()
         }
     }

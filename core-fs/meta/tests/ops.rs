@@ -720,7 +720,10 @@ async fn unlink_expected_is_compare_and_delete() {
     let v2 = fs.inode(publish(b"two")).await.unwrap();
     // The old version no longer matches: nothing is removed.
     let stale = Expected::Inode { id: v1.id, version: v1.version };
-    assert_eq!(code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: stale }).await), ErrorCode::PreconditionFailed);
+    assert_eq!(
+        code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: stale }).await),
+        ErrorCode::PreconditionFailed
+    );
     assert_eq!(fs.lookup(ROOT, "k").await.unwrap().id, v2.id);
     // "Absent" on an existing name fails; on a missing name it is NotFound (nothing to unlink).
     assert_eq!(
@@ -730,7 +733,10 @@ async fn unlink_expected_is_compare_and_delete() {
     let current = Expected::Inode { id: v2.id, version: v2.version };
     fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: current.clone() }).await.unwrap();
     assert_eq!(code(fs.lookup(ROOT, "k").await), ErrorCode::NotFound);
-    assert_eq!(code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: current }).await), ErrorCode::PreconditionFailed);
+    assert_eq!(
+        code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: current }).await),
+        ErrorCode::PreconditionFailed
+    );
     // Directories are refused like Unlink.
     let d = fs.inode(MetaOp::Mkdir { parent: ROOT, name: "d".into(), mode: 0o755 }).await.unwrap();
     let dir = Expected::Inode { id: d.id, version: d.version };
