@@ -4,6 +4,7 @@
 //! Consul-KV-compatible subset. See docs/kv.md.
 
 pub mod body;
+pub mod client;
 pub mod config;
 pub mod consul;
 pub mod error;
