@@ -7,6 +7,7 @@ mod config;
 mod failover_bench;
 mod fsck_chunks;
 mod gateway_cmd;
+mod kv_gateway_bench;
 mod meta_cmd;
 mod mgmtd_cmd;
 mod mount_cmd;
