@@ -6,7 +6,7 @@
 //! | PUT `If-None-Match: *` | create-only: 412 if the key exists (checked in the publishing transaction) |
 //! | PUT `If-Match: <etag>` | compare-and-swap: 412 unless the key has exactly that version (checked in the publishing transaction) |
 //! | PUT `?ttl_ms=` / `X-Kv-Ttl-Ms` | expires that long after the put (else the namespace's `default_ttl_ms`) |
-//! | GET / HEAD | 404 for a missing or expired key; `Range: bytes=a-b | a- | -n` (one range) → 206, 416 outside the value; `If-None-Match` → 304, `If-Match` → 412 |
+//! | GET / HEAD | 404 for a missing or expired key; `Range: bytes=a-b`, `bytes=a-` or `bytes=-n` (one range) → 206, 416 outside the value; `If-None-Match` → 304, `If-Match` → 412 |
 //! | DELETE | 204; 404 if there was no key; `If-Match` → compare-and-delete (412) |
 //!
 //! Every value response carries `ETag` (the version), `X-Kv-Index` (the
