@@ -198,7 +198,17 @@ impl ConsulHttp {
         if q.has("recurse") || q.has("keys") {
             let values = !q.has("keys");
             let (now_index, items) = kv.wait_change(index, wait, || kv.prefix_state(ns, key.as_bytes(), values)).await?;
-            let items: Vec<ScanItem> = items.into_iter().filter(|i| std::str::from_utf8(&i.key).is_ok()).collect();
+            let mut items: Vec<ScanItem> = items.into_iter().filter(|i| std::str::from_utf8(&i.key).is_ok()).collect();
+            // Values above the scan's inline limit (up to Consul's 512 KiB): read one by one.
+            let max = kv.cfg.limits.max_consul_value_bytes;
+            for i in items.iter_mut().filter(|i| values && i.status == crate::frame::Status::TooLarge) {
+                if let Ok(inode) = kv.store.fs.meta().stat(i.inode).await {
+                    if let Ok(b) = kv.store.read_whole(inode, max).await {
+                        i.value = Some(b);
+                        i.status = crate::frame::Status::Ok;
+                    }
+                }
+            }
             if items.is_empty() {
                 return Err(KvError::NoSuchKeyAt { index: now_index.max(1) });
             }
