@@ -56,6 +56,10 @@ pub struct KvGatewayBenchArgs {
     /// Skip the 16 x 4 MiB batch get and its iperf3 baseline.
     #[arg(long)]
     no_batch: bool,
+    /// KV gateway only: spread the keys over this many namespaces (`bench-0`, ...; 1 = `bench`),
+    /// to tell per-directory contention in meta from the rest.
+    #[arg(long, default_value_t = 1)]
+    namespaces: usize,
     /// First loopback port for Redis / etcd.
     #[arg(long, default_value_t = 36_379)]
     baseline_port: u16,
@@ -82,6 +86,7 @@ struct BatchRun {
 #[derive(Debug, Serialize)]
 struct Report {
     value_bytes: usize,
+    namespaces: usize,
     seconds: f64,
     runs: Vec<Run>,
     batch_get_16x4mib: Vec<BatchRun>,
@@ -91,7 +96,11 @@ struct Report {
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "KV gateway vs Redis vs etcd: {} B values, {} s per run", self.value_bytes, self.seconds)?;
+        writeln!(
+            f,
+            "KV gateway vs Redis vs etcd: {} B values, {} s per run, KV keys over {} namespace(s)",
+            self.value_bytes, self.seconds, self.namespaces
+        )?;
         writeln!(f, "{:<14} {:<4} {:>5} {:>11} {:>9} {:>9} {:>7}", "target", "op", "conc", "ops/s", "p50 us", "p99 us", "errors")?;
         for r in &self.runs {
             writeln!(
@@ -115,7 +124,7 @@ impl std::fmt::Display for Report {
 
 /// One connection's worth of a target.
 enum Conn {
-    Kv(KvClient),
+    Kv(KvClient, usize),
     Redis(BufReader<TcpStream>),
     Etcd { http: Client<HttpConnector, Full<Bytes>>, base: String },
 }
@@ -127,7 +136,7 @@ fn b64(b: &[u8]) -> String {
 impl Conn {
     async fn put(&mut self, key: &[u8], value: &Bytes) -> anyhow::Result<()> {
         match self {
-            Conn::Kv(c) => c.put("bench", key, value.clone(), &PutOptions::default()).await.map(drop).map_err(Into::into),
+            Conn::Kv(c, n) => c.put(&ns_of(key, *n), key, value.clone(), &PutOptions::default()).await.map(drop).map_err(Into::into),
             Conn::Redis(s) => {
                 let mut cmd = format!("*3\r\n$3\r\nSET\r\n${}\r\n", key.len()).into_bytes();
                 cmd.extend_from_slice(key);
@@ -149,8 +158,8 @@ impl Conn {
 
     async fn get(&mut self, key: &[u8], expect_len: usize) -> anyhow::Result<()> {
         match self {
-            Conn::Kv(c) => {
-                let v = c.get("bench", key).await?.context("missing key")?;
+            Conn::Kv(c, n) => {
+                let v = c.get(&ns_of(key, *n), key).await?.context("missing key")?;
                 anyhow::ensure!(v.bytes.len() == expect_len, "short value");
                 Ok(())
             }
@@ -178,6 +187,15 @@ impl Conn {
     }
 }
 
+/// The namespace of a key: `bench`, or `bench-<hash % n>` with `--namespaces n`.
+fn ns_of(key: &[u8], n: usize) -> String {
+    if n <= 1 {
+        return "bench".into();
+    }
+    let h = key.iter().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(*b)));
+    format!("bench-{}", h % n as u64)
+}
+
 async fn etcd_call(http: &Client<HttpConnector, Full<Bytes>>, url: &str, body: String) -> anyhow::Result<serde_json::Value> {
     let req = http::Request::post(url).header("content-type", "application/json").body(Full::new(Bytes::from(body)))?;
     let resp = tokio::time::timeout(Duration::from_secs(30), http.request(req)).await.context("etcd timed out")??;
@@ -190,7 +208,7 @@ async fn etcd_call(http: &Client<HttpConnector, Full<Bytes>>, url: &str, body: S
 /// How to open a connection to a target.
 #[derive(Clone)]
 enum Target {
-    Kv { name: String, url: String, token: String },
+    Kv { name: String, url: String, token: String, namespaces: usize },
     Redis { port: u16 },
     Etcd { port: u16 },
 }
@@ -206,7 +224,9 @@ impl Target {
 
     async fn connect(&self) -> anyhow::Result<Conn> {
         Ok(match self {
-            Target::Kv { url, token, .. } => Conn::Kv(KvClient::new(url, Some(token.clone())).with_timeout_ms(30_000)),
+            Target::Kv { url, token, namespaces, .. } => {
+                Conn::Kv(KvClient::new(url, Some(token.clone())).with_timeout_ms(30_000), *namespaces)
+            }
             Target::Redis { port } => {
                 let s = TcpStream::connect(("127.0.0.1", *port)).await?;
                 s.set_nodelay(true)?;
@@ -396,7 +416,10 @@ pub async fn run(args: KvGatewayBenchArgs) -> anyhow::Result<()> {
         let token = v["bearer_token"].as_str().context("no bearer_token in endpoints.json")?.to_string();
         let c = KvClient::new(&url, Some(token.clone()));
         c.put_namespace("bench", &serde_json::json!({})).await?;
-        targets.push(Target::Kv { name: name.to_string(), url, token });
+        for i in 0..args.namespaces {
+            c.put_namespace(&format!("bench-{i}"), &serde_json::json!({})).await?;
+        }
+        targets.push(Target::Kv { name: name.to_string(), url, token, namespaces: args.namespaces });
     }
     let mut notes = Vec::new();
     let mut _children = Vec::new();
@@ -444,6 +467,14 @@ pub async fn run(args: KvGatewayBenchArgs) -> anyhow::Result<()> {
         }
         iperf3 = i.mib_per_sec;
     }
-    let report = Report { value_bytes: args.value_bytes, seconds, runs, batch_get_16x4mib: batches, iperf3_mib_per_sec: iperf3, notes };
+    let report = Report {
+        value_bytes: args.value_bytes,
+        namespaces: args.namespaces,
+        seconds,
+        runs,
+        batch_get_16x4mib: batches,
+        iperf3_mib_per_sec: iperf3,
+        notes,
+    };
     crate::bench::emit(&report, args.common.json.as_ref())
 }
