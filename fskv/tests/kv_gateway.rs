@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{free_base_port, start_up, stop_up};
+use common::{free_base_port, start_up};
 use fskv_gateway_kv::client::{KvClient, PutOptions};
 use fskv_gateway_kv::frame::{self, Op, RequestItem, Status, Version};
 use http::{Method, StatusCode};
@@ -393,7 +393,7 @@ fn kv_gateway_through_fskv_up() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let base = free_base_port();
-    let up = start_up(&data, base);
+    let up = common::UpGuard { child: Some(start_up(&data, base)), mount: None };
     let c = endpoints(&data, base);
     let rt = rt();
     rt.block_on(async {
@@ -406,7 +406,7 @@ fn kv_gateway_through_fskv_up() {
         eviction(&c).await;
     });
     drop(rt);
-    stop_up(up);
+    up.stop();
 }
 
 /// Values are files: written through KV, read through the FUSE mount of the
@@ -420,7 +420,8 @@ fn kv_values_are_files_through_fuse() {
     let data = dir.path().join("data");
     let mnt = dir.path().join("mnt");
     let base = free_base_port();
-    let up = common::start_up_with(&data, base, &["--mount", mnt.to_str().unwrap()]);
+    let up =
+        common::UpGuard { child: Some(common::start_up_with(&data, base, &["--mount", mnt.to_str().unwrap()])), mount: Some(mnt.clone()) };
     assert!(common::is_mounted(&mnt), "fskv up --mount did not mount");
     let c = endpoints(&data, base);
     let rt = rt();
@@ -452,6 +453,5 @@ fn kv_values_are_files_through_fuse() {
         }
     });
     drop(rt);
-    stop_up(up);
-    assert!(!common::is_mounted(&mnt), "still mounted after fskv up stopped");
+    up.stop();
 }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{free_base_port, start_up, stop_up};
+use common::{free_base_port, start_up};
 use fskv_gateway_kv::client::{ClientError, KvClient, PutOptions};
 use http::StatusCode;
 use rand::{Rng, SeedableRng};
@@ -190,7 +190,7 @@ fn run_history(kill_storage: bool) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let base = free_base_port();
-    let up = start_up(&data, base);
+    let up = common::UpGuard { child: Some(start_up(&data, base)), mount: None };
     let text = std::fs::read_to_string(data.join("endpoints.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let token = v["bearer_token"].as_str().unwrap().to_string();
@@ -235,7 +235,7 @@ fn run_history(kill_storage: bool) {
         println!("reg-{k}: {} operations linearizable (checked in {:?})", ops.len(), t.elapsed());
     }
     println!("{total} operations, {failed} without a response (kill_storage = {kill_storage})");
-    stop_up(up);
+    up.stop();
 }
 
 /// kill -9 through the `kill` command (no libc dependency in the tests).
