@@ -262,6 +262,32 @@ async fn watch(c: &Cluster) {
     let r = h.await.unwrap().unwrap();
     assert_eq!((r.status(), &r.body()[..]), (StatusCode::OK, &b"2"[..]));
     assert!(started.elapsed() < Duration::from_secs(5), "the watch answered on the change, not at its timeout");
+    // A prefix watch wakes on a new key under the prefix, and answers its
+    // keys. It may also wake on other changes of the namespace's directory
+    // (docs/kv.md, "Watches"): then the client watches again from the new index.
+    let pr = c.reader.raw(Method::GET, "/v1/kv/t?watch&prefix=wp%2F&wait_ms=0", &[], Bytes::new()).await.unwrap();
+    let pidx = pr.headers()["x-kv-index"].to_str().unwrap().to_string();
+    let reader = c.reader.clone();
+    let pstarted = Instant::now();
+    let ph = tokio::spawn(async move {
+        let mut idx = pidx;
+        loop {
+            let r = reader
+                .raw(Method::GET, &format!("/v1/kv/t?watch&prefix=wp%2F&index={idx}&wait_ms=10000"), &[], Bytes::new())
+                .await
+                .unwrap();
+            let page = frame::decode_response(r.body()).unwrap();
+            if !page.items.is_empty() {
+                return page.items.iter().map(|i| i.key.to_vec()).collect::<Vec<_>>();
+            }
+            idx = r.headers()["x-kv-index"].to_str().unwrap().to_string();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.put("t", b"wp/1", "x", &PutOptions::default()).await.unwrap();
+    let keys = tokio::time::timeout(Duration::from_secs(10), ph).await.expect("the prefix watch answered").unwrap();
+    assert!(pstarted.elapsed() < Duration::from_secs(5), "the prefix watch answered on the change, not at its timeout");
+    assert_eq!(keys, vec![b"wp/1".to_vec()]);
     // Unchanged: answers at the timeout with the same index.
     let r = c
         .reader
