@@ -288,6 +288,13 @@ async fn watch(c: &Cluster) {
     let keys = tokio::time::timeout(Duration::from_secs(10), ph).await.expect("the prefix watch answered").unwrap();
     assert!(pstarted.elapsed() < Duration::from_secs(5), "the prefix watch answered on the change, not at its timeout");
     assert_eq!(keys, vec![b"wp/1".to_vec()]);
+    // Unchanged prefix: the watch blocks until its wait ends, with the same index.
+    let r0 = c.reader.raw(Method::GET, "/v1/kv/t?watch&prefix=wp%2F&wait_ms=0", &[], Bytes::new()).await.unwrap();
+    let i0 = r0.headers()["x-kv-index"].to_str().unwrap().to_string();
+    let t0 = Instant::now();
+    let r1 = c.reader.raw(Method::GET, &format!("/v1/kv/t?watch&prefix=wp%2F&index={i0}&wait_ms=500"), &[], Bytes::new()).await.unwrap();
+    assert_eq!(r1.headers()["x-kv-index"].to_str().unwrap(), i0, "the index of an unchanged prefix is stable");
+    assert!(t0.elapsed() >= Duration::from_millis(450), "an unchanged prefix watch waits");
     // Unchanged: answers at the timeout with the same index.
     let r = c
         .reader
