@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Failover(crate::failover_bench::FailoverBenchArgs),
     /// USRBIO 4 KiB random / 1 MiB sequential reads vs fio on the FUSE mount and the in-process native client (fresh fskv up --mount).
     Usrbio(crate::usrbio_bench::UsrbioBenchArgs),
+    /// KV gateway 1 KiB put/get ops/s and p50/p99 (running fskv up clusters) vs Redis and etcd, batch get of 16 x 4 MiB vs iperf3.
+    KvGateway(crate::kv_gateway_bench::KvGatewayBenchArgs),
 }
 
 #[derive(Args)]
@@ -116,6 +118,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
         BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
         BenchCommand::Usrbio(a) => crate::usrbio_bench::run(a).await,
+        BenchCommand::KvGateway(a) => crate::kv_gateway_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

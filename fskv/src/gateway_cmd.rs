@@ -1,4 +1,4 @@
-//! `fskv gateway s3 --role reader|writer ...`: one S3 gateway process.
+//! `fskv gateway s3|kv --role reader|writer ...`: one gateway process.
 
 use crate::config::Config;
 use anyhow::Context;
@@ -14,6 +14,57 @@ use std::sync::Arc;
 pub enum GatewayCommand {
     /// The S3 gateway: buckets are directories under --root, objects are files.
     S3(S3Args),
+    /// The KV gateway: namespaces are directories under --root, keys are files (docs/kv.md).
+    Kv(KvArgs),
+}
+
+#[derive(Args)]
+pub struct KvArgs {
+    /// reader (get/head/exists/scan/watch; writes get 403 naming --writer-endpoint) or writer (everything).
+    #[arg(long, default_value = "writer")]
+    role: String,
+    /// Address of the native KV API.
+    #[arg(long, default_value = "127.0.0.1:9001")]
+    listen: SocketAddr,
+    /// Address of the Consul-compatible API (not served without it).
+    #[arg(long)]
+    consul_listen: Option<SocketAddr>,
+    /// The namespace Consul keys live in.
+    #[arg(long, default_value = "consul")]
+    consul_namespace: String,
+    /// mgmtd address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es) (optional: found through mgmtd).
+    #[arg(long, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// Filesystem directory whose subdirectories are the namespaces (created if missing).
+    #[arg(long, default_value = "/kv")]
+    root: String,
+    /// JSON file with the access keys (SigV4 with service `kv`, or their bearer_token; see docs/gateway.md).
+    #[arg(long)]
+    credentials: PathBuf,
+    /// Region expected in SigV4 signatures.
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// The native writer endpoint a reader names when it refuses a write.
+    #[arg(long)]
+    writer_endpoint: Option<String>,
+    /// The Consul writer endpoint a reader names when it refuses a write.
+    #[arg(long)]
+    consul_writer_endpoint: Option<String>,
+    /// Do not run the writer's background work (eviction, TTL expiry, stats); for a second writer.
+    #[arg(long)]
+    no_maintenance: bool,
+    /// Largest value of one PUT, in bytes.
+    #[arg(long)]
+    max_value_bytes: Option<u64>,
+    /// Serve HTTPS: PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -53,7 +104,10 @@ pub struct S3Args {
 }
 
 pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
-    let GatewayCommand::S3(args) = cmd;
+    let args = match cmd {
+        GatewayCommand::S3(args) => args,
+        GatewayCommand::Kv(args) => return run_kv(args, config).await,
+    };
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
     let keys = Arc::new(KeyStore::load(&args.credentials)?);
     let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
@@ -70,6 +124,40 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let handle = fskv_gateway_s3::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
     println!("S3 gateway ({}) serving on {scheme}://{}", args.role, handle.addr);
+    let _ = std::io::stdout().flush();
+    crate::storage_cmd::wait_for_signal().await;
+    handle.stop().await;
+    client.shutdown();
+    Ok(())
+}
+
+async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
+    let role: fskv_gateway_kv::config::Role = args.role.parse().map_err(anyhow::Error::msg)?;
+    let keys = Arc::new(KeyStore::load(&args.credentials)?);
+    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
+        .await
+        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let mut cfg = fskv_gateway_kv::KvConfig::new(args.listen, role, keys);
+    cfg.consul_listen = args.consul_listen;
+    cfg.consul_namespace = args.consul_namespace;
+    cfg.root_path = args.root;
+    cfg.region = args.region;
+    cfg.writer_endpoint = args.writer_endpoint;
+    cfg.consul_writer_endpoint = args.consul_writer_endpoint;
+    cfg.maintenance.enabled = !args.no_maintenance;
+    if let Some(max) = args.max_value_bytes {
+        cfg.limits.max_value_bytes = max;
+    }
+    cfg.http = config.gateway.clone();
+    if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
+        cfg.tls = Some(fskv_gateway_kv::config::TlsFiles { cert_path, key_path });
+    }
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    let handle = fskv_gateway_kv::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
+    match handle.consul_addr {
+        Some(c) => println!("KV gateway ({}) serving on {scheme}://{} (Consul API on {scheme}://{c})", args.role, handle.addr),
+        None => println!("KV gateway ({}) serving on {scheme}://{}", args.role, handle.addr),
+    }
     let _ = std::io::stdout().flush();
     crate::storage_cmd::wait_for_signal().await;
     handle.stop().await;

@@ -7,6 +7,7 @@ mod config;
 mod failover_bench;
 mod fsck_chunks;
 mod gateway_cmd;
+mod kv_gateway_bench;
 mod meta_cmd;
 mod mgmtd_cmd;
 mod mount_cmd;
@@ -51,7 +52,7 @@ enum Command {
     Get(transfer::GetArgs),
     /// Mount the filesystem with FUSE: `fskv mount --mgmtd A --meta A PATH`.
     Mount(mount_cmd::MountArgs),
-    /// Run a gateway process: `fskv gateway s3 --role reader|writer ...`.
+    /// Run a gateway process: `fskv gateway s3|kv --role reader|writer ...`.
     #[command(subcommand)]
     Gateway(gateway_cmd::GatewayCommand),
     /// Show the configuration.

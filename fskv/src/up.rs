@@ -10,8 +10,10 @@
 //! PATH as another supervised child (stopped, and so unmounted, first).
 //! Once the cluster is ready it starts the S3 gateway (`fskv gateway s3`):
 //! a writer on P and a reader on P+5, buckets under `/s3`, keys from
-//! `DIR/credentials.json`. The KV (P+1) and MQ (P+2) gateways are not built
-//! yet; endpoints.json lists them as null.
+//! `DIR/credentials.json`; and the KV gateway (`fskv gateway kv`): a writer
+//! on P+1 (its Consul-compatible API on P+3) and a reader on P+6 (Consul
+//! P+8), namespaces under `/kv`, the same keys (bearer token included). The
+//! MQ gateway (P+2) is not built yet; endpoints.json lists it as null.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -76,18 +78,28 @@ struct Endpoints {
     s3: Option<String>,
     /// The S3 gateway with `--role reader`.
     s3_reader: Option<String>,
+    /// The KV gateway's native API (writer) and its reader.
     kv: Option<String>,
+    kv_reader: Option<String>,
+    /// The Consul-compatible API of the KV writer and of the reader.
+    consul: Option<String>,
+    consul_reader: Option<String>,
     mq: Option<String>,
     /// Where `--mount` mounted the filesystem.
     mount: Option<String>,
     access_key: String,
     secret_key: String,
+    /// `Authorization: Bearer <token>` (KV native API) / `X-Consul-Token`.
+    bearer_token: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
 struct Credentials {
     access_key: String,
     secret_key: String,
+    /// Added for the KV gateway; generated when an older file lacks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    bearer_token: Option<String>,
 }
 
 struct Ports {
@@ -96,6 +108,10 @@ struct Ports {
     storage: Vec<String>,
     s3: String,
     s3_reader: String,
+    kv: String,
+    kv_reader: String,
+    consul: String,
+    consul_reader: String,
 }
 
 impl Ports {
@@ -107,6 +123,10 @@ impl Ports {
             storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect(),
             s3: addr(0),
             s3_reader: addr(5),
+            kv: addr(1),
+            kv_reader: addr(6),
+            consul: addr(3),
+            consul_reader: addr(8),
         }
     }
 }
@@ -118,7 +138,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let ports = Ports::new(base_port);
-    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader];
+    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader, &ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader];
     for addr in all.into_iter().chain(&ports.storage) {
         ensure_free(addr)?;
     }
@@ -159,11 +179,15 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         storage: ports.storage.clone(),
         s3: Some(format!("http://{}", ports.s3)),
         s3_reader: Some(format!("http://{}", ports.s3_reader)),
-        kv: None,
+        kv: Some(format!("http://{}", ports.kv)),
+        kv_reader: Some(format!("http://{}", ports.kv_reader)),
+        consul: Some(format!("http://{}", ports.consul)),
+        consul_reader: Some(format!("http://{}", ports.consul_reader)),
         mq: None,
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
+        bearer_token: credentials.bearer_token.clone(),
     };
     write_atomically(&data_dir.join("endpoints.json"), &serde_json::to_vec_pretty(&endpoints)?)?;
     say!("  ready    mgmtd {}  meta {}  storage {}", ports.mgmtd, ports.meta, ports.storage.join(" "));
@@ -173,7 +197,14 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         ports.s3_reader,
         data_dir.join("credentials.json").display()
     );
-    say!("  not yet  KV / MQ gateways: not implemented");
+    say!(
+        "  KV       writer http://{}  reader http://{}  Consul API http://{} / http://{}  (namespaces under /kv)",
+        ports.kv,
+        ports.kv_reader,
+        ports.consul,
+        ports.consul_reader
+    );
+    say!("  not yet  MQ gateway: not implemented");
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
@@ -211,8 +242,9 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
 /// Bound on the wait for a gateway to accept connections.
 const GATEWAY_READY_TIMEOUT_MS: u64 = 30_000;
 
-/// Starts the S3 writer and reader gateways under their own supervisor
-/// (stopped before the cluster) and waits until both accept connections.
+/// Starts the S3 and KV writer and reader gateways under their own
+/// supervisor (stopped before the cluster) and waits until all accept
+/// connections.
 async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
     let s3 = |role: &str, listen: &str| {
@@ -224,15 +256,30 @@ async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -
         }
         args
     };
-    let specs = vec![child("s3-writer", exe, s3("writer", &ports.s3)), child("s3-reader", exe, s3("reader", &ports.s3_reader))];
+    let kv = |role: &str, listen: &str, consul: &str| {
+        let mut args: Vec<String> = vec!["gateway".into(), "kv".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
+        args.extend(["--consul-listen".into(), consul.into()]);
+        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
+        if role == "reader" {
+            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.kv)]);
+            args.extend(["--consul-writer-endpoint".into(), format!("http://{}", ports.consul)]);
+        }
+        args
+    };
+    let specs = vec![
+        child("s3-writer", exe, s3("writer", &ports.s3)),
+        child("s3-reader", exe, s3("reader", &ports.s3_reader)),
+        child("kv-writer", exe, kv("writer", &ports.kv, &ports.consul)),
+        child("kv-reader", exe, kv("reader", &ports.kv_reader, &ports.consul_reader)),
+    ];
     let opts = child_options(data, restart);
     let supervisor = Supervisor::start(specs, opts).await?;
     let start = Instant::now();
-    for addr in [&ports.s3, &ports.s3_reader] {
+    for addr in [&ports.s3, &ports.s3_reader, &ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader] {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             if start.elapsed() > Duration::from_millis(GATEWAY_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
-                anyhow::bail!("the S3 gateway on {addr} did not come up (see {})", data.join("logs").display());
+                anyhow::bail!("the gateway on {addr} did not come up (see {})", data.join("logs").display());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -411,14 +458,25 @@ fn summarize(s: &MgmtdStatusResp) -> Result<(), String> {
 /// `DIR/credentials.json` (mode 0600).
 fn load_or_create_credentials(data: &Path) -> anyhow::Result<Credentials> {
     let path = data.join("credentials.json");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        return serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()));
-    }
     const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     const SECRET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const TOKEN: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let pick =
         |alphabet: &[u8], n: usize| -> String { (0..n).map(|_| alphabet[rand::random::<usize>() % alphabet.len()] as char).collect() };
-    let creds = Credentials { access_key: format!("FSKV{}", pick(ALNUM, 16)), secret_key: pick(SECRET, 40) };
+    let creds = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let creds: Credentials = serde_json::from_str(&text).with_context(|| format!("corrupt {}", path.display()))?;
+            if creds.bearer_token.is_some() {
+                return Ok(creds);
+            }
+            Credentials { bearer_token: Some(format!("fskv-{}", pick(TOKEN, 32))), ..creds }
+        }
+        Err(_) => Credentials {
+            access_key: format!("FSKV{}", pick(ALNUM, 16)),
+            secret_key: pick(SECRET, 40),
+            bearer_token: Some(format!("fskv-{}", pick(TOKEN, 32))),
+        },
+    };
     write_atomically(&path, &serde_json::to_vec_pretty(&creds)?)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;

@@ -301,6 +301,11 @@ impl MetaClient {
         self.done(MetaOp::Unlink { parent, name: name.into() }, "unlink").await
     }
 
+    /// Unlinks `parent/name` only if `expected` holds (else `PreconditionFailed`).
+    pub async fn unlink_expected(&self, parent: InodeId, name: &str, expected: Expected) -> Result<()> {
+        self.done(MetaOp::UnlinkExpected { parent, name: name.into(), expected }, "unlink_expected").await
+    }
+
     pub async fn rename(&self, src_parent: InodeId, src_name: &str, dst_parent: InodeId, dst_name: &str) -> Result<()> {
         let op = MetaOp::Rename { src_parent, src_name: src_name.into(), dst_parent, dst_name: dst_name.into() };
         self.done(op, "rename").await

@@ -347,6 +347,10 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         MetaOp::Mkdir { parent, name, mode } => mkdir(txn, ctx, *parent, name, *mode).await.map(MetaReply::Inode),
         MetaOp::Rmdir { parent, name } => rmdir(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
         MetaOp::Unlink { parent, name } => unlink(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
+        MetaOp::UnlinkExpected { parent, name, expected } => {
+            check_expected(txn, *parent, name, Some(expected)).await?;
+            unlink(txn, ctx, *parent, name).await.map(|_| MetaReply::Done)
+        }
         MetaOp::Rename { src_parent, src_name, dst_parent, dst_name } => {
             rename(txn, ctx, *src_parent, src_name, *dst_parent, dst_name).await.map(|_| MetaReply::Done)
         }

@@ -78,6 +78,7 @@ pub fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::Mkdir { .. } => "mkdir",
         MetaOp::Rmdir { .. } => "rmdir",
         MetaOp::Unlink { .. } => "unlink",
+        MetaOp::UnlinkExpected { .. } => "unlink_expected",
         MetaOp::Rename { .. } => "rename",
         MetaOp::Symlink { .. } => "symlink",
         MetaOp::Mknod { .. } => "mknod",
@@ -485,7 +486,15 @@ impl Inner {
     }
 
     async fn after_commit(&self, op: &MetaOp, reply: &MetaReply) {
-        if let (MetaOp::RemoveTree { .. } | MetaOp::Unlink { .. } | MetaOp::Rename { .. } | MetaOp::Replace { .. }, _) = (op, reply) {
+        if let (
+            MetaOp::RemoveTree { .. }
+            | MetaOp::Unlink { .. }
+            | MetaOp::UnlinkExpected { .. }
+            | MetaOp::Rename { .. }
+            | MetaOp::Replace { .. },
+            _,
+        ) = (op, reply)
+        {
             self.gc_wakeup.notify_one()
         }
     }

@@ -704,3 +704,41 @@ async fn retried_xattr_changes_return_the_first_result() {
     assert_eq!(fs.svc.execute(remove.clone()).await.unwrap(), MetaReply::Done);
     assert_eq!(fs.svc.execute(remove).await.unwrap(), MetaReply::Done, "not NotFound");
 }
+
+#[tokio::test]
+async fn unlink_expected_is_compare_and_delete() {
+    let fs = Fs::new().await;
+    let publish = |data: &[u8]| MetaOp::CreateWritePublish {
+        parent: ROOT,
+        name: "k".into(),
+        mode: 0o644,
+        data: data.to_vec(),
+        expected: None,
+        attrs: Default::default(),
+    };
+    let v1 = fs.inode(publish(b"one")).await.unwrap();
+    let v2 = fs.inode(publish(b"two")).await.unwrap();
+    // The old version no longer matches: nothing is removed.
+    let stale = Expected::Inode { id: v1.id, version: v1.version };
+    assert_eq!(
+        code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: stale }).await),
+        ErrorCode::PreconditionFailed
+    );
+    assert_eq!(fs.lookup(ROOT, "k").await.unwrap().id, v2.id);
+    // "Absent" on an existing name fails; on a missing name it is NotFound (nothing to unlink).
+    assert_eq!(
+        code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: Expected::Absent }).await),
+        ErrorCode::PreconditionFailed
+    );
+    let current = Expected::Inode { id: v2.id, version: v2.version };
+    fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: current.clone() }).await.unwrap();
+    assert_eq!(code(fs.lookup(ROOT, "k").await), ErrorCode::NotFound);
+    assert_eq!(
+        code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "k".into(), expected: current }).await),
+        ErrorCode::PreconditionFailed
+    );
+    // Directories are refused like Unlink.
+    let d = fs.inode(MetaOp::Mkdir { parent: ROOT, name: "d".into(), mode: 0o755 }).await.unwrap();
+    let dir = Expected::Inode { id: d.id, version: d.version };
+    assert_eq!(code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "d".into(), expected: dir }).await), ErrorCode::IsDirectory);
+}

@@ -362,6 +362,14 @@ pub enum MetaOp {
         parent: InodeId,
         name: String,
     },
+    /// Unlinks `parent/name` (not a directory) only if `expected` holds:
+    /// compare-and-delete (the KV gateway's conditional delete, eviction
+    /// and expiry never remove a value written since they looked).
+    UnlinkExpected {
+        parent: InodeId,
+        name: String,
+        expected: Expected,
+    },
     Rename {
         src_parent: InodeId,
         src_name: String,
@@ -490,6 +498,7 @@ impl MetaOp {
                 | MetaOp::Mkdir { .. }
                 | MetaOp::Rmdir { .. }
                 | MetaOp::Unlink { .. }
+                | MetaOp::UnlinkExpected { .. }
                 | MetaOp::Rename { .. }
                 | MetaOp::Symlink { .. }
                 | MetaOp::Mknod { .. }
@@ -515,6 +524,7 @@ impl MetaOp {
             | MetaOp::Mkdir { parent, .. }
             | MetaOp::Rmdir { parent, .. }
             | MetaOp::Unlink { parent, .. }
+            | MetaOp::UnlinkExpected { parent, .. }
             | MetaOp::Symlink { parent, .. }
             | MetaOp::Mknod { parent, .. }
             | MetaOp::Link { parent, .. }
@@ -608,7 +618,7 @@ pub enum MetaReply {
         inode: Inode,
         session: u64,
     },
-    /// Rmdir, Unlink, Rename, SetXattr, RemoveXattr, RemoveTree.
+    /// Rmdir, Unlink, UnlinkExpected, Rename, SetXattr, RemoveXattr, RemoveTree.
     Done,
     Target(String),
     Entries {

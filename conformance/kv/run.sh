@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# KV gateway conformance: the Python client's tests (standard library) and
+# py-consul scenarios (unchanged client code) against a running gateway.
+#
+#   run.sh ENDPOINTS_JSON      (the endpoints.json of an `fskv up`)
+#
+# Prints "kv conformance: N passed, M failed, K skipped" and exits non-zero
+# when anything failed. py-consul is installed into conformance/.venv-kv
+# (once per requirements.txt hash); without network the Consul tests are
+# reported skipped.
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+endpoints="${1:?usage: run.sh ENDPOINTS_JSON}"
+VENV="$(cd "$HERE/.." && pwd)/.venv-kv"
+REQ="$HERE/requirements.txt"
+want="$(sha256sum "$REQ" | cut -d' ' -f1)"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.requirements" 2>/dev/null)" != "$want" ]; then
+    python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ" >"$VENV.install.log" 2>&1 \
+        && echo "$want" >"$VENV/.requirements" || echo "run.sh: pip install py-consul failed (see $VENV.install.log); Consul tests will be skipped"
+fi
+PY="$VENV/bin/python"
+[ -x "$PY" ] || PY=python3
+eval "$(python3 - "$endpoints" <<'PY'
+import json, shlex, sys
+e = json.load(open(sys.argv[1]))
+for k, v in [("KV_URL", e["kv"]), ("KV_READER_URL", e["kv_reader"]), ("CONSUL_URL", e["consul"]),
+             ("CONSUL_READER_URL", e["consul_reader"]), ("KV_TOKEN", e["bearer_token"])]:
+    print("export %s=%s" % (k, shlex.quote(v)))
+PY
+)"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+for t in test_client test_consul; do
+    (cd "$HERE" && "$PY" -W ignore::ResourceWarning -m unittest -v "$t") >>"$log" 2>&1 || status=1
+done
+cat "$log"
+passed=$(grep -c '\.\.\. ok$' "$log")
+failed=$(grep -cE '\.\.\. (FAIL|ERROR)$' "$log")
+skipped=$(grep -c '\.\.\. skipped' "$log")
+grep '\.\.\. skipped' "$log" | sed 's/^/SKIPPED: /'
+echo "kv conformance: $passed passed, $failed failed, $skipped skipped"
+exit $status
