@@ -8,10 +8,14 @@
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
 //! brings back all data. With `--mount PATH` it then starts `fskv mount` on
 //! PATH as another supervised child (stopped, and so unmounted, first).
-//! Once the cluster is ready it starts the S3 gateway (`fskv gateway s3`):
-//! a writer on P and a reader on P+5, buckets under `/s3`, keys from
-//! `DIR/credentials.json`. The KV (P+1) and MQ (P+2) gateways are not built
-//! yet; endpoints.json lists them as null.
+//! Once the cluster is ready it starts the front (`fskv front`, supervised
+//! like the others): S3 on P (and KV on P+1, MQ on P+2 once this build
+//! routes them), a read-only S3 endpoint on P+5 (P+6, P+7 for KV, MQ) and
+//! the front's admin listener on P+10. The front starts gateway processes
+//! (`fskv gateway s3 --role reader|writer`, buckets under `/s3`, keys from
+//! `DIR/credentials.json`) on demand: its pools start from zero (bounds in
+//! `[front]` of the configuration). Protocols this build does not route are
+//! null in endpoints.json.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -31,7 +35,7 @@ pub struct UpArgs {
     /// Data directory (all state of the cluster). Default: up.data_dir of the config (./data).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Base port: S3 on P, KV on P+1, MQ on P+2; mgmtd P+11, meta P+12, storage P+13..P+15.
+    /// Base port: S3 on P, KV on P+1, MQ on P+2 (read-only P+5..P+7, front admin P+10); mgmtd P+11, meta P+12, storage P+13..P+15.
     #[arg(long)]
     base_port: Option<u16>,
     /// Do not restart a child process that dies.
@@ -74,10 +78,12 @@ struct Endpoints {
     meta: String,
     storage: Vec<String>,
     s3: Option<String>,
-    /// The S3 gateway with `--role reader`.
+    /// A read-only S3 endpoint (every request to the reader pool).
     s3_reader: Option<String>,
     kv: Option<String>,
     mq: Option<String>,
+    /// The front's admin listener (GET /status, /metrics; `fskv admin status --front`).
+    front: Option<String>,
     /// Where `--mount` mounted the filesystem.
     mount: Option<String>,
     access_key: String,
@@ -94,8 +100,23 @@ struct Ports {
     mgmtd: String,
     meta: String,
     storage: Vec<String>,
-    s3: String,
-    s3_reader: String,
+    front_admin: String,
+    base: u16,
+}
+
+/// Public and read-only ports of each protocol the front may route (offsets from P).
+const PROTOCOL_PORTS: [(&str, u16, u16); 3] = [("s3", 0, 5), ("kv", 1, 6), ("mq", 2, 7)];
+
+impl Ports {
+    /// (protocol, public address, read-only address) of every protocol this build routes.
+    fn routed(&self) -> Vec<(&'static str, String, String)> {
+        let addr = |off: u16| format!("127.0.0.1:{}", self.base + off);
+        PROTOCOL_PORTS
+            .iter()
+            .filter(|(p, _, _)| fskv_front::protocols::lookup(p).is_some())
+            .map(|(p, o, r)| (*p, addr(*o), addr(*r)))
+            .collect()
+    }
 }
 
 impl Ports {
@@ -105,8 +126,8 @@ impl Ports {
             mgmtd: addr(11),
             meta: addr(12),
             storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect(),
-            s3: addr(0),
-            s3_reader: addr(5),
+            front_admin: addr(10),
+            base,
         }
     }
 }
@@ -118,8 +139,9 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let ports = Ports::new(base_port);
-    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader];
-    for addr in all.into_iter().chain(&ports.storage) {
+    let all = [&ports.mgmtd, &ports.meta, &ports.front_admin];
+    let public: Vec<String> = ports.routed().into_iter().flat_map(|(_, a, r)| [a, r]).collect();
+    for addr in all.into_iter().chain(&ports.storage).chain(&public) {
         ensure_free(addr)?;
     }
     let credentials = load_or_create_credentials(&data_dir)?;
@@ -145,7 +167,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         supervisor.shutdown().await;
         return Err(e);
     }
-    let gateways = match start_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
+    let gateways = match start_front(&exe, &data_dir, &ports, !args.no_restart).await {
         Ok(g) => g,
         Err(e) => {
             eprintln!("fskv up: {e:#}; stopping");
@@ -153,27 +175,39 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    let routed = ports.routed();
+    let url = |proto: &str, read_only: bool| {
+        routed.iter().find(|(p, _, _)| *p == proto).map(|(_, a, r)| format!("http://{}", if read_only { r } else { a }))
+    };
     let endpoints = Endpoints {
         mgmtd: ports.mgmtd.clone(),
         meta: ports.meta.clone(),
         storage: ports.storage.clone(),
-        s3: Some(format!("http://{}", ports.s3)),
-        s3_reader: Some(format!("http://{}", ports.s3_reader)),
-        kv: None,
-        mq: None,
+        s3: url("s3", false),
+        s3_reader: url("s3", true),
+        kv: url("kv", false),
+        mq: url("mq", false),
+        front: Some(format!("http://{}", ports.front_admin)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
     };
     write_atomically(&data_dir.join("endpoints.json"), &serde_json::to_vec_pretty(&endpoints)?)?;
     say!("  ready    mgmtd {}  meta {}  storage {}", ports.mgmtd, ports.meta, ports.storage.join(" "));
+    for (proto, public, read_only) in &routed {
+        let label = proto.to_uppercase();
+        say!("  {label:<8} http://{public} (reads to the reader pool, writes to the writer pool)  read-only http://{read_only}");
+    }
     say!(
-        "  S3       writer http://{}  reader http://{}  (buckets under /s3; keys in {})",
-        ports.s3,
-        ports.s3_reader,
-        data_dir.join("credentials.json").display()
+        "  front    gateway processes start on demand (keys in {}); status: fskv admin status --front {}",
+        data_dir.join("credentials.json").display(),
+        ports.front_admin
     );
-    say!("  not yet  KV / MQ gateways: not implemented");
+    for proto in ["kv", "mq"] {
+        if !routed.iter().any(|(p, _, _)| *p == proto) {
+            say!("  not yet  {} gateway: not built into this binary", proto.to_uppercase());
+        }
+    }
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
@@ -208,33 +242,33 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Bound on the wait for a gateway to accept connections.
-const GATEWAY_READY_TIMEOUT_MS: u64 = 30_000;
+/// Bound on the wait for the front to accept connections.
+const FRONT_READY_TIMEOUT_MS: u64 = 30_000;
 
-/// Starts the S3 writer and reader gateways under their own supervisor
-/// (stopped before the cluster) and waits until both accept connections.
-async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
+/// Starts the front under its own supervisor (stopped before the cluster)
+/// and waits until every listener accepts connections. Its pools start
+/// empty: gateway processes come with the first requests.
+async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
-    let s3 = |role: &str, listen: &str| {
-        let mut args: Vec<String> = vec!["gateway".into(), "s3".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
-        // No --meta: the gateways find meta through mgmtd's routing info.
-        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
-        if role == "reader" {
-            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.s3)]);
-        }
-        args
-    };
-    let specs = vec![child("s3-writer", exe, s3("writer", &ports.s3)), child("s3-reader", exe, s3("reader", &ports.s3_reader))];
+    let logs = data.join("logs").display().to_string();
+    // No --meta: the gateways find meta through mgmtd's routing info.
+    let mut args: Vec<String> = vec!["front".into(), "--admin-listen".into(), ports.front_admin.clone()];
+    args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds, "--log-dir".into(), logs]);
+    let mut addrs = vec![ports.front_admin.clone()];
+    for (proto, public, read_only) in ports.routed() {
+        args.extend([format!("--{proto}-listen"), public.clone(), format!("--{proto}-reader-listen"), read_only.clone()]);
+        addrs.extend([public, read_only]);
+    }
     let opts = child_options(data, restart);
-    let supervisor = Supervisor::start(specs, opts).await?;
+    let supervisor = Supervisor::start(vec![child("front", exe, args)], opts).await?;
     let start = Instant::now();
-    for addr in [&ports.s3, &ports.s3_reader] {
+    for addr in &addrs {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if start.elapsed() > Duration::from_millis(GATEWAY_READY_TIMEOUT_MS) {
+            if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
-                anyhow::bail!("the S3 gateway on {addr} did not come up (see {})", data.join("logs").display());
+                anyhow::bail!("the front did not listen on {addr} (see {})", data.join("logs/front.log").display());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     Ok(supervisor)
