@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | `Starting` | no (requests wait in the queue) | the pool needs a process (`Start` action) | ready → `Ready`; exit → removed (a start failure); `start_timeout_ms` → `Kill`, `Stopping` |
 //! | `Ready` | yes, up to `max_in_flight_per_process` | ready; a probe succeeded | idle `idle_timeout_ms` and above `min` → `Draining`; a request's connection failed → `Suspect`; exit → removed (a crash) |
-//! | `Suspect` | no | a connection to it failed (`Probe` action) | probe ok → `Ready`; probe failed → managed: `Kill`, `Stopping`; static: `Down` |
+//! | `Suspect` | no | a connection to it failed (`Probe` action) | probe ok → `Ready`; probe failed → managed: `Kill`, `Stopping` (counted as a crash); static: `Down` |
 //! | `Down` (static only) | no | a probe failed | a probe succeeded → `Ready` (probed every `health_interval_ms`) |
 //! | `Draining` | no | idle past the timeout; front shutdown | no request in flight → `Stop`, `Stopping` |
 //! | `Stopping` | no | `Stop` or `Kill` sent | exit → removed |
@@ -496,9 +496,13 @@ impl PoolMachine {
                 p.idle_since = None;
             }
             (ProcState::Suspect, false) => {
+                // It stopped answering: a crash (its exit, which may come
+                // later, is then an expected one).
                 p.state = ProcState::Stopping;
                 p.since = now;
                 self.actions.push_back(Action::Kill(id));
+                self.counters.crashes += 1;
+                self.back_off(now);
             }
             _ => {}
         }
@@ -1011,9 +1015,11 @@ mod tests {
         assert_eq!(t.m.request(3, t.at(201)), Admission::Queued);
         t.actions();
         t.m.probed(0, false, t.at(202));
-        assert_eq!(t.actions(), vec![Action::Kill(0), Action::Start(1)]);
+        assert_eq!(t.actions(), vec![Action::Kill(0)]);
         t.m.exited(0, t.at(203));
-        assert_eq!(t.m.counters().crashes, 0, "killed by us");
+        assert_eq!(t.m.counters().crashes, 1, "a process that stopped answering counts once as crashed");
+        t.m.tick(t.at(302));
+        assert_eq!(t.actions(), vec![Action::Start(1)], "replaced after the backoff");
     }
 
     #[test]

@@ -41,9 +41,10 @@ pub fn fuse_or_skip(test: &str) -> bool {
     false
 }
 
-/// Ports `fskv up --base-port P` binds: S3 writer P, S3 reader P+5,
+/// Ports `fskv up --base-port P` binds: the front's S3, KV, MQ listeners
+/// P..P+2 and read-only listeners P+5..P+7, its admin listener P+10;
 /// mgmtd P+11, meta P+12, storage P+13..P+15.
-const UP_PORT_OFFSETS: [u16; 7] = [0, 5, 11, 12, 13, 14, 15];
+const UP_PORT_OFFSETS: [u16; 12] = [0, 1, 2, 5, 6, 7, 10, 11, 12, 13, 14, 15];
 
 /// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
 /// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
