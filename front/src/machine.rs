@@ -26,7 +26,7 @@
 //! | dispatch | the `Ready` process with the lowest id whose in-flight count is below `scale_up_in_flight`; else the least loaded `Ready` process below `max_in_flight_per_process` (load packs onto the oldest processes, so the newest go idle first when load falls) |
 //! | hold | no `Ready` process can take it: the request waits in the FIFO queue (at most `max_queue`, each at most `queue_timeout_ms`); past either bound it is rejected (503 with `Retry-After`) |
 //! | reject at once | the pool may have no process (`max == 0`); a static pool with every upstream down; the front is shutting down |
-//! | scale up | `load` = requests in flight + queued; `wanted` = ⌈load / `scale_up_in_flight`⌉ clamped to `min..=max`; `active` = processes `Starting`, `Ready` or `Suspect`. With `active == 0` a process starts at once (cold start); otherwise `wanted > active` must hold for `scale_up_after_ms` first, then `wanted − active` start together |
+//! | scale up | `load` = requests in flight + queued; `wanted` = ⌈load / `scale_up_in_flight`⌉ clamped to `min..=max`; `active` = processes `Starting`, `Ready` or `Suspect`. With `active == 0` a process starts at once (cold start); otherwise an overload episode starts when `wanted > active`; once it is `scale_up_after_ms` old and the load wanted more for at least half of it, `wanted − active` start together. Dips (requests finishing before the next arrive) do not restart the wait; the episode ends after `scale_up_after_ms` without overload |
 //! | minimum | `active < min` starts processes at once |
 //! | scale down | a `Ready` process with nothing in flight for `idle_timeout_ms` is drained and stopped, highest id first, while more than `min` are active; it takes no request from the moment it is chosen, so no request is cut |
 //! | crash | an unexpected exit removes the process; its requests fail in the shell (idempotent reads are retried as new requests); the scale rules then start a replacement when the pool needs one (`min`, or the retried and queued load) |
@@ -252,8 +252,18 @@ pub struct PoolMachine {
     queue: VecDeque<Waiter>,
     actions: VecDeque<Action>,
     next_id: ProcId,
-    /// Since when the load has wanted more processes than are active.
+    /// The current overload episode: since when the load has wanted more
+    /// processes than are active (with dips shorter than
+    /// `scale_up_after_ms`), and how long of it the load actually did.
     overload_since: Option<Instant>,
+    over_time: Duration,
+    /// Since when the load has not wanted more (ends the episode after `scale_up_after_ms`).
+    calm_since: Option<Instant>,
+    /// Whether the load wanted more at the last evaluation, and when that was.
+    last_over: bool,
+    last_scale_at: Instant,
+    /// The earliest instant the episode can make a start due (a timer).
+    scale_due_at: Option<Instant>,
     /// No start before this (backoff after failures).
     next_start_at: Option<Instant>,
     backoff_ms: u64,
@@ -278,6 +288,11 @@ impl PoolMachine {
             actions: VecDeque::new(),
             next_id: 0,
             overload_since: None,
+            over_time: Duration::ZERO,
+            calm_since: None,
+            last_over: false,
+            last_scale_at: now,
+            scale_due_at: None,
             next_start_at: None,
             backoff_ms: 0,
             shutting_down: false,
@@ -577,6 +592,13 @@ impl PoolMachine {
         self.scale(now);
     }
 
+    fn end_overload(&mut self) {
+        self.overload_since = None;
+        self.over_time = Duration::ZERO;
+        self.calm_since = None;
+        self.scale_due_at = None;
+    }
+
     /// Drains and stops idle processes above the minimum, newest first.
     fn retire_idle(&mut self, now: Instant) {
         let idle_timeout = ms(self.settings.idle_timeout_ms);
@@ -669,27 +691,54 @@ impl PoolMachine {
         if self.is_static() || self.shutting_down {
             return;
         }
+        let after = ms(self.settings.scale_up_after_ms);
+        // The load is constant between events: account the time since the last one.
+        if self.last_over && self.overload_since.is_some() {
+            self.over_time += now.saturating_duration_since(self.last_scale_at);
+        }
+        self.last_scale_at = now;
+        if self.calm_since.is_some_and(|c| now.saturating_duration_since(c) >= after) {
+            self.end_overload();
+        }
         let s = &self.settings;
         let load = self.in_flight() + self.queue.len();
         let wanted = load.div_ceil(s.scale_up_in_flight).clamp(s.min_processes, s.max_processes);
         let active = self.active();
+        self.last_over = wanted > active;
         if wanted <= active {
-            self.overload_since = None;
+            if self.overload_since.is_some() && self.calm_since.is_none() {
+                self.calm_since = Some(now);
+            }
+            self.scale_due_at = None;
             return;
         }
+        self.calm_since = None;
         if self.next_start_at.is_some_and(|t| now < t) {
+            // The backoff's own timer wakes the pool.
+            self.scale_due_at = None;
             return;
         }
         self.next_start_at = None;
         let below_min = active < s.min_processes;
         let due = active == 0 || below_min || {
             let since = *self.overload_since.get_or_insert(now);
-            now.saturating_duration_since(since) >= ms(s.scale_up_after_ms)
+            let span = now.saturating_duration_since(since);
+            // Due once the episode is `scale_up_after_ms` old and the load
+            // wanted more for at least half of it (requests finishing and
+            // arriving make the count dip; a dip does not restart the wait).
+            let due = span >= after && self.over_time * 2 >= span;
+            if !due {
+                // Staying over from now, it is due at the later of the two.
+                let by_age = since + after;
+                let by_share = now + span.saturating_sub(self.over_time * 2);
+                self.scale_due_at = Some(by_age.max(by_share));
+            }
+            due
         };
         if !due {
             return;
         }
-        self.overload_since = None;
+        self.end_overload();
         for _ in active..wanted {
             let id = self.new_id();
             let p = Proc {
@@ -731,8 +780,8 @@ impl PoolMachine {
                 consider(t);
             }
         }
-        if let Some(t) = self.overload_since {
-            consider(t + ms(s.scale_up_after_ms));
+        if let Some(t) = self.scale_due_at {
+            consider(t);
         }
         if let Some(t) = self.next_start_at {
             consider(t);
@@ -901,6 +950,61 @@ mod tests {
         assert_eq!(t.m.request(5, t.at(250)), Admission::Dispatch(0));
         assert_eq!(t.m.request(6, t.at(250)), Admission::Dispatch(0));
         assert_eq!(t.m.request(7, t.at(250)), Admission::Dispatch(1), "0 is at target, 1 is below");
+    }
+
+    #[test]
+    fn dips_in_the_load_do_not_restart_the_wait_but_a_calm_ends_it() {
+        let mut t = T::new(settings());
+        warm(&mut t);
+        // Load 3 wants 2 processes; every 30 ms it dips to 2 for 10 ms.
+        for r in 0..3 {
+            t.m.request(r, t.at(100));
+        }
+        for (dip, back) in [(120, 130), (150, 160), (180, 190)] {
+            t.m.finished(0, t.at(dip));
+            t.m.request(dip, t.at(back));
+        }
+        assert!(t.actions().is_empty());
+        // Over for 70 of the episode's 100 ms: due.
+        t.m.tick(t.at(200));
+        assert_eq!(t.actions(), vec![Action::Start(1)]);
+
+        let mut t = T::new(settings());
+        warm(&mut t);
+        for r in 0..3 {
+            t.m.request(r, t.at(100));
+        }
+        t.m.finished(0, t.at(120));
+        // Calm for 180 ms ends the episode: the next overload waits afresh.
+        t.m.tick(t.at(300));
+        t.m.request(3, t.at(300));
+        assert_eq!(t.m.next_deadline().map(|d| d >= t.at(400)), Some(true));
+        t.m.tick(t.at(399));
+        assert!(t.actions().is_empty());
+        t.m.tick(t.at(400));
+        assert_eq!(t.actions(), vec![Action::Start(1)]);
+    }
+
+    #[test]
+    fn an_overload_for_less_than_half_the_time_starts_nothing() {
+        let mut t = T::new(settings());
+        warm(&mut t);
+        for r in 0..2 {
+            t.m.request(r, t.at(100));
+        }
+        // Load 3 for 10 ms of every 40 (never calm for 100 ms).
+        let mut now = 100;
+        for i in 0..10 {
+            t.m.request(1_000 + i, t.at(now));
+            t.m.finished(0, t.at(now + 10));
+            now += 40;
+            t.m.tick(t.at(now));
+        }
+        assert!(t.actions().is_empty(), "a quarter of the time over target");
+        // The timer the machine asks for is never in the past (no busy ticking).
+        if let Some(d) = t.m.next_deadline() {
+            assert!(d >= t.at(now), "deadline in the past");
+        }
     }
 
     #[test]

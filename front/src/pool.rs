@@ -167,7 +167,7 @@ impl Pool {
         let Inner { m, metrics, .. } = inner;
         metrics.sync(m);
         if let Some(d) = inner.m.next_deadline() {
-            if inner.wake_at.is_none_or(|w| d < w) {
+            if inner.wake_at.map_or(true, |w| d < w) {
                 inner.wake_at = Some(d);
                 self.wake.notify_one();
             }
@@ -413,14 +413,8 @@ impl Pool {
         let deadline = Instant::now() + bound;
         while !self.inner.lock().m.is_stopped() {
             if Instant::now() >= deadline {
-                let mut inner = self.inner.lock();
                 tracing::warn!(protocol = self.protocol, role = %self.role, "gateway processes still running at the end of the shutdown bound; killing them");
-                for e in inner.procs.values_mut() {
-                    if let Some(tx) = &e.ctl {
-                        let _ = tx.send(Ctl::Kill);
-                    }
-                }
-                drop(inner);
+                self.kill_all();
                 for _ in 0..100 {
                     if self.inner.lock().m.is_stopped() {
                         break;
@@ -430,6 +424,15 @@ impl Pool {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill_all(&self) {
+        let inner = self.inner.lock();
+        for e in inner.procs.values() {
+            if let Some(tx) = &e.ctl {
+                let _ = tx.send(Ctl::Kill);
+            }
         }
     }
 

@@ -267,7 +267,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, uri: Option<&Uri>) {
 /// Whether the request has no body (so it can be sent again).
 fn bodiless(parts: &Parts) -> bool {
     !parts.headers.contains_key(TRANSFER_ENCODING)
-        && parts.headers.get(CONTENT_LENGTH).is_none_or(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) == Some(0))
+        && parts.headers.get(CONTENT_LENGTH).map_or(true, |v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) == Some(0))
 }
 
 fn upstream_request(parts: &Parts, headers: HeaderMap, target: &crate::pool::Target, body: UpBody) -> Result<Request<UpBody>, http::Error> {

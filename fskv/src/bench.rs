@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Failover(crate::failover_bench::FailoverBenchArgs),
     /// USRBIO 4 KiB random / 1 MiB sequential reads vs fio on the FUSE mount and the in-process native client (fresh fskv up --mount).
     Usrbio(crate::usrbio_bench::UsrbioBenchArgs),
+    /// S3 4 KiB PUT/GET and 64 MiB GET through the front vs one gateway process; cold start; time to add a reader under a load step.
+    Front(crate::front_bench::FrontBenchArgs),
 }
 
 #[derive(Args)]
@@ -116,6 +118,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
         BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
         BenchCommand::Usrbio(a) => crate::usrbio_bench::run(a).await,
+        BenchCommand::Front(a) => crate::front_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod config;
 mod failover_bench;
+mod front_bench;
 mod front_cmd;
 mod fsck_chunks;
 mod gateway_cmd;

@@ -451,5 +451,5 @@ async fn kill9_under_load(s3: &S3, admin: &str, small: &Bytes) {
     assert!(ok > 0);
     assert_eq!(s3.ok(Method::GET, "/frontb/small", Bytes::new()).await, *small);
     let st = status(admin).await;
-    assert!(pool(&st, "reader").crashes >= 1 + killed as u64, "{st:#?}");
+    assert!(pool(&st, "reader").crashes > killed as u64, "{st:#?}");
 }
