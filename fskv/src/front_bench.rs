@@ -73,6 +73,9 @@ pub struct FrontBenchArgs {
     /// First base port tried (`fskv up --base-port`).
     #[arg(long, default_value_t = 27100)]
     base_port: u16,
+    /// Throughput workloads to run: put4k, get4k, get-large.
+    #[arg(long, value_delimiter = ',', default_value = "put4k,get4k,get-large")]
+    workloads: Vec<String>,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -649,9 +652,17 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
 
     let mut errors = Vec::new();
     let mut throughput = Vec::new();
-    let workloads = [Workload::Put4k, Workload::Get4k, Workload::GetLarge];
+    let mut workloads = Vec::new();
+    for w in &args.workloads {
+        workloads.push(match w.as_str() {
+            "put4k" => Workload::Put4k,
+            "get4k" => Workload::Get4k,
+            "get-large" => Workload::GetLarge,
+            other => bail!("--workloads: unknown workload {other:?} (put4k, get4k, get-large)"),
+        });
+    }
     for round in 1..=args.rounds {
-        for w in workloads {
+        for &w in &workloads {
             let order: [(&str, &str); 2] =
                 if round % 2 == 1 { [("front", &front), ("direct", &direct)] } else { [("direct", &direct), ("front", &front)] };
             for (name, host) in order {
@@ -660,7 +671,7 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
         }
     }
     let mut summary = Vec::new();
-    for w in workloads {
+    for &w in &workloads {
         let name = w.name(args.large_mib);
         let unit = if w == Workload::GetLarge { "MiB/s" } else { "ops/s" };
         let pick = |target: &str| {
