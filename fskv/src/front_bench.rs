@@ -191,10 +191,28 @@ impl fmt::Display for FrontBenchReport {
         }
         let errors: u64 = self.throughput.iter().map(|t| t.errors).sum();
         writeln!(f, "failed requests in the throughput runs: {errors}")?;
+        if !self.cold_starts.is_empty() {
+            self.fmt_cold_starts(f)?;
+        }
+        if !self.load_steps.is_empty() {
+            self.fmt_load_steps(f)?;
+        }
+        if !self.errors.is_empty() {
+            writeln!(f, "first errors: {:?}", self.errors)?;
+        }
+        Ok(())
+    }
+}
+
+fn list(v: &[f64]) -> String {
+    v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ")
+}
+
+impl FrontBenchReport {
+    fn fmt_cold_starts(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let gets: Vec<f64> = self.cold_starts.iter().map(|c| c.first_get_ms).collect();
         let puts: Vec<f64> = self.cold_starts.iter().map(|c| c.first_put_ms).collect();
         let spawn: Vec<f64> = self.cold_starts.iter().filter_map(|c| c.reader_spawn_to_ready_ms).collect();
-        let list = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ");
         writeln!(
             f,
             "cold start (first byte of the first GET to an empty reader pool): median {:.0} ms, max {:.0} ms [{}]",
@@ -203,7 +221,10 @@ impl fmt::Display for FrontBenchReport {
             list(&gets)
         )?;
         writeln!(f, "  of which the reader process spawn → ready: median {:.0} ms [{}]", median(spawn.clone()), list(&spawn))?;
-        writeln!(f, "  first PUT to an empty writer pool: median {:.0} ms [{}]", median(puts.clone()), list(&puts))?;
+        writeln!(f, "  first PUT to an empty writer pool: median {:.0} ms [{}]", median(puts.clone()), list(&puts))
+    }
+
+    fn fmt_load_steps(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let adds: Vec<f64> = self.load_steps.iter().map(|s| s.add_reader_ms).collect();
         let step_spawn: Vec<f64> = self.load_steps.iter().filter_map(|s| s.spawn_to_ready_ms).collect();
         writeln!(
@@ -216,9 +237,6 @@ impl fmt::Display for FrontBenchReport {
         )?;
         for s in &self.load_steps {
             writeln!(f, "  step: {} requests, {} failed, {} readers at the end", s.requests, s.errors, s.readers_after)?;
-        }
-        if !self.errors.is_empty() {
-            writeln!(f, "first errors: {:?}", self.errors)?;
         }
         Ok(())
     }
