@@ -59,7 +59,8 @@ if command -v openssl >/dev/null; then
         printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' > ext.cnf
         openssl x509 -req -in tls.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext.cnf -out tls.pem 2>/dev/null
     )
-    tls_port=$((base + 6))
+    # P+6 / P+8 are the KV gateway reader and its Consul API; P+9 is unused.
+    tls_port=$((base + 9))
     ./target/debug/fskv gateway s3 --role writer --listen "127.0.0.1:$tls_port" --mgmtd "127.0.0.1:$((base + 11))" \
         --meta "127.0.0.1:$((base + 12))" --credentials "$work/data/credentials.json" \
         --tls-cert "$work/tls.pem" --tls-key "$work/tls.key" >"$work/tls-gateway.log" 2>&1 &

@@ -21,7 +21,8 @@ pub enum AdminCommand {
     /// extra read load when one node fails (against the ideal 1/(N-1)).
     ChainTable(ChainTableArgs),
     /// Show the cluster: nodes, chains with their targets' public/local
-    /// states (in chain order), and space per target.
+    /// states (in chain order), and space per target; with --front, the
+    /// front's pools of gateway processes too.
     Status(StatusArgs),
     /// Check the metadata for consistency (dangling entries, orphans, nlink,
     /// unreachable directories, undecodable records) on a meta server, then
@@ -89,8 +90,11 @@ pub struct ChainTableArgs {
 #[derive(Args)]
 pub struct StatusArgs {
     /// mgmtd address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
+    #[arg(long, required_unless_present = "front", value_delimiter = ',')]
     mgmtd: Vec<String>,
+    /// Admin address(es) of fronts (`fskv front --admin-listen`; `fskv up`: P+10): show their pools.
+    #[arg(long, value_delimiter = ',')]
+    front: Vec<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -230,17 +234,48 @@ struct NodeSpace {
 }
 
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
-    let config = MgmtdClientConfig { call_timeout_ms: ADMIN_CALL_TIMEOUT_MS, ..Default::default() };
-    let mgmtd = MgmtdClient::new(rpc.clone(), a.mgmtd.clone(), config);
-    let st = primary_status(&mgmtd).await?;
-    let space = node_space(&rpc, &st).await;
+    let cluster = if a.mgmtd.is_empty() {
+        None
+    } else {
+        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+        let config = MgmtdClientConfig { call_timeout_ms: ADMIN_CALL_TIMEOUT_MS, ..Default::default() };
+        let mgmtd = MgmtdClient::new(rpc.clone(), a.mgmtd.clone(), config);
+        let st = primary_status(&mgmtd).await?;
+        let space = node_space(&rpc, &st).await;
+        Some((st, space))
+    };
+    let timeout = std::time::Duration::from_millis(ADMIN_CALL_TIMEOUT_MS);
+    let mut fronts = Vec::new();
+    for addr in &a.front {
+        fronts.push((addr.clone(), fskv_front::admin::fetch_status(addr, timeout).await));
+    }
     if a.json {
-        let out = serde_json::json!({ "mgmtd": st, "space": space });
+        let fronts: Vec<_> = fronts
+            .iter()
+            .map(|(addr, r)| match r {
+                Ok(st) => serde_json::json!({ "address": addr, "status": st }),
+                Err(e) => serde_json::json!({ "address": addr, "error": e }),
+            })
+            .collect();
+        let mut out = serde_json::json!({ "fronts": fronts });
+        if let Some((st, space)) = &cluster {
+            out["mgmtd"] = serde_json::to_value(st)?;
+            out["space"] = serde_json::to_value(space)?;
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        print!("{}", render(&st, &space));
+        if let Some((st, space)) = &cluster {
+            print!("{}", render(st, space));
+        }
+        for (addr, r) in &fronts {
+            match r {
+                Ok(st) => print!("{}", fskv_front::admin::render_status(addr, st)),
+                Err(e) => println!("front {addr}: unreachable ({e})"),
+            }
+        }
     }
+    let failed: Vec<&str> = fronts.iter().filter(|(_, r)| r.is_err()).map(|(a, _)| a.as_str()).collect();
+    anyhow::ensure!(failed.is_empty(), "front(s) not reachable: {}", failed.join(", "));
     Ok(())
 }
 

@@ -23,6 +23,8 @@ pub enum BenchCommand {
     Usrbio(crate::usrbio_bench::UsrbioBenchArgs),
     /// KV gateway 1 KiB put/get ops/s and p50/p99 (running fskv up clusters) vs Redis and etcd, batch get of 16 x 4 MiB vs iperf3.
     KvGateway(crate::kv_gateway_bench::KvGatewayBenchArgs),
+    /// S3 4 KiB PUT/GET and 64 MiB GET through the front vs one gateway process; cold start; time to add a reader under a load step.
+    Front(crate::front_bench::FrontBenchArgs),
 }
 
 #[derive(Args)]
@@ -119,6 +121,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
         BenchCommand::Usrbio(a) => crate::usrbio_bench::run(a).await,
         BenchCommand::KvGateway(a) => crate::kv_gateway_bench::run(a).await,
+        BenchCommand::Front(a) => crate::front_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

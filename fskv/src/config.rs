@@ -99,6 +99,63 @@ max_body_bytes_data = 5497558138880
 # the key store) or "off".
 metrics_endpoint = "open"
 
+[front]
+# `fskv front` (and `fskv up`, which runs everything through it): pools of
+# gateway processes per protocol and role, started on demand. See docs/front.md.
+# Requests in flight per process a pool aims at; above it the pool grows.
+scale_up_in_flight = 32
+# How long the load must want another process before one is added (a pool
+# with no process starts one at once: the first request is held meanwhile).
+scale_up_after_ms = 200
+# Requests in flight on one process at most; beyond, requests are held.
+max_in_flight_per_process = 256
+# A process with nothing in flight this long is drained and stopped.
+idle_timeout_ms = 60000
+# Bound on a process's start (spawn to serving).
+start_timeout_ms = 10000
+# Requests held per pool while no process can take them, and for how long;
+# beyond either: 503 with Retry-After.
+max_queue = 1024
+queue_timeout_ms = 15000
+# After a crash or a failed start the next start waits this long, doubling
+# per consecutive failure up to the maximum.
+restart_backoff_ms = 200
+max_restart_backoff_ms = 5000
+# Static upstreams are probed (TCP connect) this often.
+health_interval_ms = 2000
+# SIGTERM to SIGKILL when a process is stopped.
+stop_grace_ms = 10000
+upstream_connect_timeout_ms = 2000
+# Request sent to the gateway's response head (long polls included).
+upstream_response_timeout_ms = 300000
+# Idle pooled connections to a gateway are dropped after this (below
+# gateway.idle_timeout_ms), and at most this many are kept per process.
+upstream_idle_timeout_ms = 20000
+max_idle_connections_per_process = 64
+# An idempotent read (GET/HEAD without body) whose process failed before
+# answering is sent again this many times.
+max_retries = 1
+
+# Per protocol: processes per pool (min..max; min 0 = start from zero), or
+# static upstreams ("host:port" of gateways elsewhere) instead of processes.
+[front.s3]
+reader = { min = 0, max = 4 }
+writer = { min = 0, max = 2 }
+reader_upstreams = []
+writer_upstreams = []
+
+[front.kv]
+reader = { min = 0, max = 4 }
+writer = { min = 0, max = 2 }
+reader_upstreams = []
+writer_upstreams = []
+
+[front.mq]
+reader = { min = 0, max = 4 }
+writer = { min = 0, max = 1 }
+reader_upstreams = []
+writer_upstreams = []
+
 [up]
 # Data directory of `fskv up` (all state of the single-node cluster).
 data_dir = "./data"
@@ -113,6 +170,7 @@ pub struct Config {
     pub kv: KvConfig,
     pub rpc: RpcConfig,
     pub gateway: fskv_gateway::HttpLimits,
+    pub front: fskv_front::FrontConfig,
     pub up: UpConfig,
 }
 
@@ -273,6 +331,7 @@ impl Config {
         anyhow::ensure!(self.rpc.frame_read_timeout_ms >= 100, "rpc.frame_read_timeout_ms must be at least 100");
         anyhow::ensure!(self.rpc.idle_timeout_ms >= 1000, "rpc.idle_timeout_ms must be at least 1000");
         self.gateway.validate().map_err(anyhow::Error::msg)?;
+        self.front.validate(self.gateway.idle_timeout_ms).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.up.base_port <= 65535 - 20, "up.base_port leaves no room for the internal ports above it");
         self.kv.engine_spec(Path::new("."))?;
         Ok(())
@@ -318,6 +377,10 @@ mod tests {
         assert!(format!("{e:#}").contains("max_frame_bytes"), "{e:#}");
         let e = Config::parse("[gateway]\nidle_timeout_ms = 0\n").unwrap_err();
         assert!(format!("{e:#}").contains("idle_timeout_ms"), "{e:#}");
+        let e = Config::parse("[front.s3]\nreader = { min = 2, max = 1 }\n").unwrap_err();
+        assert!(format!("{e:#}").contains("front.s3.reader"), "{e:#}");
+        let e = Config::parse("[front]\nupstream_idle_timeout_ms = 90000\n").unwrap_err();
+        assert!(format!("{e:#}").contains("upstream_idle_timeout_ms"), "{e:#}");
         let e = Config::parse("[gateway]\nmetrics_endpoint = \"public\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("metrics_endpoint") || format!("{e:#}").contains("unknown variant"), "{e:#}");
     }

@@ -5,6 +5,8 @@ mod admin;
 mod bench;
 mod config;
 mod failover_bench;
+mod front_bench;
+mod front_cmd;
 mod fsck_chunks;
 mod gateway_cmd;
 mod kv_gateway_bench;
@@ -55,6 +57,8 @@ enum Command {
     /// Run a gateway process: `fskv gateway s3|kv --role reader|writer ...`.
     #[command(subcommand)]
     Gateway(gateway_cmd::GatewayCommand),
+    /// The public listeners: routes each request to a reader or writer pool of gateway processes started on demand.
+    Front(front_cmd::FrontArgs),
     /// Show the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -99,6 +103,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    let config_path = cli.config.clone();
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Up(args) => up::run(args, &config).await,
@@ -108,6 +113,7 @@ fn main() -> std::process::ExitCode {
             Command::Get(args) => transfer::get(args).await,
             Command::Mount(args) => mount_cmd::run(args).await,
             Command::Gateway(cmd) => gateway_cmd::run(cmd, &config).await,
+            Command::Front(args) => front_cmd::run(args, &config, config_path.as_deref()).await,
             Command::Mgmtd(args) => mgmtd_cmd::run(args, &config).await,
             Command::Storage(args) => storage_cmd::run(args).await,
             Command::Meta(args) => meta_cmd::run(args, &config).await,

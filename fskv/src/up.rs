@@ -8,12 +8,16 @@
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
 //! brings back all data. With `--mount PATH` it then starts `fskv mount` on
 //! PATH as another supervised child (stopped, and so unmounted, first).
-//! Once the cluster is ready it starts the S3 gateway (`fskv gateway s3`):
-//! a writer on P and a reader on P+5, buckets under `/s3`, keys from
-//! `DIR/credentials.json`; and the KV gateway (`fskv gateway kv`): a writer
-//! on P+1 (its Consul-compatible API on P+3) and a reader on P+6 (Consul
-//! P+8), namespaces under `/kv`, the same keys (bearer token included). The
-//! MQ gateway (P+2) is not built yet; endpoints.json lists it as null.
+//! Once the cluster is ready it starts the front (`fskv front`, supervised
+//! like the others): S3 on P, a read-only S3 endpoint on P+5 and the front's
+//! admin listener on P+10. The front starts S3 gateway processes (`fskv
+//! gateway s3 --role reader|writer`, buckets under `/s3`, keys from
+//! `DIR/credentials.json`) on demand: its pools start from zero (bounds in
+//! `[front]` of the configuration). The KV gateway (`fskv gateway kv`) is
+//! not routed by the front yet: a writer on P+1 (its Consul-compatible API
+//! on P+3) and a reader on P+6 (Consul P+8) run as supervised children,
+//! namespaces under `/kv`, the same keys (bearer token included). P+2 / P+7
+//! are kept for MQ, null in endpoints.json until it is built.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -33,7 +37,7 @@ pub struct UpArgs {
     /// Data directory (all state of the cluster). Default: up.data_dir of the config (./data).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Base port: S3 on P, KV on P+1, MQ on P+2; mgmtd P+11, meta P+12, storage P+13..P+15.
+    /// Base port: S3 on P, KV on P+1, MQ on P+2 (read-only P+5..P+7, front admin P+10); mgmtd P+11, meta P+12, storage P+13..P+15.
     #[arg(long)]
     base_port: Option<u16>,
     /// Do not restart a child process that dies.
@@ -76,7 +80,7 @@ struct Endpoints {
     meta: String,
     storage: Vec<String>,
     s3: Option<String>,
-    /// The S3 gateway with `--role reader`.
+    /// A read-only S3 endpoint (every request to the reader pool).
     s3_reader: Option<String>,
     /// The KV gateway's native API (writer) and its reader.
     kv: Option<String>,
@@ -85,6 +89,8 @@ struct Endpoints {
     consul: Option<String>,
     consul_reader: Option<String>,
     mq: Option<String>,
+    /// The front's admin listener (GET /status, /metrics; `fskv admin status --front`).
+    front: Option<String>,
     /// Where `--mount` mounted the filesystem.
     mount: Option<String>,
     access_key: String,
@@ -106,12 +112,27 @@ struct Ports {
     mgmtd: String,
     meta: String,
     storage: Vec<String>,
-    s3: String,
-    s3_reader: String,
     kv: String,
     kv_reader: String,
     consul: String,
     consul_reader: String,
+    front_admin: String,
+    base: u16,
+}
+
+/// Public and read-only ports of each protocol the front may route (offsets from P).
+const PROTOCOL_PORTS: [(&str, u16, u16); 3] = [("s3", 0, 5), ("kv", 1, 6), ("mq", 2, 7)];
+
+impl Ports {
+    /// (protocol, public address, read-only address) of every protocol this build routes.
+    fn routed(&self) -> Vec<(&'static str, String, String)> {
+        let addr = |off: u16| format!("127.0.0.1:{}", self.base + off);
+        PROTOCOL_PORTS
+            .iter()
+            .filter(|(p, _, _)| fskv_front::protocols::lookup(p).is_some())
+            .map(|(p, o, r)| (*p, addr(*o), addr(*r)))
+            .collect()
+    }
 }
 
 impl Ports {
@@ -121,12 +142,12 @@ impl Ports {
             mgmtd: addr(11),
             meta: addr(12),
             storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect(),
-            s3: addr(0),
-            s3_reader: addr(5),
             kv: addr(1),
             kv_reader: addr(6),
             consul: addr(3),
             consul_reader: addr(8),
+            front_admin: addr(10),
+            base,
         }
     }
 }
@@ -138,8 +159,9 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let ports = Ports::new(base_port);
-    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader, &ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader];
-    for addr in all.into_iter().chain(&ports.storage) {
+    let all = [&ports.mgmtd, &ports.meta, &ports.front_admin, &ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader];
+    let public: Vec<String> = ports.routed().into_iter().flat_map(|(_, a, r)| [a, r]).collect();
+    for addr in all.into_iter().chain(&ports.storage).chain(&public) {
         ensure_free(addr)?;
     }
     let credentials = load_or_create_credentials(&data_dir)?;
@@ -165,7 +187,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         supervisor.shutdown().await;
         return Err(e);
     }
-    let gateways = match start_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
+    let gateways = match start_front(&exe, &data_dir, &ports, !args.no_restart).await {
         Ok(g) => g,
         Err(e) => {
             eprintln!("fskv up: {e:#}; stopping");
@@ -173,17 +195,31 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    let kv_gateways = match start_kv_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("fskv up: {e:#}; stopping");
+            gateways.shutdown().await;
+            supervisor.shutdown().await;
+            return Err(e);
+        }
+    };
+    let routed = ports.routed();
+    let url = |proto: &str, read_only: bool| {
+        routed.iter().find(|(p, _, _)| *p == proto).map(|(_, a, r)| format!("http://{}", if read_only { r } else { a }))
+    };
     let endpoints = Endpoints {
         mgmtd: ports.mgmtd.clone(),
         meta: ports.meta.clone(),
         storage: ports.storage.clone(),
-        s3: Some(format!("http://{}", ports.s3)),
-        s3_reader: Some(format!("http://{}", ports.s3_reader)),
+        s3: url("s3", false),
+        s3_reader: url("s3", true),
         kv: Some(format!("http://{}", ports.kv)),
         kv_reader: Some(format!("http://{}", ports.kv_reader)),
         consul: Some(format!("http://{}", ports.consul)),
         consul_reader: Some(format!("http://{}", ports.consul_reader)),
-        mq: None,
+        mq: url("mq", false),
+        front: Some(format!("http://{}", ports.front_admin)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
@@ -191,11 +227,14 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     };
     write_atomically(&data_dir.join("endpoints.json"), &serde_json::to_vec_pretty(&endpoints)?)?;
     say!("  ready    mgmtd {}  meta {}  storage {}", ports.mgmtd, ports.meta, ports.storage.join(" "));
+    for (proto, public, read_only) in &routed {
+        let label = proto.to_uppercase();
+        say!("  {label:<8} http://{public} (reads to the reader pool, writes to the writer pool)  read-only http://{read_only}");
+    }
     say!(
-        "  S3       writer http://{}  reader http://{}  (buckets under /s3; keys in {})",
-        ports.s3,
-        ports.s3_reader,
-        data_dir.join("credentials.json").display()
+        "  front    gateway processes start on demand (keys in {}); status: fskv admin status --front {}",
+        data_dir.join("credentials.json").display(),
+        ports.front_admin
     );
     say!(
         "  KV       writer http://{}  reader http://{}  Consul API http://{} / http://{}  (namespaces under /kv)",
@@ -204,12 +243,13 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         ports.consul,
         ports.consul_reader
     );
-    say!("  not yet  MQ gateway: not implemented");
+    say!("  not yet  MQ gateway: not built into this binary");
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
             Err(e) => {
                 eprintln!("fskv up: {e:#}; stopping");
+                kv_gateways.shutdown().await;
                 gateways.shutdown().await;
                 supervisor.shutdown().await;
                 return Err(e);
@@ -227,6 +267,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         m.shutdown().await;
         say!("  unmounted");
     }
+    kv_gateways.shutdown().await;
     gateways.shutdown().await;
     for (name, status) in supervisor.status().await {
         if status.starts > 1 {
@@ -239,26 +280,47 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Bound on the wait for a gateway to accept connections.
-const GATEWAY_READY_TIMEOUT_MS: u64 = 30_000;
+/// Bound on the wait for the front to accept connections.
+const FRONT_READY_TIMEOUT_MS: u64 = 30_000;
 
-/// Starts the S3 and KV writer and reader gateways under their own
-/// supervisor (stopped before the cluster) and waits until all accept
-/// connections.
-async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
+/// Starts the front under its own supervisor (stopped before the cluster)
+/// and waits until every listener accepts connections. Its pools start
+/// empty: gateway processes come with the first requests.
+async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
-    let s3 = |role: &str, listen: &str| {
-        let mut args: Vec<String> = vec!["gateway".into(), "s3".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
-        // No --meta: the gateways find meta through mgmtd's routing info.
-        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
-        if role == "reader" {
-            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.s3)]);
+    let logs = data.join("logs").display().to_string();
+    // No --meta: the gateways find meta through mgmtd's routing info.
+    let mut args: Vec<String> = vec!["front".into(), "--admin-listen".into(), ports.front_admin.clone()];
+    args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds, "--log-dir".into(), logs]);
+    let mut addrs = vec![ports.front_admin.clone()];
+    for (proto, public, read_only) in ports.routed() {
+        args.extend([format!("--{proto}-listen"), public.clone(), format!("--{proto}-reader-listen"), read_only.clone()]);
+        addrs.extend([public, read_only]);
+    }
+    let opts = child_options(data, restart);
+    let supervisor = Supervisor::start(vec![child("front", exe, args)], opts).await?;
+    let start = Instant::now();
+    for addr in &addrs {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
+                supervisor.shutdown().await;
+                anyhow::bail!("the front did not listen on {addr} (see {})", data.join("logs/front.log").display());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        args
-    };
+    }
+    Ok(supervisor)
+}
+
+/// Starts the KV writer and reader gateways (not routed by the front yet)
+/// under their own supervisor, stopped before the cluster, and waits until
+/// they accept connections.
+async fn start_kv_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
+    let creds = data.join("credentials.json").display().to_string();
     let kv = |role: &str, listen: &str, consul: &str| {
         let mut args: Vec<String> = vec!["gateway".into(), "kv".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
         args.extend(["--consul-listen".into(), consul.into()]);
+        // No --meta: the gateways find meta through mgmtd's routing info.
         args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
         if role == "reader" {
             args.extend(["--writer-endpoint".into(), format!("http://{}", ports.kv)]);
@@ -267,21 +329,18 @@ async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -
         args
     };
     let specs = vec![
-        child("s3-writer", exe, s3("writer", &ports.s3)),
-        child("s3-reader", exe, s3("reader", &ports.s3_reader)),
         child("kv-writer", exe, kv("writer", &ports.kv, &ports.consul)),
         child("kv-reader", exe, kv("reader", &ports.kv_reader, &ports.consul_reader)),
     ];
-    let opts = child_options(data, restart);
-    let supervisor = Supervisor::start(specs, opts).await?;
+    let supervisor = Supervisor::start(specs, child_options(data, restart)).await?;
     let start = Instant::now();
-    for addr in [&ports.s3, &ports.s3_reader, &ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader] {
+    for addr in [&ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader] {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if start.elapsed() > Duration::from_millis(GATEWAY_READY_TIMEOUT_MS) {
+            if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
-                anyhow::bail!("the gateway on {addr} did not come up (see {})", data.join("logs").display());
+                anyhow::bail!("the KV gateway on {addr} did not come up (see {})", data.join("logs").display());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     Ok(supervisor)

@@ -230,7 +230,45 @@ pub fn serve_on<P: Protocol>(
     });
     tracing::info!(%addr, protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
     let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
+    notify_ready(addr);
     Ok(ServerHandle { addr, state, accept, sweep, conns, max_connections, grace })
+}
+
+/// The environment variable naming an inherited file descriptor (the write
+/// end of a pipe) on which a gateway process reports `ADDRESS\n` once its
+/// server accepts connections, then closes it. The front (`fskv front`)
+/// starts gateways with `--listen 127.0.0.1:0` and learns their port and
+/// readiness this way, whatever the protocol. Used once per process (the
+/// first server that starts); ignored when unset.
+pub const READY_FD_ENV: &str = "FSKV_GATEWAY_READY_FD";
+
+fn notify_ready(addr: SocketAddr) {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Ok(v) = std::env::var(READY_FD_ENV) else { return };
+    if USED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let fd = match v.trim().parse::<i32>() {
+        Ok(fd) if fd > 2 => fd,
+        _ => {
+            tracing::warn!(value = %v, "{READY_FD_ENV} is not a file descriptor number above 2; not reporting readiness");
+            return;
+        }
+    };
+    // SAFETY: F_GETFD only inspects the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
+        tracing::warn!(fd, "{READY_FD_ENV} names no open file descriptor; not reporting readiness");
+        return;
+    }
+    // SAFETY: the descriptor is open and was handed to this process for this
+    // one use (nothing else in the process knows its number); the File owns
+    // and closes it.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(fd) };
+    if let Err(e) = pipe.write_all(format!("{addr}\n").as_bytes()) {
+        tracing::warn!(fd, error = %e, "cannot report readiness on {READY_FD_ENV}");
+    }
 }
 
 /// The one timer of a server: sweeps every connection's clock each period,

@@ -1,0 +1,256 @@
+//! The front (`fskv front`): the public listeners of 3FS-KV. Every request
+//! is classified by its protocol's own classifier (the function each
+//! gateway crate exports) and forwarded to a process of that protocol's
+//! **reader pool** or **writer pool**. Pools start gateway processes on
+//! demand (from zero), add processes under load, drain and stop idle ones,
+//! and replace crashed ones; or they are static upstreams (gateways on other
+//! hosts) with health checks.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`machine`] | one pool as a pure state machine (injected clock, deterministic tests) |
+//! | [`pool`] | its async shell: spawning and stopping processes, readiness, probes, held requests, metrics |
+//! | [`proxy`] | a public listener: classification, routing, streaming both ways, retries of idempotent reads |
+//! | [`protocols`] | the table of routed protocols (classifier, gateway command, error format) |
+//! | [`admin`] | `GET /status` and `/metrics` on the admin listener; `fskv admin status --front` |
+//! | [`config`] | the `[front]` configuration section |
+//! | [`error`] | [`FrontError`] → status and code, in one place |
+//! | [`metrics`] | the pools' Prometheus metrics |
+//!
+//! Every listener (public and admin) is an [`fskv_gateway`] server: the same
+//! timeouts, connection caps, limits, request ids and `/metrics` as the
+//! gateways. See docs/front.md.
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod machine;
+pub mod metrics;
+pub mod pool;
+pub mod protocols;
+pub mod proxy;
+
+pub use config::FrontConfig;
+pub use error::FrontError;
+
+use crate::pool::{Launch, Pool, ShellTiming, Source};
+use crate::protocols::ProtocolSpec;
+use crate::proxy::{FrontProtocol, ListenMode, UpstreamSettings};
+use fskv_gateway::{Authenticator, HttpLimits, KeyStore, Metrics, Role, ServerConfig, ServerHandle, TlsFiles};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One public listener.
+#[derive(Clone, Debug)]
+pub struct ListenerSpec {
+    pub protocol: &'static ProtocolSpec,
+    pub addr: SocketAddr,
+    pub mode: ListenMode,
+}
+
+/// How the front starts gateway processes.
+#[derive(Clone, Debug)]
+pub struct GatewayLaunch {
+    /// The `fskv` binary.
+    pub program: PathBuf,
+    /// `--config FILE` for every gateway (the front's own).
+    pub config_file: Option<PathBuf>,
+    pub mgmtd: Vec<String>,
+    pub credentials: PathBuf,
+    pub region: String,
+    /// Extra arguments per protocol name.
+    pub extra_args: Vec<(String, String)>,
+    /// Gateways' output goes to `DIR/gateway-<protocol>-<role>.log` (else the front's stderr).
+    pub log_dir: Option<PathBuf>,
+}
+
+/// Everything `start` needs.
+#[derive(Clone, Debug)]
+pub struct FrontOptions {
+    pub listeners: Vec<ListenerSpec>,
+    pub admin: Option<SocketAddr>,
+    pub launch: GatewayLaunch,
+    pub config: FrontConfig,
+    /// The `[gateway]` limits: the front's listeners use them too.
+    pub http: HttpLimits,
+    pub tls: Option<TlsFiles>,
+}
+
+/// A running front.
+pub struct FrontHandle {
+    /// (protocol, mode, server) per public listener.
+    pub listeners: Vec<(&'static str, ListenMode, ServerHandle)>,
+    pub admin: Option<ServerHandle>,
+    pub pools: Vec<Arc<Pool>>,
+    stop_grace: Duration,
+}
+
+impl FrontHandle {
+    /// The address of a public listener.
+    pub fn addr(&self, protocol: &str, mode: ListenMode) -> Option<SocketAddr> {
+        self.listeners.iter().find(|(p, m, _)| *p == protocol && *m == mode).map(|(_, _, s)| s.addr)
+    }
+
+    /// Stops accepting, lets requests in flight finish (the shared layer's
+    /// `shutdown_grace_ms`), then drains and stops every gateway process.
+    pub async fn stop(self) {
+        for (_, _, s) in self.listeners {
+            s.stop().await;
+        }
+        let bound = self.stop_grace + Duration::from_secs(2);
+        let stops = self.pools.iter().map(|p| p.shutdown(bound));
+        futures_join_all(stops).await;
+        if let Some(a) = self.admin {
+            a.stop().await;
+        }
+    }
+}
+
+async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: impl Iterator<Item = F>) {
+    let handles: Vec<_> = fs.collect();
+    for f in handles {
+        f.await;
+    }
+}
+
+fn gateway_args(launch: &GatewayLaunch, spec: &ProtocolSpec, role: Role, writer_endpoint: Option<&str>) -> Vec<String> {
+    let mut args: Vec<String> = Vec::new();
+    if let Some(c) = &launch.config_file {
+        args.extend(["--config".into(), c.display().to_string()]);
+    }
+    args.extend(spec.gateway_command.iter().map(|s| s.to_string()));
+    args.extend(["--role".into(), role.as_str().into(), "--listen".into(), "127.0.0.1:0".into()]);
+    args.extend(["--mgmtd".into(), launch.mgmtd.join(","), "--credentials".into(), launch.credentials.display().to_string()]);
+    if spec.gateway_takes_region {
+        args.extend(["--region".into(), launch.region.clone()]);
+    }
+    if let (Role::Reader, Some(w)) = (role, writer_endpoint) {
+        args.extend(["--writer-endpoint".into(), w.to_string()]);
+    }
+    args.extend(launch.extra_args.iter().filter(|(p, _)| p == spec.name).map(|(_, a)| a.clone()));
+    args
+}
+
+/// Starts the pools and binds every listener.
+pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
+    let cfg = &opts.config;
+    cfg.validate(opts.http.idle_timeout_ms).map_err(FrontError::Setup)?;
+    opts.http.validate().map_err(FrontError::Setup)?;
+    if opts.listeners.is_empty() {
+        return Err(FrontError::Setup("no listener: give at least one of --s3-listen, --kv-listen, --mq-listen".into()));
+    }
+    let keys = Arc::new(KeyStore::load(&opts.launch.credentials).map_err(|e| FrontError::Setup(e.to_string()))?);
+    let mut registry_metrics = Metrics::new();
+    let front_metrics = crate::metrics::FrontMetrics::register(registry_metrics.registry_mut());
+    let metrics = Arc::new(registry_metrics);
+    let timing = ShellTiming {
+        connect_timeout: Duration::from_millis(cfg.upstream_connect_timeout_ms),
+        stop_grace: Duration::from_millis(cfg.stop_grace_ms),
+    };
+    let upstream = UpstreamSettings {
+        connect_timeout: Duration::from_millis(cfg.upstream_connect_timeout_ms),
+        response_timeout: Duration::from_millis(cfg.upstream_response_timeout_ms),
+        idle_timeout: Duration::from_millis(cfg.upstream_idle_timeout_ms),
+        max_idle_per_process: cfg.max_idle_connections_per_process,
+        max_retries: cfg.max_retries,
+    };
+    let client = proxy::upstream_client(&upstream);
+    let scheme = if opts.tls.is_some() { "https" } else { "http" };
+
+    // One reader and one writer pool per protocol that has a listener.
+    let mut protocols: Vec<&'static ProtocolSpec> = Vec::new();
+    for l in &opts.listeners {
+        if !protocols.iter().any(|p| p.name == l.protocol.name) {
+            protocols.push(l.protocol);
+        }
+    }
+    let mut pools: Vec<Arc<Pool>> = Vec::new();
+    let mut by_protocol: Vec<(&'static str, Arc<Pool>, Arc<Pool>)> = Vec::new();
+    for spec in &protocols {
+        let pp = cfg.pools(spec.name).ok_or_else(|| FrontError::Setup(format!("no [front.{}] pools in the configuration", spec.name)))?;
+        let writer_endpoint = opts
+            .listeners
+            .iter()
+            .find(|l| l.protocol.name == spec.name && l.mode == ListenMode::Route)
+            .map(|l| format!("{scheme}://{}", l.addr));
+        let mut made = Vec::new();
+        for role in [Role::Reader, Role::Writer] {
+            let upstreams = pp.upstreams(role);
+            let source = if upstreams.is_empty() {
+                let log_file = opts.launch.log_dir.as_ref().map(|d| d.join(format!("gateway-{}-{}.log", spec.name, role.as_str())));
+                Source::Managed(Launch {
+                    program: opts.launch.program.clone(),
+                    args: gateway_args(&opts.launch, spec, role, writer_endpoint.as_deref()),
+                    log_file,
+                })
+            } else {
+                Source::Static(upstreams.to_vec())
+            };
+            if matches!(source, Source::Managed(_)) && opts.launch.mgmtd.is_empty() && pp.bounds(role).max > 0 {
+                return Err(FrontError::Setup(format!(
+                    "the {} {} pool starts gateway processes: --mgmtd is needed (or give it static upstreams)",
+                    spec.name,
+                    role.as_str()
+                )));
+            }
+            let settings = cfg.pool_settings(pp.bounds(role));
+            let pm = front_metrics.pool(spec.name, role.as_str());
+            let pool = Pool::start(spec.name, role, settings, source, timing, pm).map_err(|e| FrontError::Setup(e.to_string()))?;
+            made.push(Arc::clone(&pool));
+            pools.push(pool);
+        }
+        let writers = made.pop().ok_or_else(|| FrontError::Setup("pool set-up".into()))?;
+        let readers = made.pop().ok_or_else(|| FrontError::Setup("pool set-up".into()))?;
+        if !readers.can_serve() && !writers.can_serve() {
+            return Err(FrontError::Setup(format!("[front.{}]: both pools have max 0 and no upstreams", spec.name)));
+        }
+        by_protocol.push((spec.name, readers, writers));
+    }
+
+    let mut listeners = Vec::new();
+    let mut listener_status = Vec::new();
+    let fail = |listeners: Vec<(&'static str, ListenMode, ServerHandle)>, pools: Vec<Arc<Pool>>, e: FrontError| async move {
+        for (_, _, s) in listeners {
+            s.stop().await;
+        }
+        for p in &pools {
+            p.shutdown(Duration::from_secs(5)).await;
+        }
+        Err(e)
+    };
+    for l in &opts.listeners {
+        let Some((_, readers, writers)) = by_protocol.iter().find(|(n, _, _)| *n == l.protocol.name) else { continue };
+        let proto = Arc::new(FrontProtocol::new(l.protocol, l.mode, Arc::clone(readers), Arc::clone(writers), client.clone(), upstream));
+        let services: Vec<&str> = if l.protocol.sigv4_services.is_empty() { vec!["none"] } else { l.protocol.sigv4_services.to_vec() };
+        let auth = Arc::new(Authenticator::new(Arc::clone(&keys), opts.launch.region.clone(), &services, true));
+        let server_cfg =
+            ServerConfig { listen: l.addr, role: Role::Writer, writer_endpoint: None, tls: opts.tls.clone(), limits: opts.http.clone() };
+        match fskv_gateway::serve(server_cfg, proto, auth, Arc::clone(&metrics)).await {
+            Ok(h) => {
+                tracing::info!(protocol = l.protocol.name, mode = l.mode.as_str(), addr = %h.addr, "front listening");
+                listener_status.push(admin::ListenerStatus {
+                    protocol: l.protocol.name.to_string(),
+                    mode: l.mode.as_str().to_string(),
+                    address: format!("{scheme}://{}", h.addr),
+                });
+                listeners.push((l.protocol.name, l.mode, h));
+            }
+            Err(e) => return fail(listeners, pools, FrontError::Setup(e.to_string())).await,
+        }
+    }
+    let admin = match opts.admin {
+        None => None,
+        Some(addr) => {
+            let proto = Arc::new(admin::Admin { listeners: listener_status, pools: pools.clone() });
+            let auth = Arc::new(Authenticator::new(Arc::clone(&keys), opts.launch.region.clone(), &["none"], true));
+            let server_cfg = ServerConfig { listen: addr, role: Role::Writer, writer_endpoint: None, tls: None, limits: opts.http.clone() };
+            match fskv_gateway::serve(server_cfg, proto, auth, Arc::clone(&metrics)).await {
+                Ok(h) => Some(h),
+                Err(e) => return fail(listeners, pools, FrontError::Setup(e.to_string())).await,
+            }
+        }
+    };
+    Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms) })
+}
