@@ -1,7 +1,8 @@
 # Shared by the test scripts that run a fresh `fskv up` (source it).
 
 # Prints the first base port P >= $1 (in steps of 20, below 40000) whose
-# range P..P+15 — every port `fskv up` binds — is free on loopback.
+# range P..P+15 — every port `fskv up` binds (S3 P/P+5, MQ P+2/P+7, mgmtd
+# P+11, meta P+12, storage P+13..P+15) — is free on loopback.
 fskv_free_base_port() {
     python3 - "$1" <<'PY'
 import socket, sys

@@ -10,8 +10,11 @@
 //! PATH as another supervised child (stopped, and so unmounted, first).
 //! Once the cluster is ready it starts the S3 gateway (`fskv gateway s3`):
 //! a writer on P and a reader on P+5, buckets under `/s3`, keys from
-//! `DIR/credentials.json`. The KV (P+1) and MQ (P+2) gateways are not built
-//! yet; endpoints.json lists them as null.
+//! `DIR/credentials.json`; and the MQ gateway (`fskv gateway mq`): a writer
+//! on P+2 (writer id `mq-writer`, so a restarted writer takes its partition
+//! leases back at once) and a reader on P+7, data under `/mq`, same keys;
+//! its native API and SQS facade share the port. The KV gateway (P+1) is not
+//! built yet; endpoints.json lists it as null.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -77,7 +80,12 @@ struct Endpoints {
     /// The S3 gateway with `--role reader`.
     s3_reader: Option<String>,
     kv: Option<String>,
+    /// The MQ gateway's native API (writer).
     mq: Option<String>,
+    /// The MQ gateway with `--role reader` (fetch, offsets, describe).
+    mq_reader: Option<String>,
+    /// The SQS endpoint (the MQ writer: every SQS queue operation, ReceiveMessage included, mutates).
+    sqs: Option<String>,
     /// Where `--mount` mounted the filesystem.
     mount: Option<String>,
     access_key: String,
@@ -96,6 +104,8 @@ struct Ports {
     storage: Vec<String>,
     s3: String,
     s3_reader: String,
+    mq: String,
+    mq_reader: String,
 }
 
 impl Ports {
@@ -107,6 +117,8 @@ impl Ports {
             storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect(),
             s3: addr(0),
             s3_reader: addr(5),
+            mq: addr(2),
+            mq_reader: addr(7),
         }
     }
 }
@@ -118,7 +130,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let ports = Ports::new(base_port);
-    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader];
+    let all = [&ports.mgmtd, &ports.meta, &ports.s3, &ports.s3_reader, &ports.mq, &ports.mq_reader];
     for addr in all.into_iter().chain(&ports.storage) {
         ensure_free(addr)?;
     }
@@ -160,7 +172,9 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         s3: Some(format!("http://{}", ports.s3)),
         s3_reader: Some(format!("http://{}", ports.s3_reader)),
         kv: None,
-        mq: None,
+        mq: Some(format!("http://{}", ports.mq)),
+        mq_reader: Some(format!("http://{}", ports.mq_reader)),
+        sqs: Some(format!("http://{}", ports.mq)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
@@ -173,7 +187,8 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         ports.s3_reader,
         data_dir.join("credentials.json").display()
     );
-    say!("  not yet  KV / MQ gateways: not implemented");
+    say!("  MQ       writer http://{}  reader http://{}  (SQS on the writer; topics under /mq)", ports.mq, ports.mq_reader);
+    say!("  not yet  KV gateway: not implemented");
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
@@ -211,7 +226,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
 /// Bound on the wait for a gateway to accept connections.
 const GATEWAY_READY_TIMEOUT_MS: u64 = 30_000;
 
-/// Starts the S3 writer and reader gateways under their own supervisor
+/// Starts the S3 and MQ writer and reader gateways under their own supervisor
 /// (stopped before the cluster) and waits until both accept connections.
 async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
@@ -224,15 +239,31 @@ async fn start_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -
         }
         args
     };
-    let specs = vec![child("s3-writer", exe, s3("writer", &ports.s3)), child("s3-reader", exe, s3("reader", &ports.s3_reader))];
+    let mq = |role: &str, listen: &str| {
+        let mut args: Vec<String> = vec!["gateway".into(), "mq".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
+        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
+        args.extend(["--public-url".into(), format!("http://{listen}")]);
+        if role == "reader" {
+            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.mq)]);
+        } else {
+            args.extend(["--writer-id".into(), "mq-writer".into()]);
+        }
+        args
+    };
+    let specs = vec![
+        child("s3-writer", exe, s3("writer", &ports.s3)),
+        child("s3-reader", exe, s3("reader", &ports.s3_reader)),
+        child("mq-writer", exe, mq("writer", &ports.mq)),
+        child("mq-reader", exe, mq("reader", &ports.mq_reader)),
+    ];
     let opts = child_options(data, restart);
     let supervisor = Supervisor::start(specs, opts).await?;
     let start = Instant::now();
-    for addr in [&ports.s3, &ports.s3_reader] {
+    for addr in [&ports.s3, &ports.s3_reader, &ports.mq, &ports.mq_reader] {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             if start.elapsed() > Duration::from_millis(GATEWAY_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
-                anyhow::bail!("the S3 gateway on {addr} did not come up (see {})", data.join("logs").display());
+                anyhow::bail!("the gateway on {addr} did not come up (see {})", data.join("logs").display());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

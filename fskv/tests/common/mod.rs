@@ -41,9 +41,9 @@ pub fn fuse_or_skip(test: &str) -> bool {
     false
 }
 
-/// Ports `fskv up --base-port P` binds: S3 writer P, S3 reader P+5,
-/// mgmtd P+11, meta P+12, storage P+13..P+15.
-const UP_PORT_OFFSETS: [u16; 7] = [0, 5, 11, 12, 13, 14, 15];
+/// Ports `fskv up --base-port P` binds: S3 writer P, MQ writer P+2,
+/// S3 reader P+5, MQ reader P+7, mgmtd P+11, meta P+12, storage P+13..P+15.
+const UP_PORT_OFFSETS: [u16; 9] = [0, 2, 5, 7, 11, 12, 13, 14, 15];
 
 /// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
 /// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
