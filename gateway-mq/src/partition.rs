@@ -443,6 +443,7 @@ struct Actor {
     owned: Option<Owned>,
     committing: Option<Committing>,
     last_request: Instant,
+    last_housekeeping: Instant,
 }
 
 fn lost(e: &MqError) -> bool {
@@ -451,7 +452,16 @@ fn lost(e: &MqError) -> bool {
 
 impl Actor {
     fn new(writer: Writer, key: Key, rx: mpsc::Receiver<Cmd>) -> Actor {
-        Actor { writer, key, rx, pdir: None, owned: None, committing: None, last_request: Instant::now() }
+        Actor {
+            writer,
+            key,
+            rx,
+            pdir: None,
+            owned: None,
+            committing: None,
+            last_request: Instant::now(),
+            last_housekeeping: Instant::now(),
+        }
     }
 
     fn cfg(&self) -> &WriterConfig {
@@ -492,6 +502,15 @@ impl Actor {
                         }
                     }
                     self.flush(cmds).await;
+                    // Under steady load the channel is never empty: roll,
+                    // retention and lease renewal still run every tick (or at
+                    // once when the active segment is full), between flushes.
+                    if self.last_housekeeping.elapsed() >= tick || self.segment_full().await {
+                        let _ = self.drain_commit().await;
+                        if self.housekeeping().await {
+                            break;
+                        }
+                    }
                 }
                 None => {
                     if self.committing.is_none() && self.housekeeping().await {
@@ -1292,8 +1311,19 @@ impl Actor {
         }
     }
 
+    /// Whether the active segment has reached the topic's `segment_bytes`.
+    async fn segment_full(&self) -> bool {
+        let Some(o) = self.owned.as_ref() else { return false };
+        let seg_bytes = o.state.seg_bytes.max(o.seg_bytes);
+        match self.topic().await {
+            Ok(t) => seg_bytes >= t.segment_bytes,
+            Err(_) => false,
+        }
+    }
+
     /// Periodic work; returns true when the actor should stop.
     async fn housekeeping(&mut self) -> bool {
+        self.last_housekeeping = Instant::now();
         let idle = self.last_request.elapsed() > Duration::from_millis(self.cfg().idle_release_ms);
         if self.owned.is_none() {
             return idle;
