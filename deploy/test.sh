@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, check that the FoundationDB
 # engine compiles, then run every test of the workspace (unit, integration,
-# conformance, kill -9 durability), the S3 conformance suite, pjdfstest and
+# conformance, kill -9 durability), the S3 and MQ conformance suites, pjdfstest and
 # the USRBIO conformance (deploy/usrbio-conformance.sh). Its tests of FoundationDB itself run only
 # where FDB_CLUSTER_FILE names a cluster.
 set -euo pipefail
@@ -73,6 +73,12 @@ set +e
 s3_status=$?
 set -e
 
+echo "test: MQ conformance (native API, SQS with boto3, kill -9 durability) on a fresh fskv up"
+set +e
+./deploy/mq-conformance.sh
+mq_status=$?
+set -e
+
 echo "test: pjdfstest (POSIX file system suite) on a FUSE mount of a fresh fskv up, against conformance/pjdfstest/expected-failures.txt"
 pjd_log=$(mktemp)
 trap 'rm -f "$log" "$skip_log" "$pjd_log"' EXIT
@@ -94,6 +100,9 @@ grep -E '^usrbio: ([0-9]+ passed|SKIPPED)' "$usrbio_log" | tail -1 || echo "usrb
 echo "$summary"
 if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
     status=$s3_status
+fi
+if [ "$status" -eq 0 ] && [ "$mq_status" -ne 0 ]; then
+    status=$mq_status
 fi
 if [ "$status" -eq 0 ] && [ "$pjd_status" -ne 0 ]; then
     status=$pjd_status
