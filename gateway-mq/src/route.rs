@@ -195,7 +195,9 @@ pub fn classify(parts: &Parts) -> Route {
     }
     if parts.method == Method::POST && parts.uri.path() == "/" {
         // The SQS query protocol (form bodies): refused with a clear error.
-        return required("sqs.Query", Access::Read, BodyClass::Control);
+        // The query protocol (form body) is refused by the handler; as a
+        // POST whose operation only the body names, it counts as a mutation.
+        return required("sqs.Query", Access::Mutation, BodyClass::Control);
     }
     let get = parts.method == Method::GET || parts.method == Method::HEAD;
     match parse_native(&parts.method, parts.uri.path()) {
