@@ -21,6 +21,8 @@ pub enum BenchCommand {
     Failover(crate::failover_bench::FailoverBenchArgs),
     /// USRBIO 4 KiB random / 1 MiB sequential reads vs fio on the FUSE mount and the in-process native client (fresh fskv up --mount).
     Usrbio(crate::usrbio_bench::UsrbioBenchArgs),
+    /// MQ gateway produce/consume msg/s and produce latency of a running fskv up vs NATS JetStream and Redis streams.
+    Mq(crate::mq_bench::MqBenchArgs),
 }
 
 #[derive(Args)]
@@ -116,6 +118,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         BenchCommand::Storage(a) => crate::storage_cmd::bench(a).await,
         BenchCommand::Failover(a) => crate::failover_bench::run(a).await,
         BenchCommand::Usrbio(a) => crate::usrbio_bench::run(a).await,
+        BenchCommand::Mq(a) => crate::mq_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

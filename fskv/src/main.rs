@@ -10,6 +10,7 @@ mod gateway_cmd;
 mod meta_cmd;
 mod mgmtd_cmd;
 mod mount_cmd;
+mod mq_bench;
 mod storage_cmd;
 mod supervisor;
 mod transfer;
