@@ -7,6 +7,7 @@
 # Prints `mq conformance: N passed, M failed, K skipped`; exits non-zero on failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 . deploy/lib.sh
 [ -x target/debug/fskv ] || cargo build -p fskv
 VENV="$PWD/conformance/.venv-mq"
@@ -41,7 +42,7 @@ if ! grep -q "fskv up: serving" "$work/up.log"; then
 fi
 echo "mq-conformance: fskv up on base port $base"
 set +e
-(cd conformance/mq && MQ_ENDPOINTS="$work/data/endpoints.json" MQ_UP_LOG="$work/up.log" \
+(cd conformance/mq && MQ_ENDPOINTS="$work/data/endpoints.json" MQ_UP_LOG="$work/up.log" MQ_FSKV_BIN="$root/target/debug/fskv" \
     "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider "$@" test_native.py $(ls test_sqs*.py 2>/dev/null) test_durability.py) \
     | tee "$work/pytest.log"
 status=${PIPESTATUS[0]}
