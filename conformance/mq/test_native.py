@@ -280,3 +280,25 @@ def test_writer_fencing_by_takeover(mq):
     mq.produce(t, 0, [b"after"])
     _, recs = mq.fetch(t, 0, 0)
     assert values(recs) == [b"before", b"after"]
+
+
+def test_concurrent_commits_to_one_group_all_land(mq):
+    """Commits of many consumers of one group at once (group commit in the
+    gateway): every one succeeds and every offset is stored."""
+    t = name("cc")
+    g = name("g")
+    mq.create_topic(t, partitions=16)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mqclient import MqClient
+
+    def commit(p):
+        c = MqClient(mq.endpoint, mq.creds.access_key, mq.creds.secret_key)
+        for off in range(1, 6):
+            c.commit(g, [{"topic": t, "partition": p, "offset": off * 10 + p}])
+        return p
+
+    with ThreadPoolExecutor(16) as ex:
+        assert sorted(ex.map(commit, range(16))) == list(range(16))
+    offs = {o["partition"]: o["offset"] for o in mq.describe_group(g)["offsets"] if o["topic"] == t}
+    assert offs == {p: 50 + p for p in range(16)}

@@ -310,7 +310,8 @@ impl ConsumeConn for OursConsumer {
         }
         self.offset = next;
         let commit = serde_json::json!({"offsets": [{"topic": self.topic, "partition": self.partition, "offset": next}]});
-        self.http.ok("POST", &format!("/v1/groups/{}-g/commit", self.topic), commit.to_string().as_bytes()).await?;
+        // One group per client, as the baselines' one durable consumer / group per client.
+        self.http.ok("POST", &format!("/v1/groups/{}-g{}/commit", self.topic, self.partition), commit.to_string().as_bytes()).await?;
         Ok(n)
     }
 }

@@ -36,6 +36,15 @@ pub struct Mq {
     pub log: LogReader,
     pub writer: Writer,
     pub watcher: HwWatcher,
+    /// Offset commits waiting per group (see [`Mq::commit_coalesced`]).
+    pub commits: Arc<parking_lot::Mutex<HashMap<String, Vec<PendingCommit>>>>,
+}
+
+/// One offset commit waiting for its group's next CAS.
+pub struct PendingCommit {
+    member: Option<(String, u64)>,
+    offsets: Vec<(String, u32, u64, String)>,
+    reply: tokio::sync::oneshot::Sender<Result<()>>,
 }
 
 pub fn b64(b: &[u8]) -> String {
@@ -771,6 +780,91 @@ impl Mq {
         Err(MqError::Conflict(format!("group {g:?} kept changing")))
     }
 
+    /// Commits offsets of `g` with group commit: concurrent commits to one
+    /// group in this process share one CAS of the group file instead of
+    /// conflicting with each other. The first commit to arrive leads: it
+    /// takes every commit queued so far, applies each to the group state in
+    /// turn (each checked on its own — a fenced generation fails alone),
+    /// writes once, answers them, and repeats while more arrived meanwhile.
+    ///
+    /// | step | rule |
+    /// |---|---|
+    /// | a commit arrives, no leader for `g` | it becomes the leader |
+    /// | a commit arrives, a leader runs | it queues and waits for its answer |
+    /// | leader round | take the queue; read the group; apply each commit to a copy, keeping it only if it succeeds; one CAS (retried from a fresh read on conflict); answer each |
+    /// | queue empty after a round | the leader leaves (under the same lock the queue is checked with) |
+    pub async fn commit_coalesced(&self, g: &str, member: Option<(String, u64)>, offsets: Vec<(String, u32, u64, String)>) -> Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut m = self.commits.lock();
+            match m.get_mut(g) {
+                Some(q) => {
+                    q.push(PendingCommit { member, offsets, reply: tx });
+                    false
+                }
+                None => {
+                    m.insert(g.to_string(), vec![PendingCommit { member, offsets, reply: tx }]);
+                    true
+                }
+            }
+        };
+        if lead {
+            // The leader runs in its own task: a caller that goes away (its
+            // connection closed) must not strand the commits queued behind it.
+            let this = self.clone();
+            let g = g.to_string();
+            tokio::spawn(async move { this.lead_commits(&g).await });
+        }
+        rx.await.map_err(|_| MqError::Unavailable("the group commit leader stopped".into()))?
+    }
+
+    /// The leader's rounds of [`Mq::commit_coalesced`] for group `g`.
+    async fn lead_commits(&self, g: &str) {
+        let limits = GroupLimits::default();
+        loop {
+            let batch = {
+                let mut m = self.commits.lock();
+                match m.get_mut(g) {
+                    Some(q) if !q.is_empty() => std::mem::take(q),
+                    _ => {
+                        m.remove(g);
+                        break;
+                    }
+                }
+            };
+            let now = now_ms();
+            let r = self
+                .group_update(g, true, &BTreeSet::new(), |st, parts| {
+                    let mut results = Vec::with_capacity(batch.len());
+                    for c in &batch {
+                        let mut trial = st.clone();
+                        let who = c.member.as_ref().map(|(m, gen)| (m.as_str(), *gen));
+                        match trial.commit(who, &c.offsets, now, parts, &limits) {
+                            Ok(()) => {
+                                *st = trial;
+                                results.push(Ok(()));
+                            }
+                            Err(e) => results.push(Err(e)),
+                        }
+                    }
+                    Ok(results)
+                })
+                .await;
+            match r {
+                Ok(results) => {
+                    for (c, r) in batch.into_iter().zip(results) {
+                        let _ = c.reply.send(r);
+                    }
+                }
+                Err(e) => {
+                    for c in batch {
+                        let _ = c.reply.send(Err(crate::partition::clone_err(&e)));
+                    }
+                }
+            }
+        }
+    }
+
     async fn group_op(&self, g: &str, kind: &str, v: Value) -> Result<Response<Bytes>> {
         let limits = GroupLimits::default();
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
@@ -842,8 +936,9 @@ impl Mq {
                 if offsets.is_empty() {
                     return Err(MqError::InvalidRequest("commit needs at least one offset".into()));
                 }
-                self.group_update(g, true, &BTreeSet::new(), |st, parts| st.commit(who, &offsets, now, parts, &limits)).await?;
-                Ok(ok(json!({ "committed": offsets.len() })))
+                let n = offsets.len();
+                self.commit_coalesced(g, who.map(|(m, gen)| (m.to_string(), gen)), offsets).await?;
+                Ok(ok(json!({ "committed": n })))
             }
         }
     }
