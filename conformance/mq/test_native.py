@@ -302,3 +302,53 @@ def test_concurrent_commits_to_one_group_all_land(mq):
         assert sorted(ex.map(commit, range(16))) == list(range(16))
     offs = {o["partition"]: o["offset"] for o in mq.describe_group(g)["offsets"] if o["topic"] == t}
     assert offs == {p: 50 + p for p in range(16)}
+
+
+def test_second_writer_gateway_fences_the_first(mq, endpoints):
+    """A second writer gateway (another writer id) forces a takeover of a
+    partition: the first can no longer append to it (it answers 421/503
+    naming the owner, never acknowledges), and the log holds exactly what
+    was acknowledged by either."""
+    import os
+    import socket
+    import subprocess
+
+    from mqclient import MqClient
+
+    binary = os.environ.get("MQ_FSKV_BIN")
+    if not binary:
+        pytest.skip("SKIPPED: MQ_FSKV_BIN (the fskv binary) is not set")
+    creds = os.path.join(os.path.dirname(os.environ["MQ_ENDPOINTS"]), "credentials.json")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen(
+        [binary, "gateway", "mq", "--role", "writer", "--listen", f"127.0.0.1:{port}", "--mgmtd", endpoints["mgmtd"],
+         "--credentials", creds, "--writer-id", "second-writer"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "FSKV_LOG": "warn"})
+    try:
+        line = p.stdout.readline().decode()
+        assert "serving on" in line, line
+        second = MqClient(f"http://127.0.0.1:{port}", mq.creds.access_key, mq.creds.secret_key)
+        t = name("fence2")
+        mq.create_topic(t)
+        mq.produce(t, 0, [b"first-1"])
+        # Without force the live lease of the first writer is respected.
+        with pytest.raises(MqError) as e:
+            second.produce(t, 0, [b"refused"])
+        assert e.value.status == 421 and e.value.code == "NotPartitionWriter"
+        second.json("POST", f"/v1/topics/{t}/partitions/0/takeover", {}, params={"force": "true"})
+        second.produce(t, 0, [b"second-1"])
+        # The first writer is fenced: its appends are refused, not acknowledged.
+        for _ in range(2):
+            with pytest.raises(MqError) as e:
+                mq.produce(t, 0, [b"from-fenced-writer"])
+            assert e.value.status in (421, 503), e.value
+        second.produce(t, 0, [b"second-2"])
+        _, recs = second.fetch(t, 0, 0)
+        assert values(recs) == [b"first-1", b"second-1", b"second-2"]
+        assert mq.describe_topic(t)["partition_states"][0]["writer"] == "second-writer"
+    finally:
+        p.terminate()
+        p.wait(30)
