@@ -319,3 +319,20 @@ def test_differential_against_moto(sqs, moto_sqs, seed):
     for i, (a, b) in enumerate(zip(ours, theirs)):
         assert a == b, f"seed {seed} step {i}: gateway {a} != moto {b}\n gateway: {ours[: i + 1]}\n moto: {theirs[: i + 1]}"
     assert len(ours) == len(theirs)
+
+
+def test_md5_of_message_attributes_matches_moto(sqs, moto_sqs):
+    attrs = {
+        "s": {"DataType": "String", "StringValue": "héllo"},
+        "n": {"DataType": "Number.float", "StringValue": "3.25"},
+        "b": {"DataType": "Binary", "BinaryValue": b"\x00\xff\x10"},
+        "c": {"DataType": "String.custom", "StringValue": "x"},
+    }
+    out = []
+    for client in (sqs, moto_sqs):
+        url = client.create_queue(QueueName=qname("md5"))["QueueUrl"]
+        sent = client.send_message(QueueUrl=url, MessageBody="body", MessageAttributes=attrs)
+        got = client.receive_message(QueueUrl=url, MessageAttributeNames=["All"], WaitTimeSeconds=1)["Messages"][0]
+        out.append((sent["MD5OfMessageBody"], sent["MD5OfMessageAttributes"], got["MD5OfMessageAttributes"], got["MessageAttributes"]))
+        client.delete_queue(QueueUrl=url)
+    assert out[0] == out[1]

@@ -1174,7 +1174,7 @@ mod tests {
 
     #[test]
     fn attribute_md5_matches_aws() {
-        // The MD5s AWS documents / returns for these attributes (checked against botocore's own computation in conformance/mq).
+        // The encoding spelled out; conformance/mq compares the MD5s with moto's for several types.
         let mut a = BTreeMap::new();
         a.insert("a".to_string(), Attr { data_type: "String".into(), string: Some("b".into()), binary: None });
         let mut buf = Vec::new();
