@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, check that the FoundationDB
 # engine compiles, then run every test of the workspace (unit, integration,
-# conformance, kill -9 durability), the S3 and KV conformance suites, pjdfstest and
+# conformance, kill -9 durability), the S3, KV and MQ conformance suites, pjdfstest and
 # the USRBIO conformance (deploy/usrbio-conformance.sh). Its tests of FoundationDB itself run only
 # where FDB_CLUSTER_FILE names a cluster.
 set -euo pipefail
@@ -78,6 +78,11 @@ set +e
 ./deploy/kv-conformance.sh 2>&1 | tail -40
 kv_status=${PIPESTATUS[0]}
 set -e
+echo "test: MQ conformance (native API, SQS with boto3, kill -9 durability) on a fresh fskv up"
+set +e
+./deploy/mq-conformance.sh
+mq_status=$?
+set -e
 
 echo "test: pjdfstest (POSIX file system suite) on a FUSE mount of a fresh fskv up, against conformance/pjdfstest/expected-failures.txt"
 pjd_log=$(mktemp)
@@ -103,6 +108,9 @@ if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
 fi
 if [ "$status" -eq 0 ] && [ "$kv_status" -ne 0 ]; then
     status=$kv_status
+fi
+if [ "$status" -eq 0 ] && [ "$mq_status" -ne 0 ]; then
+    status=$mq_status
 fi
 if [ "$status" -eq 0 ] && [ "$pjd_status" -ne 0 ]; then
     status=$pjd_status

@@ -25,6 +25,8 @@ pub enum BenchCommand {
     KvGateway(crate::kv_gateway_bench::KvGatewayBenchArgs),
     /// S3 4 KiB PUT/GET and 64 MiB GET through the front vs one gateway process; cold start; time to add a reader under a load step.
     Front(crate::front_bench::FrontBenchArgs),
+    /// MQ gateway produce/consume msg/s and produce latency of a running fskv up vs NATS JetStream and Redis streams.
+    Mq(crate::mq_bench::MqBenchArgs),
 }
 
 #[derive(Args)]
@@ -122,6 +124,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         BenchCommand::Usrbio(a) => crate::usrbio_bench::run(a).await,
         BenchCommand::KvGateway(a) => crate::kv_gateway_bench::run(a).await,
         BenchCommand::Front(a) => crate::front_bench::run(a).await,
+        BenchCommand::Mq(a) => crate::mq_bench::run(a).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

@@ -1,4 +1,4 @@
-//! `fskv gateway s3|kv --role reader|writer ...`: one gateway process.
+//! `fskv gateway s3|kv|mq --role reader|writer ...`: one gateway process.
 
 use crate::config::Config;
 use anyhow::Context;
@@ -16,6 +16,52 @@ pub enum GatewayCommand {
     S3(S3Args),
     /// The KV gateway: namespaces are directories under --root, keys are files (docs/kv.md).
     Kv(KvArgs),
+    /// The MQ gateway: topics, partitions, consumer groups and queues under --root (docs/mq.md).
+    Mq(MqArgs),
+}
+
+#[derive(Args)]
+pub struct MqArgs {
+    /// reader (fetch, offsets, describe; mutations get 403 naming --writer-endpoint) or writer (everything).
+    #[arg(long, default_value = "writer")]
+    role: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9002")]
+    listen: SocketAddr,
+    /// mgmtd address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es); optional (found through mgmtd's routing info).
+    #[arg(long, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// Filesystem directory holding topics/ and groups/ (created if missing).
+    #[arg(long, default_value = "/mq")]
+    root: String,
+    /// JSON file with the access keys (as for `fskv gateway s3`).
+    #[arg(long)]
+    credentials: PathBuf,
+    /// Region in SigV4 scopes and queue ARNs.
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// The writer endpoint a reader names when it refuses a mutation.
+    #[arg(long)]
+    writer_endpoint: Option<String>,
+    /// This writer's id in partition leases: a restart with the same id takes its partitions back at once;
+    /// another id waits for the lease to expire (or forces a takeover).
+    #[arg(long)]
+    writer_id: Option<String>,
+    /// How long a partition lease lasts without renewal.
+    #[arg(long, default_value_t = 10_000)]
+    lease_ms: u64,
+    /// The public URL of this gateway (SQS queue URLs); empty: from the Host header.
+    #[arg(long, default_value = "")]
+    public_url: String,
+    /// Serve HTTPS: PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -107,6 +153,7 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
     let args = match cmd {
         GatewayCommand::S3(args) => args,
         GatewayCommand::Kv(args) => return run_kv(args, config).await,
+        GatewayCommand::Mq(args) => return run_mq(args, config).await,
     };
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
     let keys = Arc::new(KeyStore::load(&args.credentials)?);
@@ -158,6 +205,35 @@ async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
         Some(c) => println!("KV gateway ({}) serving on {scheme}://{} (Consul API on {scheme}://{c})", args.role, handle.addr),
         None => println!("KV gateway ({}) serving on {scheme}://{}", args.role, handle.addr),
     }
+    let _ = std::io::stdout().flush();
+    crate::storage_cmd::wait_for_signal().await;
+    handle.stop().await;
+    client.shutdown();
+    Ok(())
+}
+
+async fn run_mq(args: MqArgs, config: &Config) -> anyhow::Result<()> {
+    let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
+    let keys = Arc::new(KeyStore::load(&args.credentials)?);
+    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
+        .await
+        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let mut cfg = fskv_gateway_mq::MqConfig::new(args.listen, role, keys);
+    cfg.root_path = args.root;
+    cfg.region = args.region;
+    cfg.writer_endpoint = args.writer_endpoint;
+    cfg.http = config.gateway.clone();
+    cfg.public_url = args.public_url;
+    anyhow::ensure!(args.lease_ms >= 1000, "--lease-ms {}: at least 1000", args.lease_ms);
+    cfg.writer.lease_ms = args.lease_ms;
+    cfg.writer.writer_id = args.writer_id.unwrap_or_else(|| format!("mq-{}", args.listen));
+    if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
+        cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
+    }
+    let scheme = if cfg.tls.is_some() { "https" } else { "http" };
+    cfg.writer.endpoint = format!("{scheme}://{}", args.listen);
+    let handle = fskv_gateway_mq::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
+    println!("MQ gateway ({}) serving on {scheme}://{}", args.role, handle.addr);
     let _ = std::io::stdout().flush();
     crate::storage_cmd::wait_for_signal().await;
     handle.stop().await;

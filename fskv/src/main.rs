@@ -13,6 +13,7 @@ mod kv_gateway_bench;
 mod meta_cmd;
 mod mgmtd_cmd;
 mod mount_cmd;
+mod mq_bench;
 mod storage_cmd;
 mod supervisor;
 mod transfer;

@@ -16,8 +16,11 @@
 //! `[front]` of the configuration). The KV gateway (`fskv gateway kv`) is
 //! not routed by the front yet: a writer on P+1 (its Consul-compatible API
 //! on P+3) and a reader on P+6 (Consul P+8) run as supervised children,
-//! namespaces under `/kv`, the same keys (bearer token included). P+2 / P+7
-//! are kept for MQ, null in endpoints.json until it is built.
+//! namespaces under `/kv`, the same keys (bearer token included). Nor is
+//! the MQ gateway (`fskv gateway mq`): a writer on P+2 (writer id
+//! `mq-writer`, so a restarted writer takes its partition leases back at
+//! once) and a reader on P+7, data under `/mq`; its native API and SQS
+//! facade share the port.
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -88,7 +91,12 @@ struct Endpoints {
     /// The Consul-compatible API of the KV writer and of the reader.
     consul: Option<String>,
     consul_reader: Option<String>,
+    /// The MQ gateway's native API (writer).
     mq: Option<String>,
+    /// The MQ gateway with `--role reader` (fetch, offsets, describe).
+    mq_reader: Option<String>,
+    /// The SQS endpoint (the MQ writer: every SQS queue operation, ReceiveMessage included, mutates).
+    sqs: Option<String>,
     /// The front's admin listener (GET /status, /metrics; `fskv admin status --front`).
     front: Option<String>,
     /// Where `--mount` mounted the filesystem.
@@ -116,6 +124,8 @@ struct Ports {
     kv_reader: String,
     consul: String,
     consul_reader: String,
+    mq: String,
+    mq_reader: String,
     front_admin: String,
     base: u16,
 }
@@ -146,6 +156,8 @@ impl Ports {
             kv_reader: addr(6),
             consul: addr(3),
             consul_reader: addr(8),
+            mq: addr(2),
+            mq_reader: addr(7),
             front_admin: addr(10),
             base,
         }
@@ -159,7 +171,17 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let ports = Ports::new(base_port);
-    let all = [&ports.mgmtd, &ports.meta, &ports.front_admin, &ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader];
+    let all = [
+        &ports.mgmtd,
+        &ports.meta,
+        &ports.front_admin,
+        &ports.kv,
+        &ports.kv_reader,
+        &ports.consul,
+        &ports.consul_reader,
+        &ports.mq,
+        &ports.mq_reader,
+    ];
     let public: Vec<String> = ports.routed().into_iter().flat_map(|(_, a, r)| [a, r]).collect();
     for addr in all.into_iter().chain(&ports.storage).chain(&public) {
         ensure_free(addr)?;
@@ -195,7 +217,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    let kv_gateways = match start_kv_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
+    let kv_gateways = match start_direct_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
         Ok(g) => g,
         Err(e) => {
             eprintln!("fskv up: {e:#}; stopping");
@@ -218,7 +240,9 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         kv_reader: Some(format!("http://{}", ports.kv_reader)),
         consul: Some(format!("http://{}", ports.consul)),
         consul_reader: Some(format!("http://{}", ports.consul_reader)),
-        mq: url("mq", false),
+        mq: url("mq", false).or_else(|| Some(format!("http://{}", ports.mq))),
+        mq_reader: url("mq", true).or_else(|| Some(format!("http://{}", ports.mq_reader))),
+        sqs: Some(format!("http://{}", ports.mq)),
         front: Some(format!("http://{}", ports.front_admin)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
@@ -243,7 +267,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         ports.consul,
         ports.consul_reader
     );
-    say!("  not yet  MQ gateway: not built into this binary");
+    say!("  MQ       writer http://{}  reader http://{}  (SQS on the writer; topics under /mq)", ports.mq, ports.mq_reader);
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
@@ -312,10 +336,10 @@ async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> a
     Ok(supervisor)
 }
 
-/// Starts the KV writer and reader gateways (not routed by the front yet)
-/// under their own supervisor, stopped before the cluster, and waits until
-/// they accept connections.
-async fn start_kv_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
+/// Starts the KV and MQ writer and reader gateways (not routed by the front
+/// yet) under their own supervisor, stopped before the cluster, and waits
+/// until they accept connections.
+async fn start_direct_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
     let kv = |role: &str, listen: &str, consul: &str| {
         let mut args: Vec<String> = vec!["gateway".into(), "kv".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
@@ -328,17 +352,30 @@ async fn start_kv_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool
         }
         args
     };
+    let mq = |role: &str, listen: &str| {
+        let mut args: Vec<String> = vec!["gateway".into(), "mq".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
+        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
+        args.extend(["--public-url".into(), format!("http://{listen}")]);
+        if role == "reader" {
+            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.mq)]);
+        } else {
+            args.extend(["--writer-id".into(), "mq-writer".into()]);
+        }
+        args
+    };
     let specs = vec![
         child("kv-writer", exe, kv("writer", &ports.kv, &ports.consul)),
         child("kv-reader", exe, kv("reader", &ports.kv_reader, &ports.consul_reader)),
+        child("mq-writer", exe, mq("writer", &ports.mq)),
+        child("mq-reader", exe, mq("reader", &ports.mq_reader)),
     ];
     let supervisor = Supervisor::start(specs, child_options(data, restart)).await?;
     let start = Instant::now();
-    for addr in [&ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader] {
+    for addr in [&ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader, &ports.mq, &ports.mq_reader] {
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
-                anyhow::bail!("the KV gateway on {addr} did not come up (see {})", data.join("logs").display());
+                anyhow::bail!("the gateway on {addr} did not come up (see {})", data.join("logs").display());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -80,6 +80,12 @@ fn up_serves_data_and_keeps_it_across_a_restart() {
     }
     let endpoints: serde_json::Value = serde_json::from_slice(&std::fs::read(data.join("endpoints.json")).unwrap()).unwrap();
     assert_eq!(endpoints["mgmtd"], format!("127.0.0.1:{}", base + 11));
+    assert_eq!(endpoints["mq"], format!("http://127.0.0.1:{}", base + 2));
+    assert_eq!(endpoints["mq_reader"], format!("http://127.0.0.1:{}", base + 7));
+    assert_eq!(endpoints["sqs"], endpoints["mq"]);
+    for name in ["mq-writer", "mq-reader"] {
+        assert!(data.join("pids").join(format!("{name}.pid")).exists(), "no pid file for {name}");
+    }
     // Every child runs with the configuration of `fskv up` (DIR/effective-config.toml).
     let effective = std::fs::read_to_string(data.join("effective-config.toml")).expect("effective config");
     assert!(effective.contains("[rpc]") && effective.contains("max_frame_bytes"), "{effective}");

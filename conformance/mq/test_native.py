@@ -1,0 +1,354 @@
+"""The MQ gateway's native API against a running `fskv up` (MQ_ENDPOINTS names
+its endpoints.json). Every test uses its own topic names."""
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from mqclient import MqError
+
+
+def name(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def values(recs):
+    return [r["value"] for r in recs]
+
+
+def test_produce_fetch_order_per_partition(mq, mq_reader):
+    t = name("order")
+    mq.create_topic(t, partitions=3)
+    sent = {p: [] for p in range(3)}
+    for i in range(30):
+        p = i % 3
+        v = f"m{i}".encode()
+        r = mq.produce(t, p, [v])
+        assert r["base_offset"] == len(sent[p])
+        sent[p].append(v)
+    for p in range(3):
+        for client in (mq, mq_reader):
+            hdr, recs = client.fetch(t, p, 0)
+            assert values(recs) == sent[p]
+            assert [r["offset"] for r in recs] == list(range(10))
+            assert hdr["high_watermark"] == 10
+    # Keyed produce: one key always lands on one partition, in order.
+    r = mq.produce(t, None, [{"value": f"k{i}", "key": "same-key"} for i in range(5)])
+    parts = set(r["partitions"])
+    assert len(parts) == 1
+    p = parts.pop()
+    _, recs = mq.fetch(t, p, 10)
+    assert values(recs) == [f"k{i}".encode() for i in range(5)]
+    assert recs[0]["key"] == b"same-key"
+
+
+def test_fetch_max_bytes_and_offsets_out_of_range(mq):
+    t = name("maxb")
+    mq.create_topic(t)
+    for i in range(20):
+        mq.produce(t, 0, [b"x" * 1000])
+    hdr, recs = mq.fetch(t, 0, 0, max_bytes=2500)
+    assert 1 <= len(recs) < 20
+    assert hdr["next_offset"] == recs[-1]["offset"] + 1
+    # Continue from next_offset to the end.
+    got = len(recs)
+    off = hdr["next_offset"]
+    while off < 20:
+        hdr, recs = mq.fetch(t, 0, off, max_bytes=2500)
+        assert recs and recs[0]["offset"] == off
+        got += len(recs)
+        off = hdr["next_offset"]
+    assert got == 20
+    with pytest.raises(MqError) as e:
+        mq.fetch(t, 0, 0, max_bytes=0)
+    assert e.value.status == 400
+    with pytest.raises(MqError) as e:
+        mq.fetch(t, 7, 0)
+    assert e.value.status == 404
+
+
+def test_bad_input_gets_4xx(mq):
+    t = name("bad")
+    with pytest.raises(MqError) as e:
+        mq.create_topic(t, partitions=0)
+    assert e.value.status == 400
+    with pytest.raises(MqError) as e:
+        mq.create_topic("bad%20name%21")
+    assert 400 <= e.value.status < 500
+    mq.create_topic(t)
+    with pytest.raises(MqError) as e:
+        mq.create_topic(t)
+    assert e.value.status == 409
+    r = mq.request("POST", f"/v1/topics/{t}/partitions/0/records", b"garbage", content_type="application/octet-stream", expect=None)
+    assert r.status_code == 400 and b"error" in r.content
+    r = mq.request("PUT", f"/v1/topics/{name('j')}", b"{not json", expect=None)
+    assert r.status_code == 400
+    with pytest.raises(MqError) as e:
+        mq.fetch(name("missing"), 0, 0)
+    assert e.value.status == 404
+    # Unauthenticated requests are refused.
+    import requests
+
+    r = requests.get(mq.endpoint + f"/v1/topics/{t}", timeout=10)
+    assert r.status_code in (401, 403)
+
+
+def test_idempotent_producer_retry_written_once(mq):
+    t = name("idem")
+    mq.create_topic(t)
+    pid = mq.init_producer()
+    p, ep = pid["producer_id"], pid["producer_epoch"]
+    r1 = mq.produce(t, 0, [b"a", b"b"], producer_id=p, epoch=ep, base_sequence=0)
+    r2 = mq.produce(t, 0, [b"a", b"b"], producer_id=p, epoch=ep, base_sequence=0)  # a retry
+    assert r1["base_offset"] == r2["base_offset"] == 0
+    assert r2["duplicate"] is True
+    r3 = mq.produce(t, 0, [b"c"], producer_id=p, epoch=ep, base_sequence=2)
+    assert r3["base_offset"] == 2
+    with pytest.raises(MqError) as e:  # a gap in the sequence
+        mq.produce(t, 0, [b"e"], producer_id=p, epoch=ep, base_sequence=9)
+    assert e.value.status == 409
+    _, recs = mq.fetch(t, 0, 0)
+    assert values(recs) == [b"a", b"b", b"c"]
+
+
+def test_long_poll_wakes_on_produce(mq, mq_reader):
+    t = name("poll")
+    mq.create_topic(t)
+    for client in (mq, mq_reader):
+        hdr, _ = client.fetch(t, 0, "latest")
+        start_off = hdr["high_watermark"]
+        out = {}
+
+        def waiter():
+            t0 = time.monotonic()
+            out["res"] = client.fetch(t, 0, start_off, wait_ms=10_000)
+            out["elapsed"] = time.monotonic() - t0
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        time.sleep(0.5)
+        mq.produce(t, 0, [b"wake"])
+        th.join(15)
+        assert not th.is_alive()
+        assert values(out["res"][1]) == [b"wake"]
+        assert 0.3 < out["elapsed"] < 5.0, out["elapsed"]
+    # Nothing produced: the wait ends at wait_ms with no records.
+    t0 = time.monotonic()
+    _, recs = mq_reader.fetch(t, 0, 2, wait_ms=600)
+    assert recs == [] and 0.5 < time.monotonic() - t0 < 5.0
+
+
+def test_offsets_by_time_and_earliest_latest(mq):
+    t = name("time")
+    mq.create_topic(t)
+    mq.produce(t, 0, [{"value": "old", "timestamp_ms": 1_000_000}])
+    mq.produce(t, 0, [{"value": "mid", "timestamp_ms": 2_000_000}])
+    mq.produce(t, 0, [{"value": "new", "timestamp_ms": 3_000_000}])
+    assert mq.offsets(t, 0, timestamp=1_500_000)["offset"] == 1
+    assert mq.offsets(t, 0, timestamp=0)["offset"] == 0
+    assert mq.offsets(t, 0, timestamp=9_000_000)["offset"] == 3
+    assert mq.offsets(t, 0, at="earliest")["offset"] == 0
+    assert mq.offsets(t, 0, at="latest")["offset"] == 3
+
+
+def test_retention_drops_whole_old_segments(mq):
+    t = name("ret")
+    mq.create_topic(t, segment_bytes=4096, retention_bytes=8192)
+    for i in range(40):
+        mq.produce(t, 0, [b"r" * 1000])
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        start = mq.offsets(t, 0, at="earliest")["offset"]
+        if start > 0:
+            break
+        time.sleep(0.5)
+    assert start > 0, "no segment was dropped"
+    hdr, recs = mq.fetch(t, 0, start)
+    assert recs[0]["offset"] == start and hdr["high_watermark"] == 40
+    r = mq.request("GET", f"/v1/topics/{t}/partitions/0/records", params={"offset": 0}, expect=None)
+    assert r.status_code == 416 or (r.status_code == 200), r.content
+
+
+def test_group_rebalance_and_generation_fencing(mq):
+    t = name("grp")
+    g = name("g")
+    mq.create_topic(t, partitions=4)
+    a = mq.join(g, [t], member_id="a", session_timeout_ms=2000)
+    assert len(a["assignment"]) == 4
+    gen1 = a["generation"]
+    mq.commit(g, [{"topic": t, "partition": 0, "offset": 5}], member_id="a", generation=gen1)
+    b = mq.join(g, [t], member_id="b", session_timeout_ms=30_000)
+    assert b["generation"] > gen1
+    a2 = mq.heartbeat(g, "a")
+    assert a2["generation"] == b["generation"]
+    pa = {(x["topic"], x["partition"]) for x in a2["assignment"]}
+    pb = {(x["topic"], x["partition"]) for x in b["assignment"]}
+    assert len(pa) == 2 and len(pb) == 2 and not (pa & pb)
+    # A consumer of the old generation cannot commit.
+    with pytest.raises(MqError) as e:
+        mq.commit(g, [{"topic": t, "partition": 0, "offset": 9}], member_id="a", generation=gen1)
+    assert e.value.status == 409
+    # a stops heartbeating: after its session timeout b gets everything.
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        b2 = mq.heartbeat(g, "b")
+        if len(b2["assignment"]) == 4:
+            break
+        time.sleep(0.3)
+    assert len(b2["assignment"]) == 4
+    desc = mq.describe_group(g)
+    offs = {(o["topic"], o["partition"]): o["offset"] for o in desc["offsets"]}
+    assert offs[(t, 0)] == 5
+    mq.leave(g, "b")
+
+
+def test_queue_visibility_ack_nack_delay_dlq(mq):
+    t = name("q")
+    dlq = name("dlq")
+    mq.create_topic(t)
+    mq.create_topic(dlq)
+    mq.put_queue(t, "work", visibility_ms=1000, max_deliveries=2, dead_letter_topic=dlq)
+    mq.produce(t, 0, [b"one", b"two"])
+    got = mq.receive(t, "work", max_messages=10)
+    assert sorted(m["value"] for m in got) == ["b25l", "dHdv"]  # base64 of one, two
+    assert all(m["delivery_count"] == 1 for m in got)
+    assert mq.receive(t, "work", max_messages=10) == []  # in flight
+    one = [m for m in got if m["value"] == "b25l"][0]
+    two = [m for m in got if m["value"] == "dHdv"][0]
+    res = mq.ack(t, "work", [one["receipt"]])
+    assert res[0]["ok"]
+    res = mq.nack(t, "work", [two["receipt"]], delay_ms=0)
+    assert res[0]["ok"]
+    again = mq.receive(t, "work", max_messages=10)
+    assert [m["value"] for m in again] == ["dHdv"] and again[0]["delivery_count"] == 2
+    # Let visibility expire: the third receive moves it to the dead-letter topic.
+    time.sleep(1.3)
+    assert mq.receive(t, "work", max_messages=10, wait_ms=500) == []
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        _, recs = mq.fetch(dlq, 0, 0)
+        if recs:
+            break
+        time.sleep(0.2)
+    assert values(recs) == [b"two"]
+    # Bad receipts are reported per entry.
+    res = mq.ack(t, "work", ["nonsense"])
+    assert res[0]["ok"] is False
+    # Delayed delivery.
+    mq.produce(t, 0, [{"value": "later", "headers": {"fskv-delay-ms": "1500"}}])
+    assert mq.receive(t, "work") == []
+    t0 = time.monotonic()
+    got = mq.receive(t, "work", wait_ms=5000)
+    assert [m["value"] for m in got] == ["bGF0ZXI="] and time.monotonic() - t0 > 0.5
+
+
+def test_fifo_groups_and_dedup(mq):
+    t = name("fifo")
+    mq.create_topic(t, fifo=True)
+    mq.put_queue(t, "q", visibility_ms=5000)
+    recs = [
+        {"value": "a1", "headers": {"fskv-group": "A", "fskv-dedup-id": "d1"}},
+        {"value": "a2", "headers": {"fskv-group": "A", "fskv-dedup-id": "d2"}},
+        {"value": "b1", "headers": {"fskv-group": "B", "fskv-dedup-id": "d3"}},
+    ]
+    mq.produce(t, 0, recs)
+    r = mq.produce(t, 0, [{"value": "a1-again", "headers": {"fskv-group": "A", "fskv-dedup-id": "d1"}}])
+    assert r.get("deduplicated") == [True] and r["offsets"] == [0]
+    _, log = mq.fetch(t, 0, 0)
+    assert values(log) == [b"a1", b"a2", b"b1"]
+    first = mq.receive(t, "q", max_messages=1)
+    assert [m["value"] for m in first] == ["YTE="]  # a1
+    # Group A is blocked while a1 is in flight; B is not.
+    nxt = mq.receive(t, "q", max_messages=10)
+    assert [m["value"] for m in nxt] == ["YjE="]
+    mq.ack(t, "q", [first[0]["receipt"]])
+    nxt = mq.receive(t, "q", max_messages=10)
+    assert [m["value"] for m in nxt] == ["YTI="]
+
+
+def test_writer_fencing_by_takeover(mq):
+    """A forced takeover bumps the partition's epoch; appends continue at the
+    next offset, nothing acknowledged is lost."""
+    t = name("fence")
+    mq.create_topic(t)
+    mq.produce(t, 0, [b"before"])
+    e1 = mq.describe_topic(t)["partition_states"][0]["epoch"]
+    r = mq.json("POST", f"/v1/topics/{t}/partitions/0/takeover", {}, params={"force": "true"})
+    assert r["epoch"] > e1
+    mq.produce(t, 0, [b"after"])
+    _, recs = mq.fetch(t, 0, 0)
+    assert values(recs) == [b"before", b"after"]
+
+
+def test_concurrent_commits_to_one_group_all_land(mq):
+    """Commits of many consumers of one group at once (group commit in the
+    gateway): every one succeeds and every offset is stored."""
+    t = name("cc")
+    g = name("g")
+    mq.create_topic(t, partitions=16)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mqclient import MqClient
+
+    def commit(p):
+        c = MqClient(mq.endpoint, mq.creds.access_key, mq.creds.secret_key)
+        for off in range(1, 6):
+            c.commit(g, [{"topic": t, "partition": p, "offset": off * 10 + p}])
+        return p
+
+    with ThreadPoolExecutor(16) as ex:
+        assert sorted(ex.map(commit, range(16))) == list(range(16))
+    offs = {o["partition"]: o["offset"] for o in mq.describe_group(g)["offsets"] if o["topic"] == t}
+    assert offs == {p: 50 + p for p in range(16)}
+
+
+def test_second_writer_gateway_fences_the_first(mq, endpoints):
+    """A second writer gateway (another writer id) forces a takeover of a
+    partition: the first can no longer append to it (it answers 421/503
+    naming the owner, never acknowledges), and the log holds exactly what
+    was acknowledged by either."""
+    import os
+    import socket
+    import subprocess
+
+    from mqclient import MqClient
+
+    binary = os.environ.get("MQ_FSKV_BIN")
+    if not binary:
+        pytest.skip("SKIPPED: MQ_FSKV_BIN (the fskv binary) is not set")
+    creds = os.path.join(os.path.dirname(os.environ["MQ_ENDPOINTS"]), "credentials.json")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen(
+        [binary, "gateway", "mq", "--role", "writer", "--listen", f"127.0.0.1:{port}", "--mgmtd", endpoints["mgmtd"],
+         "--credentials", creds, "--writer-id", "second-writer"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "FSKV_LOG": "warn"})
+    try:
+        line = p.stdout.readline().decode()
+        assert "serving on" in line, line
+        second = MqClient(f"http://127.0.0.1:{port}", mq.creds.access_key, mq.creds.secret_key)
+        t = name("fence2")
+        mq.create_topic(t)
+        mq.produce(t, 0, [b"first-1"])
+        # Without force the live lease of the first writer is respected.
+        with pytest.raises(MqError) as e:
+            second.produce(t, 0, [b"refused"])
+        assert e.value.status == 421 and e.value.code == "NotPartitionWriter"
+        second.json("POST", f"/v1/topics/{t}/partitions/0/takeover", {}, params={"force": "true"})
+        second.produce(t, 0, [b"second-1"])
+        # The first writer is fenced: its appends are refused, not acknowledged.
+        for _ in range(2):
+            with pytest.raises(MqError) as e:
+                mq.produce(t, 0, [b"from-fenced-writer"])
+            assert e.value.status in (421, 503), e.value
+        second.produce(t, 0, [b"second-2"])
+        _, recs = second.fetch(t, 0, 0)
+        assert values(recs) == [b"first-1", b"second-1", b"second-2"]
+        assert mq.describe_topic(t)["partition_states"][0]["writer"] == "second-writer"
+    finally:
+        p.terminate()
+        p.wait(30)
