@@ -2,8 +2,9 @@
 //! value size against the KV gateway of running `fskv up` clusters (each
 //! `--target NAME=DIR`, e.g. replication 3 and 1), Redis and etcd started
 //! by the bench itself (temporary data directories, loopback ports), in one
-//! run. Per target and concurrency: 1 KiB puts then gets for `--seconds`
-//! each, ops/s, p50 and p99 latency. Then a batch get of 16 × 4 MiB values
+//! run. Per concurrency and op (1 KiB puts, then gets), every target in
+//! turn for `--seconds` (interleaved, so a change of the machine's load
+//! hits all targets alike): ops/s, p50 and p99 latency. Then a batch get of 16 × 4 MiB values
 //! (MiB/s) per KV target next to iperf3's single loopback stream.
 //!
 //! | target | put | get |
@@ -444,8 +445,12 @@ pub async fn run(args: KvGatewayBenchArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for t in &targets {
         fill(t, args.keys, &value).await.with_context(|| format!("filling {}", t.name()))?;
-        for &c in &args.concurrency {
-            for op in ["put", "get"] {
+    }
+    // Interleaved: every target runs each (concurrency, op) slot back to back,
+    // so a change of the machine's load hits all of them alike.
+    for &c in &args.concurrency {
+        for op in ["put", "get"] {
+            for t in &targets {
                 let r = load(t, op, c, seconds, args.keys, value.clone()).await?;
                 eprintln!("{} {} c={} {:.0} ops/s p50 {} us p99 {} us", r.target, r.op, r.concurrency, r.ops_per_sec, r.p50_us, r.p99_us);
                 runs.push(r);

@@ -155,7 +155,7 @@ async fn reclaim_file(
                     Ok(false)
                 }
                 Some(_) => {
-                    delete_inode(txn, id)?;
+                    delete_inode(txn, id).await?;
                     Ok(true)
                 }
                 None => {
@@ -181,7 +181,7 @@ async fn drain_tree(engine: &Arc<dyn KvEngine>, dir: InodeId, stats: &mut GcStat
                 let prefix = dentry_prefix(dir);
                 let children = txn.get_range(&RangeRequest::prefix(&prefix).limit(TREE_ENTRIES_PER_TXN)).await?;
                 if children.kvs.is_empty() {
-                    delete_inode(txn, dir)?;
+                    delete_inode(txn, dir).await?;
                     return Ok((true, 0u64));
                 }
                 let mut files = 0;

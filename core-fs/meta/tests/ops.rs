@@ -742,3 +742,56 @@ async fn unlink_expected_is_compare_and_delete() {
     let dir = Expected::Inode { id: d.id, version: d.version };
     assert_eq!(code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "d".into(), expected: dir }).await), ErrorCode::IsDirectory);
 }
+
+/// Overwriting an inline file deletes the old inode with every key under its
+/// id (xattrs): `delete_inode` clears them one by one (no range clear below
+/// `POINT_CLEAR_MAX_KEYS`), and `clear_prefix` clears a range above it.
+#[tokio::test]
+async fn overwrite_deletes_the_old_inodes_xattrs() {
+    use fskv_kv::{KvEngine, MemoryEngine, RangeRequest};
+    use fskv_meta::ops::{clear_prefix, POINT_CLEAR_MAX_KEYS};
+    use fskv_meta::schema::xattr_prefix;
+    use std::sync::Arc;
+    let engine = Arc::new(MemoryEngine::new());
+    let fs = Fs::with(engine.clone(), common::test_config()).await;
+    let publish = |data: &'static [u8], n: usize| MetaOp::CreateWritePublish {
+        parent: ROOT,
+        name: "k".into(),
+        mode: 0o644,
+        data: data.to_vec(),
+        expected: None,
+        attrs: PublishAttrs { xattrs: (0..n).map(|i| (format!("user.x{i}"), b"v".to_vec())).collect(), ..Default::default() },
+    };
+    let count = |id: InodeId| {
+        let engine = engine.clone();
+        async move {
+            let mut txn = engine.begin().await.unwrap();
+            txn.get_range(&RangeRequest::prefix(&xattr_prefix(id))).await.unwrap().kvs.len()
+        }
+    };
+    let v1 = fs.inode(publish(b"one", 3)).await.unwrap();
+    assert_eq!(count(v1.id).await, 3);
+    let v2 = fs.inode(publish(b"two", 2)).await.unwrap();
+    assert_eq!(count(v1.id).await, 0, "the replaced inode's xattrs are gone");
+    assert_eq!(count(v2.id).await, 2);
+    assert_eq!(
+        fs.svc.execute(fs.req(MetaOp::GetXattr { inode: v2.id, name: "user.x1".into() })).await.unwrap(),
+        MetaReply::Xattr(b"v".to_vec())
+    );
+    // Above the point-clear limit: one range clear, same result.
+    let many = POINT_CLEAR_MAX_KEYS + 5;
+    let mut txn = engine.begin().await.unwrap();
+    let id = InodeId(0xdead);
+    for i in 0..many {
+        let mut k = xattr_prefix(id);
+        k.extend_from_slice(format!("user.{i}").as_bytes());
+        txn.set(&k, b"v").unwrap();
+    }
+    txn.commit().await.unwrap();
+    assert_eq!(count(id).await, many);
+    let mut txn = engine.begin().await.unwrap();
+    clear_prefix(&mut *txn, &xattr_prefix(id)).await.unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(count(id).await, 0);
+    assert_eq!(count(v2.id).await, 2, "a neighbour's keys are untouched");
+}
