@@ -250,6 +250,19 @@ fn fuse_relaxed_metadata_survives_kill9_of_meta() {
     for i in 1..n {
         assert_eq!(fs::read_to_string(work.join(format!("f{i}"))).expect("read back"), format!("{i}"));
     }
+    // The xattrs `ls -l` probes on every entry: ACLs are unsupported
+    // (EOPNOTSUPP, answered by the mount), a missing SELinux label is
+    // ENODATA (cached after the first answer).
+    let path = std::ffi::CString::new(work.join("f1").as_os_str().as_encoded_bytes()).expect("path");
+    for (name, want) in
+        [("system.posix_acl_access", libc::EOPNOTSUPP), ("security.selinux", libc::ENODATA), ("security.selinux", libc::ENODATA)]
+    {
+        let name_c = std::ffi::CString::new(name).expect("name");
+        // SAFETY: valid NUL-terminated strings; a size query (null buffer, 0).
+        let r = unsafe { libc::getxattr(path.as_ptr(), name_c.as_ptr(), std::ptr::null_mut(), 0) };
+        let err = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((r, err), (-1, Some(want)), "getxattr {name}");
+    }
     // fsyncdir and fsync reach meta's barrier and succeed.
     File::open(&work).expect("open dir").sync_all().expect("fsyncdir");
     let f = OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(work.join("synced")).expect("create");

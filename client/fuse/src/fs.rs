@@ -952,6 +952,9 @@ impl Filesystem for FskvFs {
         if self.virt(i, None).is_some() {
             return reply.error(Errno::EPERM);
         }
+        if crate::handles::is_acl_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         self.shared.no_caps.forget(ino(i));
         let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
         self.spawn(tracing::debug_span!("setxattr", inode = i.0), async move {
@@ -967,8 +970,11 @@ impl Filesystem for FskvFs {
         if self.virt(i, None).is_some() {
             return reply.error(Errno::ENODATA);
         }
-        let is_cap = name == crate::handles::SECURITY_CAPABILITY;
-        if is_cap && self.shared.no_caps.known_absent(ino(i)) {
+        if crate::handles::is_acl_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        let probed = crate::handles::probed_xattr(name);
+        if probed.is_some_and(|w| self.shared.no_caps.known_absent(ino(i), w)) {
             return reply.error(Errno::ENODATA);
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
@@ -977,8 +983,8 @@ impl Filesystem for FskvFs {
                 Ok(n) => ctx.meta().get_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
                 Err(e) => Err(e),
             };
-            if is_cap && r == Err(FsError(Errno::ENODATA)) {
-                ctx.shared.no_caps.note_absent(ino(i));
+            if let (Some(w), Err(FsError(Errno::ENODATA))) = (probed, &r) {
+                ctx.shared.no_caps.note_absent(ino(i), w);
             }
             reply_xattr(reply, size, r);
         });

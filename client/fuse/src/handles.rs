@@ -122,42 +122,63 @@ impl CacheStamps {
     }
 }
 
-/// Files this mount recently found without a `security.capability`
-/// extended attribute. The kernel asks for it before **every** write (to
-/// drop file capabilities on write); without this cache each 4 KiB write
-/// cost a metadata round trip. An entry lives `ttl` (the attribute TTL: the
-/// same staleness as cached attributes) and is dropped when this mount sets
-/// or removes an xattr of the file. Bounded: when full it forgets
-/// everything.
+/// Files this mount recently found without one of the extended attributes
+/// the kernel and common tools probe on their own ([`PROBED_XATTRS`]): the
+/// kernel asks for `security.capability` before **every** write (to drop
+/// file capabilities), `ls -l` asks for `security.selinux` on every entry.
+/// Without this cache each of those cost a metadata round trip. An entry
+/// lives `ttl` (the attribute TTL: the same staleness as cached attributes)
+/// and is dropped when this mount sets or removes an xattr of the file.
+/// Bounded: when full it forgets everything.
 pub struct NoCapCache {
-    seen: Mutex<HashMap<InodeId, std::time::Instant>>,
+    seen: Mutex<HashMap<(InodeId, usize), std::time::Instant>>,
     ttl: std::time::Duration,
     max_entries: usize,
 }
 
-/// The xattr the kernel checks before each write.
-pub const SECURITY_CAPABILITY: &str = "security.capability";
+/// Attributes probed on every write or listing, whose absence is cached.
+pub const PROBED_XATTRS: [&str; 2] = ["security.capability", "security.selinux"];
+
+/// POSIX ACL attributes: the mount checks mode bits only (no
+/// `FUSE_POSIX_ACL`), so ACLs are not supported and these names get
+/// EOPNOTSUPP locally, as on a file system mounted without ACLs (`ls -l`
+/// asks for `system.posix_acl_access` on every entry).
+pub const ACL_XATTRS: [&str; 2] = ["system.posix_acl_access", "system.posix_acl_default"];
+
+/// The index of `name` in [`PROBED_XATTRS`].
+pub fn probed_xattr(name: &std::ffi::OsStr) -> Option<usize> {
+    PROBED_XATTRS.iter().position(|p| name == *p)
+}
+
+/// Whether `name` is a POSIX ACL attribute.
+pub fn is_acl_xattr(name: &std::ffi::OsStr) -> bool {
+    ACL_XATTRS.iter().any(|p| name == *p)
+}
 
 impl NoCapCache {
     pub fn new(ttl_ms: u64, max_entries: usize) -> Self {
         NoCapCache { seen: Mutex::new(HashMap::new()), ttl: std::time::Duration::from_millis(ttl_ms), max_entries: max_entries.max(1) }
     }
 
-    /// Whether `inode` was seen without the attribute less than `ttl` ago.
-    pub fn known_absent(&self, inode: InodeId) -> bool {
-        self.seen.lock().get(&inode).is_some_and(|at| at.elapsed() < self.ttl)
+    /// Whether `inode` was seen without probed attribute `which` less than
+    /// `ttl` ago.
+    pub fn known_absent(&self, inode: InodeId, which: usize) -> bool {
+        self.seen.lock().get(&(inode, which)).is_some_and(|at| at.elapsed() < self.ttl)
     }
 
-    pub fn note_absent(&self, inode: InodeId) {
+    pub fn note_absent(&self, inode: InodeId, which: usize) {
         let mut seen = self.seen.lock();
-        if seen.len() >= self.max_entries && !seen.contains_key(&inode) {
+        if seen.len() >= self.max_entries && !seen.contains_key(&(inode, which)) {
             seen.clear();
         }
-        seen.insert(inode, std::time::Instant::now());
+        seen.insert((inode, which), std::time::Instant::now());
     }
 
     pub fn forget(&self, inode: InodeId) {
-        self.seen.lock().remove(&inode);
+        let mut seen = self.seen.lock();
+        for which in 0..PROBED_XATTRS.len() {
+            seen.remove(&(inode, which));
+        }
     }
 }
 
