@@ -20,29 +20,60 @@ pub enum GatewayCommand {
     Mq(MqArgs),
 }
 
+/// What every gateway needs: the cluster, the keys, the region and TLS.
+#[derive(Args)]
+pub struct ClusterArgs {
+    /// mgmtd address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es), `host:port`; repeat or separate with commas.
+    /// Optional: without it, the meta servers registered with mgmtd are used.
+    #[arg(long, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// JSON file with the access keys: {"access_key": .., "secret_key": ..} or a list of such objects
+    /// (optional fields: user, tenant, bearer_token; see docs/gateway.md).
+    #[arg(long)]
+    credentials: PathBuf,
+    /// Region expected in SigV4 signatures (S3 also reports it; MQ puts it in queue ARNs).
+    #[arg(long, default_value = "us-east-1")]
+    region: String,
+    /// Serve HTTPS: PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    /// The key store and a client of the cluster.
+    async fn connect(&self) -> anyhow::Result<(Arc<KeyStore>, FsClient)> {
+        let keys = Arc::new(KeyStore::load(&self.credentials)?);
+        let client = FsClient::connect(self.mgmtd.clone(), self.meta.clone(), FsClientConfig::default())
+            .await
+            .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", self.mgmtd, self.meta))?;
+        Ok((keys, client))
+    }
+
+    /// (certificate, key) when serving HTTPS.
+    fn tls(&self) -> Option<(PathBuf, PathBuf)> {
+        self.tls_cert.clone().zip(self.tls_key.clone())
+    }
+}
+
 #[derive(Args)]
 pub struct MqArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// reader (fetch, offsets, describe; mutations get 403 naming --writer-endpoint) or writer (everything).
     #[arg(long, default_value = "writer")]
     role: String,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9002")]
     listen: SocketAddr,
-    /// mgmtd address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
-    mgmtd: Vec<String>,
-    /// Meta server address(es); optional (found through mgmtd's routing info).
-    #[arg(long, value_delimiter = ',')]
-    meta: Vec<String>,
     /// Filesystem directory holding topics/ and groups/ (created if missing).
     #[arg(long, default_value = "/mq")]
     root: String,
-    /// JSON file with the access keys (as for `fskv gateway s3`).
-    #[arg(long)]
-    credentials: PathBuf,
-    /// Region in SigV4 scopes and queue ARNs.
-    #[arg(long, default_value = "us-east-1")]
-    region: String,
     /// The writer endpoint a reader names when it refuses a mutation.
     #[arg(long)]
     writer_endpoint: Option<String>,
@@ -56,16 +87,12 @@ pub struct MqArgs {
     /// The public URL of this gateway (SQS queue URLs); empty: from the Host header.
     #[arg(long, default_value = "")]
     public_url: String,
-    /// Serve HTTPS: PEM certificate chain (with --tls-key).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
 pub struct KvArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// reader (get/head/exists/scan/watch; writes get 403 naming --writer-endpoint) or writer (everything).
     #[arg(long, default_value = "writer")]
     role: String,
@@ -78,21 +105,9 @@ pub struct KvArgs {
     /// The namespace Consul keys live in.
     #[arg(long, default_value = "consul")]
     consul_namespace: String,
-    /// mgmtd address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
-    mgmtd: Vec<String>,
-    /// Meta server address(es) (optional: found through mgmtd).
-    #[arg(long, value_delimiter = ',')]
-    meta: Vec<String>,
     /// Filesystem directory whose subdirectories are the namespaces (created if missing).
     #[arg(long, default_value = "/kv")]
     root: String,
-    /// JSON file with the access keys (SigV4 with service `kv`, or their bearer_token; see docs/gateway.md).
-    #[arg(long)]
-    credentials: PathBuf,
-    /// Region expected in SigV4 signatures.
-    #[arg(long, default_value = "us-east-1")]
-    region: String,
     /// The native writer endpoint a reader names when it refuses a write.
     #[arg(long)]
     writer_endpoint: Option<String>,
@@ -105,48 +120,24 @@ pub struct KvArgs {
     /// Largest value of one PUT, in bytes.
     #[arg(long)]
     max_value_bytes: Option<u64>,
-    /// Serve HTTPS: PEM certificate chain (with --tls-key).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
 pub struct S3Args {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// reader (GET/HEAD/LIST only; writes get 403 naming --writer-endpoint) or writer (everything).
     #[arg(long, default_value = "writer")]
     role: String,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9000")]
     listen: SocketAddr,
-    /// mgmtd address(es), `host:port`; repeat or separate with commas.
-    #[arg(long, required = true, value_delimiter = ',')]
-    mgmtd: Vec<String>,
-    /// Meta server address(es), `host:port`; repeat or separate with commas.
-    /// Optional: without it, the meta servers registered with mgmtd are used.
-    #[arg(long, value_delimiter = ',')]
-    meta: Vec<String>,
     /// Filesystem directory whose subdirectories are the buckets (a writer creates it).
     #[arg(long, default_value = "/s3")]
     root: String,
-    /// JSON file with the access keys: {"access_key": .., "secret_key": ..} or a list of such objects
-    /// (optional fields: user, tenant, bearer_token; see docs/gateway.md).
-    #[arg(long)]
-    credentials: PathBuf,
-    /// Region reported and expected in signatures.
-    #[arg(long, default_value = "us-east-1")]
-    region: String,
     /// The writer endpoint a reader names when it refuses a write.
     #[arg(long)]
     writer_endpoint: Option<String>,
-    /// Serve HTTPS: PEM certificate chain (with --tls-key).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
 }
 
 pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
@@ -156,16 +147,13 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
         GatewayCommand::Mq(args) => return run_mq(args, config).await,
     };
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let keys = Arc::new(KeyStore::load(&args.credentials)?);
-    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
-        .await
-        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let (keys, client) = args.cluster.connect().await?;
     let mut cfg = GatewayConfig::new(args.listen, role, keys);
     cfg.root_path = args.root;
-    cfg.region = args.region;
+    cfg.region = args.cluster.region.clone();
     cfg.writer_endpoint = args.writer_endpoint;
     cfg.http = config.gateway.clone();
-    if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
+    if let Some((cert_path, key_path)) = args.cluster.tls() {
         cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
@@ -180,15 +168,12 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
 
 async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
     let role: fskv_gateway_kv::config::Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let keys = Arc::new(KeyStore::load(&args.credentials)?);
-    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
-        .await
-        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let (keys, client) = args.cluster.connect().await?;
     let mut cfg = fskv_gateway_kv::KvConfig::new(args.listen, role, keys);
     cfg.consul_listen = args.consul_listen;
     cfg.consul_namespace = args.consul_namespace;
     cfg.root_path = args.root;
-    cfg.region = args.region;
+    cfg.region = args.cluster.region.clone();
     cfg.writer_endpoint = args.writer_endpoint;
     cfg.consul_writer_endpoint = args.consul_writer_endpoint;
     cfg.maintenance.enabled = !args.no_maintenance;
@@ -196,7 +181,7 @@ async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
         cfg.limits.max_value_bytes = max;
     }
     cfg.http = config.gateway.clone();
-    if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
+    if let Some((cert_path, key_path)) = args.cluster.tls() {
         cfg.tls = Some(fskv_gateway_kv::config::TlsFiles { cert_path, key_path });
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
@@ -214,20 +199,17 @@ async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
 
 async fn run_mq(args: MqArgs, config: &Config) -> anyhow::Result<()> {
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let keys = Arc::new(KeyStore::load(&args.credentials)?);
-    let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
-        .await
-        .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;
+    let (keys, client) = args.cluster.connect().await?;
     let mut cfg = fskv_gateway_mq::MqConfig::new(args.listen, role, keys);
     cfg.root_path = args.root;
-    cfg.region = args.region;
+    cfg.region = args.cluster.region.clone();
     cfg.writer_endpoint = args.writer_endpoint;
     cfg.http = config.gateway.clone();
     cfg.public_url = args.public_url;
     anyhow::ensure!(args.lease_ms >= 1000, "--lease-ms {}: at least 1000", args.lease_ms);
     cfg.writer.lease_ms = args.lease_ms;
     cfg.writer.writer_id = args.writer_id.unwrap_or_else(|| format!("mq-{}", args.listen));
-    if let (Some(cert_path), Some(key_path)) = (args.tls_cert, args.tls_key) {
+    if let Some((cert_path, key_path)) = args.cluster.tls() {
         cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
