@@ -40,8 +40,8 @@ pub(crate) struct Shared {
     pub usrbio: std::sync::OnceLock<Arc<crate::usrbio::Server>>,
     /// Tells the kernel to drop cached pages (set once the session exists).
     pub notifier: std::sync::OnceLock<fuser::Notifier>,
-    /// Files known to have no `security.capability` (asked before every write).
-    pub no_caps: crate::handles::NoCapCache,
+    /// Files known to lack the xattrs the kernel and `ls -l` probe (see `PROBED_XATTRS`).
+    pub absent_xattrs: crate::handles::AbsentXattrCache,
     /// Open files with buffered writes (reads and truncates look only when
     /// it is non-zero).
     pub dirty_files: Arc<std::sync::atomic::AtomicUsize>,
@@ -955,7 +955,7 @@ impl Filesystem for FskvFs {
         if crate::handles::is_acl_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        self.shared.no_caps.forget(ino(i));
+        self.shared.absent_xattrs.forget(ino(i));
         let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
         self.spawn(tracing::debug_span!("setxattr", inode = i.0), async move {
             let r = match name {
@@ -974,7 +974,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EOPNOTSUPP);
         }
         let probed = crate::handles::probed_xattr(name);
-        if probed.is_some_and(|w| self.shared.no_caps.known_absent(ino(i), w)) {
+        if probed.is_some_and(|w| self.shared.absent_xattrs.known_absent(ino(i), w)) {
             return reply.error(Errno::ENODATA);
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
@@ -984,7 +984,7 @@ impl Filesystem for FskvFs {
                 Err(e) => Err(e),
             };
             if let (Some(w), Err(FsError(Errno::ENODATA))) = (probed, &r) {
-                ctx.shared.no_caps.note_absent(ino(i), w);
+                ctx.shared.absent_xattrs.note_absent(ino(i), w);
             }
             reply_xattr(reply, size, r);
         });
@@ -1012,7 +1012,7 @@ impl Filesystem for FskvFs {
         if self.virt(i, None).is_some() {
             return reply.error(Errno::EPERM);
         }
-        self.shared.no_caps.forget(ino(i));
+        self.shared.absent_xattrs.forget(ino(i));
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn(tracing::debug_span!("removexattr", inode = i.0), async move {
             let r = match name {

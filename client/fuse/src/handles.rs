@@ -130,7 +130,7 @@ impl CacheStamps {
 /// lives `ttl` (the attribute TTL: the same staleness as cached attributes)
 /// and is dropped when this mount sets or removes an xattr of the file.
 /// Bounded: when full it forgets everything.
-pub struct NoCapCache {
+pub struct AbsentXattrCache {
     seen: Mutex<HashMap<(InodeId, usize), std::time::Instant>>,
     ttl: std::time::Duration,
     max_entries: usize,
@@ -155,9 +155,13 @@ pub fn is_acl_xattr(name: &std::ffi::OsStr) -> bool {
     ACL_XATTRS.iter().any(|p| name == *p)
 }
 
-impl NoCapCache {
+impl AbsentXattrCache {
     pub fn new(ttl_ms: u64, max_entries: usize) -> Self {
-        NoCapCache { seen: Mutex::new(HashMap::new()), ttl: std::time::Duration::from_millis(ttl_ms), max_entries: max_entries.max(1) }
+        AbsentXattrCache {
+            seen: Mutex::new(HashMap::new()),
+            ttl: std::time::Duration::from_millis(ttl_ms),
+            max_entries: max_entries.max(1),
+        }
     }
 
     /// Whether `inode` was seen without probed attribute `which` less than

@@ -118,7 +118,7 @@ where
         client,
         handles: handles::HandleTable::new(cfg.max_open_handles),
         cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),
-        no_caps: handles::NoCapCache::new(cfg.attr_ttl_ms, cfg.max_cache_stamps),
+        absent_xattrs: handles::AbsentXattrCache::new(cfg.attr_ttl_ms, cfg.max_cache_stamps),
         cfg: cfg.clone(),
         usrbio: std::sync::OnceLock::new(),
         notifier: std::sync::OnceLock::new(),
