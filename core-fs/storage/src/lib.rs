@@ -18,6 +18,7 @@ pub mod chain;
 pub mod cluster;
 pub mod craq;
 pub mod error;
+pub mod inflight;
 pub mod locks;
 pub mod mgmtd_link;
 pub mod service;

@@ -18,6 +18,7 @@ pub use write::MAX_COPY_BYTES;
 
 use crate::chain::{self, Origin};
 use crate::error::{Result, StorageError};
+use crate::inflight::InflightUpdates;
 use crate::locks::ChunkLocks;
 use crate::sync;
 use bytes::Bytes;
@@ -102,6 +103,9 @@ pub struct Target {
     /// that chain version (a late sync-done of an older version must not
     /// make a waiting target report up-to-date).
     sync_done: Mutex<Option<u32>>,
+    /// Write steps running here, by (chain, request chain version): a sync
+    /// waits for the older ones before its dump (`crate::inflight`).
+    inflight: InflightUpdates,
 }
 
 /// The storage service (cheap to clone).
@@ -176,7 +180,18 @@ impl StorageService {
     pub fn new(config: StorageConfig, engines: Vec<(TargetId, Arc<ChunkEngine>)>, routing: RoutingHandle, rpc: RpcClient) -> Self {
         let targets = engines
             .into_iter()
-            .map(|(id, engine)| (id, Arc::new(Target { id, engine, locks: ChunkLocks::default(), sync_done: Mutex::new(None) })))
+            .map(|(id, engine)| {
+                (
+                    id,
+                    Arc::new(Target {
+                        id,
+                        engine,
+                        locks: ChunkLocks::default(),
+                        sync_done: Mutex::new(None),
+                        inflight: InflightUpdates::default(),
+                    }),
+                )
+            })
             .collect();
         let peer_reader = StorageClient::new(rpc.clone(), routing.clone(), peer_reader_config(&config));
         StorageService {

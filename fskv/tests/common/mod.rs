@@ -78,7 +78,9 @@ pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
         .args(["up", "--heartbeat-timeout-ms", "3000", "--base-port", &base.to_string(), "--data"])
         .arg(data)
         .args(extra)
-        .env("FSKV_LOG", "warn")
+        // FSKV_TEST_LOG (a tracing filter) raises the cluster's log level
+        // when chasing a failure; the default keeps test logs short.
+        .env("FSKV_LOG", std::env::var("FSKV_TEST_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr_path).expect("create the stderr log of fskv up"))
         .spawn()

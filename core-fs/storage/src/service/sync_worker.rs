@@ -61,6 +61,16 @@ impl StorageService {
     /// transfer each chunk under its lock, sync-done.
     pub async fn run_sync(&self, me: TargetId, succ: Successor, chain_id: ChainId, chain_ver: u32) -> Result<sync::PlanSummary> {
         let target = self.target(me)?;
+        // Writes admitted under an older chain version were not forwarded
+        // to `succ`; they must have committed here (and so be in the dump)
+        // or failed before the dump is taken (`crate::inflight`).
+        let max_wait = Duration::from_millis(self.inner.config.forward_timeout_ms.saturating_mul(3));
+        if let Err(running) = target.inflight.wait_older_done(chain_id, chain_ver, max_wait).await {
+            return Err(StorageError::Internal(format!(
+                "{running} writes of {chain_id} older than chain version {chain_ver} still running after {} ms; sync postponed",
+                max_wait.as_millis()
+            )));
+        }
         let routing = self.inner.routing.current();
         let addr = Self::addr_of(&routing, succ.node)?;
         let mark = SyncReq { chain_id, chain_ver, from: me, target: succ.target };

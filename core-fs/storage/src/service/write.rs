@@ -217,6 +217,9 @@ impl StorageService {
     /// The CRAQ step of `req` at `target` (arrived from `origin`): takes the
     /// chunk's lock, then executes the step's effects until it answers.
     async fn run_step(&self, target: &Arc<Target>, origin: Origin, req: &ForwardReq, payload: Bytes) -> Result<Applied> {
+        // Counted before routing is read below: a sync that waits for the
+        // older chain versions cannot miss this step (`crate::inflight`).
+        let _inflight = target.inflight.enter(req.chain_id, req.chain_ver);
         let _guard = target.locks.lock(req.chunk).await;
         // Routing may have changed while we waited for the lock.
         let routing = self.inner.routing.current();
