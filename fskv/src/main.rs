@@ -4,6 +4,7 @@
 mod admin;
 mod bench;
 mod config;
+mod dir_lock;
 mod failover_bench;
 mod front_bench;
 mod front_cmd;

@@ -100,11 +100,13 @@ pub struct MetaBenchArgs {
 }
 
 pub async fn run(args: MetaArgs, config: &Config) -> anyhow::Result<()> {
+    let mut _owner = None;
     let spec = match args.engine {
         Some(spec) => spec,
         None => {
             let data_dir = args.data.unwrap_or_else(|| config.up.data_dir.clone());
             std::fs::create_dir_all(&data_dir).map_err(|e| anyhow::anyhow!("cannot create data directory {}: {e}", data_dir.display()))?;
+            _owner = Some(crate::dir_lock::DirLock::acquire(&data_dir, "meta")?);
             config.kv.engine_spec(&data_dir)?
         }
     };

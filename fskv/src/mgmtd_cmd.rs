@@ -58,10 +58,12 @@ pub struct MgmtdArgs {
 }
 
 pub async fn run(args: MgmtdArgs, config: &Config) -> anyhow::Result<()> {
+    let mut _owner = None;
     let spec = match (&args.engine, &args.data) {
         (Some(spec), _) => spec.clone(),
         (None, Some(data)) => {
             std::fs::create_dir_all(data).with_context(|| format!("cannot create data directory {}", data.display()))?;
+            _owner = Some(crate::dir_lock::DirLock::acquire(data, "mgmtd")?);
             config.kv.engine_spec(data)?
         }
         (None, None) if config.kv.engine == "rocksdb" => anyhow::bail!("fskv mgmtd needs --data DIR (embedded engine) or --engine SPEC"),

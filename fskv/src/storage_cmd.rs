@@ -10,6 +10,7 @@
 //!   [`RoutingInfo`], see `docs/storage.md`) re-read every
 //!   `--routing-poll-ms` and published when its `version` grows.
 
+use crate::dir_lock::DirLock;
 use anyhow::Context;
 use clap::Args;
 use fskv_chunk_engine::EngineConfig;
@@ -88,6 +89,7 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
     std::fs::create_dir_all(&args.data)?;
+    let _owner = DirLock::acquire(&args.data, &format!("storage {node}"))?;
     let data = args.data.clone();
     let service =
         tokio::task::spawn_blocking(move || StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc))
@@ -132,6 +134,7 @@ async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
     mgmtd_link::wait_until_safe_to_start(&source, node, &targets, args.max_start_wait_ms).await?;
     let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
     std::fs::create_dir_all(&args.data)?;
+    let _owner = DirLock::acquire(&args.data, &format!("storage {node}"))?;
     let data = args.data.clone();
     let handle = source.handle();
     let service =

@@ -170,6 +170,8 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     anyhow::ensure!(base_port <= 65535 - 20, "--base-port {base_port} leaves no room for internal ports above it");
     std::fs::create_dir_all(&data_dir).with_context(|| format!("cannot create data directory {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
+    // Before anything is written there (logs, pid files, config).
+    let _owner = crate::dir_lock::DirLock::acquire(&data_dir, "fskv up")?;
     let ports = Ports::new(base_port);
     let all = [
         &ports.mgmtd,

@@ -93,6 +93,7 @@ fn up_serves_data_and_keeps_it_across_a_restart() {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", meta_pid.trim())).unwrap_or_default();
     assert!(String::from_utf8_lossy(&cmdline).contains("effective-config.toml"), "meta runs without --config: {cmdline:?}");
     let access_key = endpoints["access_key"].as_str().unwrap().to_string();
+    second_owners_are_refused(&data, up.id());
     rt.block_on(async {
         let c = clients(base).await;
         for (name, seed, len) in &files {
@@ -117,4 +118,57 @@ fn up_serves_data_and_keeps_it_across_a_restart() {
         c.source.stop();
     });
     stop_up(up);
+}
+
+/// One owner per data directory: a second `fskv up` on a directory in use
+/// (other ports, so only the directory conflicts) and a second mgmtd on
+/// the running mgmtd's directory refuse at once, naming the owner, and
+/// leave the running cluster's pid files and logs alone.
+fn second_owners_are_refused(data: &std::path::Path, up_pid: u32) {
+    let pid_files = |dir: &std::path::Path| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = std::fs::read_dir(dir.join("pids"))
+            .expect("pids dir")
+            .map(|e| {
+                let e = e.expect("dir entry");
+                (e.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(e.path()).unwrap_or_default())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = pid_files(data);
+    let log_len = std::fs::metadata(data.join("logs/mgmtd.log")).map(|m| m.len()).unwrap_or(0);
+    let exe = env!("CARGO_BIN_EXE_fskv");
+    let other_base = free_base_port().to_string();
+    let mgmtd_dir = data.join("mgmtd").display().to_string();
+    let up_args = ["up", "--base-port", &other_base, "--data", data.to_str().unwrap()];
+    let mgmtd_args = ["mgmtd", "--data", &mgmtd_dir, "--nodes", "3", "--targets-per-node", "4", "--replicas", "3"];
+    for (args, owner) in [(&up_args[..], format!("fskv up (pid {up_pid})")), (&mgmtd_args[..], "mgmtd (pid ".to_string())] {
+        let mut child = std::process::Command::new(exe)
+            .args(args)
+            .env("FSKV_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run fskv");
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{args:?} still running 10 s after it was started on a directory in use");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr).expect("read stderr");
+        assert!(!status.success(), "{args:?} exited 0 on a directory in use: {stderr}");
+        assert!(stderr.contains("is in use by") && stderr.contains(&owner), "{args:?}: {stderr}");
+    }
+    assert_eq!(pid_files(data), before, "pid files changed by the refused starts");
+    let log_len_after = std::fs::metadata(data.join("logs/mgmtd.log")).map(|m| m.len()).unwrap_or(0);
+    assert!(log_len_after >= log_len, "mgmtd log truncated");
 }
