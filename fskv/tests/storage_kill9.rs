@@ -163,7 +163,12 @@ async fn kill9_mid_writes_keeps_every_acked_write() {
                 (w, acked)
             }));
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Writes stream before the kill (a count, not a fixed sleep: on a
+        // loaded machine 300 ms gave as few as 4 acks).
+        let streaming_by = tokio::time::Instant::now() + Duration::from_secs(30);
+        while acked_count.load(Ordering::Relaxed) <= 10 && tokio::time::Instant::now() < streaming_by {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // kill -9 the middle of the chain while writes stream; mgmtd would
         // then mark it offline.
         let before_kill = acked_count.load(Ordering::Relaxed);
