@@ -350,7 +350,21 @@ fn render(st: &MgmtdStatusResp, space: &[NodeSpace]) -> String {
             continue;
         }
         for t in &n.targets {
-            let _ = writeln!(s, "  {:<10} on {}: {} used of {}", t.target.to_string(), n.node_id, mib(t.used_bytes), mib(t.capacity_bytes));
+            let sc = &t.scrub;
+            let _ = writeln!(
+                s,
+                "  {:<10} on {}: {} used of {}; scrub: {} passes, this pass {}/{} chunks, {} checked, {} corrupt found, {} repaired",
+                t.target.to_string(),
+                n.node_id,
+                mib(t.used_bytes),
+                mib(t.capacity_bytes),
+                sc.passes,
+                sc.pass_chunks_done,
+                sc.pass_chunks_total,
+                mib(sc.bytes_checked),
+                sc.corrupt_found,
+                sc.repaired
+            );
         }
     }
     s

@@ -68,6 +68,23 @@ pub struct StorageArgs {
     /// Write the bound address to this file once serving.
     #[arg(long, value_name = "FILE")]
     ready_file: Option<PathBuf>,
+    /// Scrubber rate: every committed chunk's page checksums are verified in
+    /// the background at most this fast, bit rot repaired from another
+    /// replica (0 = off).
+    #[arg(long, default_value_t = 16)]
+    scrub_mib_per_sec: u64,
+    /// Pause between two scrub passes over all targets.
+    #[arg(long, default_value_t = 60_000)]
+    scrub_pause_between_passes_ms: u64,
+}
+
+impl StorageArgs {
+    fn service_config(&self, node: NodeId) -> StorageConfig {
+        let mut config = StorageConfig::new(node);
+        config.scrub_bytes_per_sec = self.scrub_mib_per_sec.saturating_mul(1 << 20);
+        config.scrub_pause_between_passes_ms = self.scrub_pause_between_passes_ms;
+        config
+    }
 }
 
 fn load_routing(path: &Path) -> anyhow::Result<RoutingInfo> {
@@ -76,6 +93,10 @@ fn load_routing(path: &Path) -> anyhow::Result<RoutingInfo> {
 }
 
 pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
+    // At once, before mgmtd is asked anything: a second service on this
+    // directory is refused with the owner's name.
+    std::fs::create_dir_all(&args.data).with_context(|| format!("cannot create data directory {}", args.data.display()))?;
+    let _owner = DirLock::acquire(&args.data, &format!("storage {}", NodeId(args.node_id)))?;
     if !args.mgmtd.is_empty() {
         return run_with_mgmtd(args).await;
     }
@@ -89,11 +110,10 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
     let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
     std::fs::create_dir_all(&args.data)?;
-    let _owner = DirLock::acquire(&args.data, &format!("storage {node}"))?;
     let data = args.data.clone();
+    let service_config = args.service_config(node);
     let service =
-        tokio::task::spawn_blocking(move || StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc))
-            .await??;
+        tokio::task::spawn_blocking(move || StorageService::open(service_config, &data, &targets, engine_config, handle, rpc)).await??;
     let running = service.serve(&args.listen).await?;
     if let Some(path) = &args.ready_file {
         std::fs::write(path, running.local_addr())?;
@@ -134,12 +154,11 @@ async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
     mgmtd_link::wait_until_safe_to_start(&source, node, &targets, args.max_start_wait_ms).await?;
     let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
     std::fs::create_dir_all(&args.data)?;
-    let _owner = DirLock::acquire(&args.data, &format!("storage {node}"))?;
     let data = args.data.clone();
     let handle = source.handle();
+    let service_config = args.service_config(node);
     let service =
-        tokio::task::spawn_blocking(move || StorageService::open(StorageConfig::new(node), &data, &targets, engine_config, handle, rpc))
-            .await??;
+        tokio::task::spawn_blocking(move || StorageService::open(service_config, &data, &targets, engine_config, handle, rpc)).await??;
     let running = service.serve(&args.listen).await?;
     let address = args.advertise.clone().unwrap_or_else(|| running.local_addr().to_string());
     if let Some(path) = &args.ready_file {

@@ -871,6 +871,38 @@ impl ChunkEngine {
         self.persist_and_swap(chunk, old.as_deref(), Some(new), true)
     }
 
+    /// Rewrites the committed content of `chunk` with `data` — the same
+    /// bytes, fetched from another replica — into a fresh block (bit-rot
+    /// repair). Only if the chunk is still committed at `version` with
+    /// nothing pending and `data` has the recorded whole-content CRC; the
+    /// version, chain version and the tags of recent versions are kept, so
+    /// retries stay recognised. The damaged block is retired.
+    pub fn repair_committed(&self, chunk: ChunkId, version: u64, data: &[u8]) -> Result<()> {
+        let _span = tracing::debug_span!("chunk_repair", chunk = %chunk, version).entered();
+        self.check_alive()?;
+        let _guard = self.lock(chunk);
+        let old = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
+        let m = &old.meta;
+        if m.committed_ver != version || m.pending.is_some() || m.committed.len_bytes as usize != data.len() {
+            return Err(ChunkError::VersionMismatch {
+                chunk,
+                detail: format!(
+                    "repair of version {version} ({} bytes): the chunk is at {} ({} bytes){}",
+                    data.len(),
+                    m.committed_ver,
+                    m.committed.len_bytes,
+                    if m.pending.is_some() { " with a pending version" } else { "" }
+                ),
+            });
+        }
+        let min_block = old.committed_block.as_ref().map_or(0, |b| b.class().block_bytes());
+        let nc = self.write_new_block(chunk, data, m.committed.tag, (min_block, Some(m.committed.crc)))?;
+        let mut meta = m.clone();
+        meta.committed = nc.data;
+        let new = Cached { meta, committed_block: nc.handle, pending_block: None, journaled: false };
+        self.persist_and_swap(chunk, Some(&old), Some(new), false)
+    }
+
     /// Writes the new record (or deletes it) in one batch, then swaps the
     /// cache entry and retires blocks the new record no longer references.
     fn persist_and_swap(&self, chunk: ChunkId, old: Option<&Cached>, new: Option<Cached>, is_update: bool) -> Result<()> {
@@ -921,6 +953,21 @@ impl ChunkEngine {
             Some((ver, PendingState::Data(v))) => Some((*ver, v.tag, v.crc)),
             _ => None,
         }
+    }
+
+    /// Bit rot, injected: flips every bit of the byte at `offset_bytes` of
+    /// the committed content, in the block file, without touching the
+    /// checksums (tests of the read path's repair and of the scrubber).
+    #[cfg(feature = "fault-injection")]
+    pub fn corrupt_committed_byte(&self, chunk: ChunkId, offset_bytes: u64) -> Result<()> {
+        let c = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
+        if offset_bytes >= u64::from(c.meta.committed.len_bytes) {
+            return Err(ChunkError::InvalidArgument(format!("{chunk}: offset {offset_bytes} past the committed length")));
+        }
+        let block = c.committed_block.as_ref().ok_or_else(|| ChunkError::CorruptMetadata(format!("{chunk}: no block")))?;
+        let mut byte = [0u8; 1];
+        block.read_at(offset_bytes, &mut byte)?;
+        block.write_at(offset_bytes, &[!byte[0]])
     }
 
     /// The chunk's metadata, if it exists.

@@ -213,6 +213,25 @@ pub struct TargetSpace {
     pub target: TargetId,
     pub capacity_bytes: u64,
     pub used_bytes: u64,
+    /// The scrubber's progress on this target (all zero when it is off).
+    pub scrub: ScrubProgress,
+}
+
+/// What the scrubber (background checksum verification) did on one target.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubProgress {
+    /// Completed passes over every committed chunk.
+    pub passes: u64,
+    /// Chunks of the current (or last) pass, and how many are checked.
+    pub pass_chunks_total: u64,
+    pub pass_chunks_done: u64,
+    /// Totals since the service started.
+    pub chunks_checked: u64,
+    pub bytes_checked: u64,
+    /// Chunks whose page checksum failed (by the scrubber).
+    pub corrupt_found: u64,
+    /// Chunks rewritten from another replica (by the scrubber or a read).
+    pub repaired: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,11 +25,15 @@ pub struct ClusterOptions {
     pub engine: EngineConfig,
     /// See [`StorageConfig::sync_pause_between_chunks_ms`].
     pub sync_pause_between_chunks_ms: u64,
+    /// See [`StorageConfig::scrub_bytes_per_sec`] (0: no scrubber).
+    pub scrub_bytes_per_sec: u64,
+    /// See [`StorageConfig::scrub_pause_between_passes_ms`].
+    pub scrub_pause_between_passes_ms: u64,
 }
 
 impl ClusterOptions {
     pub fn new(engine: EngineConfig) -> Self {
-        ClusterOptions { engine, sync_pause_between_chunks_ms: 0 }
+        ClusterOptions { engine, sync_pause_between_chunks_ms: 0, scrub_bytes_per_sec: 0, scrub_pause_between_passes_ms: 60_000 }
     }
 }
 
@@ -113,8 +117,12 @@ impl LocalCluster {
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let deadline = tokio::time::Instant::now() + Duration::from_millis(REOPEN_RETRY_MS);
         let service = loop {
-            let config =
-                StorageConfig { sync_pause_between_chunks_ms: self.options.sync_pause_between_chunks_ms, ..StorageConfig::new(node_id(n)) };
+            let config = StorageConfig {
+                sync_pause_between_chunks_ms: self.options.sync_pause_between_chunks_ms,
+                scrub_bytes_per_sec: self.options.scrub_bytes_per_sec,
+                scrub_pause_between_passes_ms: self.options.scrub_pause_between_passes_ms,
+                ..StorageConfig::new(node_id(n))
+            };
             let opened = StorageService::open(
                 config,
                 &dir,

@@ -11,6 +11,7 @@
 
 mod admin_rpcs;
 mod read;
+mod repair;
 mod sync_worker;
 mod write;
 
@@ -73,6 +74,12 @@ pub struct StorageConfig {
     /// Attempts of one `CopyRange` source read (uncommitted data on the
     /// replica read, stale routing, transport errors), first included.
     pub copy_read_max_attempts: u32,
+    /// Scrubber read rate (every committed chunk's page checksums are
+    /// verified in the background, bit rot repaired from another replica);
+    /// 0 = no scrubber.
+    pub scrub_bytes_per_sec: u64,
+    /// Pause between two scrub passes.
+    pub scrub_pause_between_passes_ms: u64,
 }
 
 impl StorageConfig {
@@ -89,6 +96,8 @@ impl StorageConfig {
             inline_engine_io: false,
             max_in_flight_copy_reads: 64,
             copy_read_max_attempts: 6,
+            scrub_bytes_per_sec: 0,
+            scrub_pause_between_passes_ms: 60_000,
         }
     }
 }
@@ -106,6 +115,10 @@ pub struct Target {
     /// Write steps running here, by (chain, request chain version): a sync
     /// waits for the older ones before its dump (`crate::inflight`).
     inflight: InflightUpdates,
+    /// The scrubber's progress (`service/repair.rs`).
+    scrub: Mutex<ScrubProgress>,
+    /// Chunks being repaired now (`service/repair.rs`).
+    repairing: Mutex<BTreeSet<ChunkId>>,
 }
 
 /// The storage service (cheap to clone).
@@ -136,11 +149,12 @@ struct Inner {
     unsettled: Mutex<BTreeSet<(TargetId, ChainId, ChunkId)>>,
 }
 
-/// A running service: its RPC server and its sync worker.
+/// A running service: its RPC server, its sync worker and its scrubber.
 pub struct RunningStorage {
     pub service: StorageService,
     server: Server,
     worker: tokio::task::JoinHandle<()>,
+    scrubber: tokio::task::JoinHandle<()>,
 }
 
 impl RunningStorage {
@@ -148,10 +162,11 @@ impl RunningStorage {
         self.server.local_addr()
     }
 
-    /// Stops the sync worker and the server (in-flight requests get the
-    /// server's grace period).
+    /// Stops the sync worker, the scrubber and the server (in-flight
+    /// requests get the server's grace period).
     pub async fn shutdown(self) {
         self.worker.abort();
+        self.scrubber.abort();
         self.server.shutdown().await;
     }
 }
@@ -189,6 +204,8 @@ impl StorageService {
                         locks: ChunkLocks::default(),
                         sync_done: Mutex::new(None),
                         inflight: InflightUpdates::default(),
+                        scrub: Mutex::new(ScrubProgress::default()),
+                        repairing: Mutex::new(BTreeSet::new()),
                     }),
                 )
             })
@@ -282,8 +299,9 @@ impl StorageService {
     pub async fn serve_on(self, transport: Arc<dyn Transport>, addr: &str) -> anyhow::Result<RunningStorage> {
         let server = Server::bind(transport, addr, self.router(), ServerConfig::default()).await?;
         let worker = tokio::spawn(self.clone().sync_worker().instrument(info_span!("sync_worker", node = %self.node_id())));
+        let scrubber = tokio::spawn(self.clone().scrub_worker().instrument(info_span!("scrubber", node = %self.node_id())));
         info!(addr = server.local_addr(), node = %self.node_id(), targets = ?self.target_ids(), "storage service up");
-        Ok(RunningStorage { service: self, server, worker })
+        Ok(RunningStorage { service: self, server, worker, scrubber })
     }
 
     /// The RPC routes of the service.

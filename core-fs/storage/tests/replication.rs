@@ -23,6 +23,7 @@ fn options() -> ClusterOptions {
     ClusterOptions {
         engine: EngineConfig { blocks_per_grow: 8, sync_writes: false, ..EngineConfig::default() },
         sync_pause_between_chunks_ms: 5,
+        ..ClusterOptions::new(EngineConfig::default())
     }
 }
 

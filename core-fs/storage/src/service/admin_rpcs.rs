@@ -45,6 +45,7 @@ impl StorageService {
                     target: t.id,
                     capacity_bytes: pooled.saturating_add(free_disk),
                     used_bytes: stats.iter().map(|p| p.used_blocks * p.block_bytes).sum(),
+                    scrub: t.scrub.lock().clone(),
                 }
             })
             .collect();

@@ -3,14 +3,16 @@
 //! [`chain::check_read`] (chain version first, then serving only); the
 //! engine work runs off the async threads.
 
-use super::StorageService;
+use super::repair::RepairCause;
+use super::{StorageService, Target};
 use crate::chain;
 use crate::error::{Result, StorageError};
 use crate::sync;
 use bytes::{Bytes, BytesMut};
 use fskv_chunk_engine::ReadMode;
-use fskv_proto::storage::{BatchReadReq, BatchReadResp, QueryLastChunkReq, QueryLastChunkResp, ReadOk};
-use fskv_types::Status;
+use fskv_proto::storage::{BatchReadReq, BatchReadResp, QueryLastChunkReq, QueryLastChunkResp, ReadIo, ReadOk};
+use fskv_types::{ErrorCode, Status};
+use std::sync::Arc;
 
 impl StorageService {
     pub(super) async fn handle_batch_read(&self, req: BatchReadReq) -> Result<(BatchReadResp, Bytes)> {
@@ -34,33 +36,49 @@ impl StorageService {
                 })?;
                 Ok(t)
             });
-            jobs.push((io.clone(), checked.map(|t| t.engine.clone())));
+            jobs.push((io.clone(), checked.map_err(Status::from)));
         }
-        let results = self
-            .blocking(move || {
-                let mut payload = BytesMut::with_capacity(total as usize);
-                let mut results = Vec::with_capacity(jobs.len());
-                for (io, engine) in jobs {
-                    let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
-                    let r = engine.and_then(|e| Ok(e.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)?));
-                    results.push(match r {
-                        Ok(read) => {
-                            payload.extend_from_slice(&read.data);
-                            Ok(ReadOk {
-                                len_bytes: read.data.len() as u32,
-                                crc: crc32c::crc32c(&read.data),
-                                version: read.version,
-                                chunk_len_bytes: read.chunk_len_bytes,
-                                uncommitted: read.uncommitted,
-                            })
-                        }
-                        Err(e) => Err(Status::from(e)),
-                    });
-                }
-                Ok((BatchReadResp { results }, payload.freeze()))
-            })
-            .await?;
-        Ok(results)
+        let (resp, payload) = self.read_jobs(jobs.clone(), total).await?;
+        // Bit rot caught by a page checksum: repair each such chunk from
+        // another replica, then read the batch again (once). A chunk that
+        // cannot be repaired keeps its ChecksumMismatch: never a wrong byte.
+        let corrupt: Vec<_> = resp
+            .results
+            .iter()
+            .zip(&jobs)
+            .filter(|(r, _)| matches!(r, Err(s) if s.code == ErrorCode::ChecksumMismatch))
+            .filter_map(|(_, (io, t))| t.as_ref().ok().map(|t| (t.clone(), io.chain_id, io.chunk)))
+            .collect();
+        if corrupt.is_empty() {
+            return Ok((resp, payload));
+        }
+        for (target, chain, chunk) in corrupt {
+            self.repair_chunk(&target, chain, chunk, RepairCause::Read).await;
+        }
+        self.read_jobs(jobs, total).await
+    }
+
+    async fn read_jobs(&self, jobs: Vec<(ReadIo, std::result::Result<Arc<Target>, Status>)>, total: u64) -> Result<(BatchReadResp, Bytes)> {
+        self.blocking(move || {
+            let mut payload = BytesMut::with_capacity(total as usize);
+            let mut results = Vec::with_capacity(jobs.len());
+            for (io, target) in jobs {
+                let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
+                let r = target.and_then(|t| t.engine.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode).map_err(Status::from));
+                results.push(r.map(|read| {
+                    payload.extend_from_slice(&read.data);
+                    ReadOk {
+                        len_bytes: read.data.len() as u32,
+                        crc: crc32c::crc32c(&read.data),
+                        version: read.version,
+                        chunk_len_bytes: read.chunk_len_bytes,
+                        uncommitted: read.uncommitted,
+                    }
+                }));
+            }
+            Ok((BatchReadResp { results }, payload.freeze()))
+        })
+        .await
     }
 
     pub(super) async fn handle_query_last(&self, req: QueryLastChunkReq) -> Result<QueryLastChunkResp> {
