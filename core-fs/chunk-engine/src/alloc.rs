@@ -100,6 +100,20 @@ pub struct Allocator {
     db: Arc<DB>,
     pools: Vec<Pool>,
     fallocate_calls: AtomicU64,
+    /// Set by the first failed read, write or fdatasync of a block file: the
+    /// disk is suspect and the engine stops (fail-stop, as 3FS does).
+    io_failed: AtomicBool,
+    /// The next block-file operation of this kind fails with this errno.
+    #[cfg(feature = "fault-injection")]
+    fault: Mutex<Option<(IoOp, i32)>>,
+}
+
+/// A kind of block-file operation (disk-fault injection, fail-stop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Read,
+    Write,
+    Sync,
 }
 
 impl Allocator {
@@ -111,7 +125,14 @@ impl Allocator {
         for class in SizeClass::all() {
             pools.push(Self::open_pool(root, &db, class, blocks_per_grow)?);
         }
-        Ok(Allocator { db, pools, fallocate_calls: AtomicU64::new(0) })
+        Ok(Allocator {
+            db,
+            pools,
+            fallocate_calls: AtomicU64::new(0),
+            io_failed: AtomicBool::new(false),
+            #[cfg(feature = "fault-injection")]
+            fault: Mutex::new(None),
+        })
     }
 
     fn open_pool(root: &Path, db: &DB, class: SizeClass, blocks_per_grow: u64) -> Result<Pool> {
@@ -258,18 +279,62 @@ impl Allocator {
     pub fn read_at(&self, class: SizeClass, idx: u64, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         debug_assert!(offset_bytes + buf.len() as u64 <= class.block_bytes());
         let (file, base) = self.file_of(class, idx)?;
-        file.read_exact_at(buf, base + offset_bytes).map_err(|e| ChunkError::io(format!("reading block {idx} of class {}", class.raw()), e))
+        let r = self.injected(IoOp::Read).and_then(|()| file.read_exact_at(buf, base + offset_bytes));
+        self.checked(r, || format!("reading block {idx} of class {}", class.raw()))
     }
 
     pub fn write_at(&self, class: SizeClass, idx: u64, offset_bytes: u64, data: &[u8]) -> Result<()> {
         assert!(offset_bytes + data.len() as u64 <= class.block_bytes(), "write past the block end");
         let (file, base) = self.file_of(class, idx)?;
-        file.write_all_at(data, base + offset_bytes).map_err(|e| ChunkError::io(format!("writing block {idx} of class {}", class.raw()), e))
+        let r = self.injected(IoOp::Write).and_then(|()| file.write_all_at(data, base + offset_bytes));
+        self.checked(r, || format!("writing block {idx} of class {}", class.raw()))
     }
 
     pub fn sync_block(&self, class: SizeClass, idx: u64) -> Result<()> {
         let (file, _) = self.file_of(class, idx)?;
-        file.sync_data().map_err(|e| ChunkError::io("fdatasync of a block file", e))
+        let r = self.injected(IoOp::Sync).and_then(|()| file.sync_data());
+        self.checked(r, || "fdatasync of a block file".to_string())
+    }
+
+    /// Whether a block-file operation has failed since open (fail-stop).
+    pub fn io_failed(&self) -> bool {
+        self.io_failed.load(Ordering::SeqCst)
+    }
+
+    /// Makes the next block-file operation of kind `op` fail with `errno`
+    /// (EIO, ENOSPC, ...). Feature `fault-injection` (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_io_fault(&self, op: IoOp, errno: i32) {
+        *self.fault.lock() = Some((op, errno));
+    }
+
+    #[cfg(feature = "fault-injection")]
+    fn injected(&self, op: IoOp) -> std::io::Result<()> {
+        let mut fault = self.fault.lock();
+        match *fault {
+            Some((o, errno)) if o == op => {
+                *fault = None;
+                Err(std::io::Error::from_raw_os_error(errno))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    #[inline(always)]
+    fn injected(&self, _op: IoOp) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    /// An I/O error on a block file marks the allocator failed (logged once).
+    fn checked<T>(&self, r: std::io::Result<T>, context: impl FnOnce() -> String) -> Result<T> {
+        r.map_err(|e| {
+            let context = context();
+            if !self.io_failed.swap(true, Ordering::SeqCst) {
+                tracing::error!(error = %e, %context, "block file I/O failed; the engine stops (fail-stop) until reopened");
+            }
+            ChunkError::io(context, e)
+        })
     }
 
     /// Path of the file holding a block and the block's offset (tests use it

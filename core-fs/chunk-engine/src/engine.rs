@@ -453,6 +453,7 @@ impl ChunkEngine {
     /// verifying the page checksums of every page touched.
     pub fn read(&self, chunk: ChunkId, offset_bytes: u64, len_bytes: u64, mode: ReadMode) -> Result<ReadResult> {
         let _span = tracing::trace_span!("chunk_read", chunk = %chunk, offset_bytes, len_bytes).entered();
+        self.check_alive()?;
         let cached = self.cached(chunk).ok_or(ChunkError::NotFound(chunk))?;
         let (version, content, handle, uncommitted) = select_version(chunk, &cached, mode)?;
         let data = read_range(chunk, content, handle, offset_bytes, len_bytes)?;
@@ -922,6 +923,9 @@ impl ChunkEngine {
         let mut wo = WriteOptions::default();
         wo.set_sync(self.config.sync_writes);
         if let Err(e) = self.db.write_opt(batch, &wo) {
+            // As RocksDB itself stops after a failed write: fail-stop.
+            tracing::error!(error = %e, %chunk, "metadata write failed; the engine stops until reopened");
+            self.poisoned.store(true, Ordering::SeqCst);
             if let Some(new) = &new {
                 let keep: HashSet<BlockRef> = old.map(|c| c.meta.blocks().into_iter().collect()).unwrap_or_default();
                 retire_unreferenced(new, &keep);
@@ -1110,10 +1114,25 @@ impl ChunkEngine {
     }
 
     fn check_alive(&self) -> Result<()> {
-        if self.poisoned.load(Ordering::SeqCst) {
+        if self.is_failed() {
             return Err(ChunkError::Poisoned);
         }
         Ok(())
+    }
+
+    /// Whether the engine stopped (fail-stop): a block file's read, write or
+    /// fdatasync failed, the journal or RocksDB failed a write, or a crash
+    /// was injected. It takes no more updates and reads until reopened; the
+    /// storage service reports its target offline.
+    pub fn is_failed(&self) -> bool {
+        self.poisoned.load(Ordering::SeqCst) || self.alloc.io_failed()
+    }
+
+    /// Disk-fault injection: the next block-file operation of kind `op`
+    /// fails with `errno`. Feature `fault-injection` (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_io_fault(&self, op: crate::alloc::IoOp, errno: i32) {
+        self.alloc.inject_io_fault(op, errno);
     }
 
     // ----- helpers -----

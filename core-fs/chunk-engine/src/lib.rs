@@ -18,7 +18,7 @@ pub mod journal;
 pub mod layout;
 pub mod meta;
 
-pub use alloc::PoolStats;
+pub use alloc::{IoOp, PoolStats};
 pub use engine::{ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest};
 pub use error::{ChunkError, Result};
 pub use journal::JournalStats;

@@ -31,6 +31,11 @@ pub enum StorageError {
     /// retryable failure there is retryable for the caller too.
     #[error("copy source {chunk} on {chain}: {status}")]
     CopySource { chain: ChainId, chunk: ChunkId, status: Status },
+    /// The target's chunk engine stopped after a disk fault (fail-stop):
+    /// it serves nothing until its process restarts; the service reports
+    /// it offline, so mgmtd takes it out of its chain.
+    #[error("{target} failed (disk fault: {cause}); it serves nothing until restarted")]
+    TargetFailed { target: TargetId, cause: String },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -45,7 +50,10 @@ impl StorageError {
                     ErrorCode::TargetNotServing
                 }
             },
-            StorageError::UnknownTarget(_) | StorageError::UnknownChain(_) | StorageError::NoAddress(_) => ErrorCode::TargetNotServing,
+            StorageError::UnknownTarget(_)
+            | StorageError::UnknownChain(_)
+            | StorageError::NoAddress(_)
+            | StorageError::TargetFailed { .. } => ErrorCode::TargetNotServing,
             StorageError::Checksum { .. } => ErrorCode::ChecksumMismatch,
             StorageError::VersionMismatch { .. } => ErrorCode::ChunkVersionMismatch,
             StorageError::Invalid(_) => ErrorCode::InvalidArgument,

@@ -274,6 +274,10 @@ impl StorageService {
     /// chain version where it is syncing now, online otherwise.
     pub fn local_state(&self, target: TargetId) -> Option<LocalTargetState> {
         let t = self.inner.targets.get(&target)?;
+        if t.engine.is_failed() {
+            // Fail-stop after a disk fault: mgmtd takes it out of its chain.
+            return Some(LocalTargetState::Offline);
+        }
         let routing = self.inner.routing.current();
         let located = routing.locate_target(target);
         let serving = located.is_some_and(|(_, ct)| ct.state.can_read());
@@ -369,6 +373,16 @@ impl StorageService {
     }
 
     // ----- helpers -----
+
+    /// `error` of an engine call on `target`, or `TargetFailed` if the
+    /// engine has stopped (a disk fault): retryable elsewhere, not internal.
+    fn engine_error(target: &Target, error: StorageError) -> StorageError {
+        if target.engine.is_failed() {
+            StorageError::TargetFailed { target: target.id, cause: error.to_string() }
+        } else {
+            error
+        }
+    }
 
     fn target(&self, id: TargetId) -> Result<Arc<Target>> {
         self.inner.targets.get(&id).cloned().ok_or(StorageError::UnknownTarget(id))

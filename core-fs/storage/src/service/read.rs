@@ -64,7 +64,11 @@ impl StorageService {
             let mut results = Vec::with_capacity(jobs.len());
             for (io, target) in jobs {
                 let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
-                let r = target.and_then(|t| t.engine.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode).map_err(Status::from));
+                let r = target.and_then(|t| {
+                    t.engine
+                        .read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)
+                        .map_err(|e| Status::from(Self::engine_error(&t, e.into())))
+                });
                 results.push(r.map(|read| {
                     payload.extend_from_slice(&read.data);
                     ReadOk {

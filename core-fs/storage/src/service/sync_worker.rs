@@ -29,6 +29,9 @@ impl StorageService {
         loop {
             let routing = self.inner.routing.current();
             for me in self.target_ids() {
+                if self.target(me).is_ok_and(|t| t.engine.is_failed()) {
+                    continue; // fail-stop: it reports itself offline
+                }
                 let Some((chain, _)) = routing.locate_target(me) else { continue };
                 let Some(succ) = chain::sync_successor(chain, me) else { continue };
                 let key = (me, succ.target, chain.chain_version);

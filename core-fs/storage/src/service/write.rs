@@ -217,6 +217,10 @@ impl StorageService {
     /// The CRAQ step of `req` at `target` (arrived from `origin`): takes the
     /// chunk's lock, then executes the step's effects until it answers.
     async fn run_step(&self, target: &Arc<Target>, origin: Origin, req: &ForwardReq, payload: Bytes) -> Result<Applied> {
+        self.run_step_inner(target, origin, req, payload).await.map_err(|e| Self::engine_error(target, e))
+    }
+
+    async fn run_step_inner(&self, target: &Arc<Target>, origin: Origin, req: &ForwardReq, payload: Bytes) -> Result<Applied> {
         // Counted before routing is read below: a sync that waits for the
         // older chain versions cannot miss this step (`crate::inflight`).
         let _inflight = target.inflight.enter(req.chain_id, req.chain_ver);
