@@ -243,6 +243,7 @@ impl Gateway {
             user: args.user,
             checksums,
             part_sizes: Vec::new(),
+            upload_id: None,
         };
         let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
         Ok(meta)
@@ -457,6 +458,8 @@ impl Gateway {
             user,
             checksums: src.meta.checksums.clone(),
             part_sizes: src.meta.part_sizes.clone(),
+            // A copy is not the object the upload made.
+            upload_id: None,
         };
         let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
         Ok(CopyObjectOutput {
