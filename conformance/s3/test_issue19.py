@@ -221,3 +221,46 @@ def test_sequential_reupload_replaces_the_part(s3, bucket):
     assert s3.get_object(Bucket=bucket, Key="seq")["Body"].read() == b + tail
 
 
+# ------------------------------------------------------- 2. path-less prefixes
+
+PATHLESS = ["/", "//", "/b", "/b/a/", "b//", "b//a", "a//b", "./", "b/./", "b/../"]
+
+
+def _listing(c, bucket, prefix, delimiter, v):
+    if v == 1:
+        r = c.list_objects(Bucket=bucket, Prefix=prefix, Delimiter=delimiter)
+    else:
+        r = c.list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter=delimiter)
+    return ([o["Key"] for o in r.get("Contents", [])], [p["Prefix"] for p in r.get("CommonPrefixes", [])])
+
+
+@pytest.mark.parametrize("v", [1, 2])
+def test_prefix_naming_no_path_matches_nothing(s3, bucket, v):
+    for k in ["b/a/r", "g", "b/c", "a/b"]:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"x")
+    for prefix in PATHLESS:
+        for delim in ["d", "/", ""]:
+            assert _listing(s3, bucket, prefix, delim, v) == ([], []), (prefix, delim)
+    # The same listings of clean prefixes still work.
+    assert _listing(s3, bucket, "b/", "/", v) == (["b/c"], ["b/a/"])
+    assert _listing(s3, bucket, "", "d", v) == (["a/b", "b/a/r", "b/c", "g"], [])
+    versions = s3.list_object_versions(Bucket=bucket, Prefix="/")
+    assert versions.get("Versions", []) == []
+
+
+def test_pathless_prefixes_against_reference(s3, bucket):
+    ref = reference()
+    rb = s3util.unique_bucket("pfx")
+    ref.create_bucket(Bucket=rb)
+    try:
+        for c, b in ((s3, bucket), (ref, rb)):
+            for k in ["b/a/r", "g", "b/c"]:
+                c.put_object(Bucket=b, Key=k, Body=b"x")
+        for prefix in PATHLESS + ["b", "b/", "b/a"]:
+            for delim in ["d", "/"]:
+                for v in (1, 2):
+                    assert _listing(s3, bucket, prefix, delim, v) == _listing(ref, rb, prefix, delim, v), (prefix, delim, v)
+    finally:
+        s3util.empty_and_delete(ref, rb)
+
+

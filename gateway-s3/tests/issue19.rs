@@ -102,3 +102,37 @@ async fn a_part_uploaded_again_later_replaces_the_earlier_one() {
     assert_eq!(got, b"new bytes!");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn prefixes_naming_no_path_list_nothing() {
+    let (gw, server) = common::gateway(|_| {}).await;
+    for key in ["b/a/r", "g"] {
+        let args = fskv_gateway_s3::ops::object::PutArgs {
+            bucket: "bkt",
+            key,
+            headers: Default::default(),
+            user: Default::default(),
+            tags: None,
+            if_match: None,
+            if_none_match: None,
+        };
+        gw.put(args, Some(blob(b"x")), &http::HeaderMap::new(), None).await.expect("put");
+    }
+    for prefix in ["/", "//", "/b", "b//", "b//a", "./", "b/../"] {
+        for delimiter in [Some("d"), Some("/"), None] {
+            let input = ListObjectsV2Input {
+                bucket: "bkt".into(),
+                prefix: Some(prefix.into()),
+                delimiter: delimiter.map(str::to_string),
+                ..Default::default()
+            };
+            let out = gw.list_v2(&input).await.expect("list");
+            assert_eq!(out.key_count, Some(0), "prefix {prefix:?} delimiter {delimiter:?}: {out:?}");
+        }
+    }
+    let all =
+        gw.list_v2(&ListObjectsV2Input { bucket: "bkt".into(), delimiter: Some("d".into()), ..Default::default() }).await.expect("list");
+    let keys: Vec<String> = all.contents.unwrap_or_default().into_iter().filter_map(|o| o.key).collect();
+    assert_eq!(keys, ["b/a/r", "g"]);
+    server.shutdown().await;
+}
