@@ -264,3 +264,23 @@ def test_pathless_prefixes_against_reference(s3, bucket):
         s3util.empty_and_delete(ref, rb)
 
 
+# ----------------------------------------------------------------- 3. 304
+
+@pytest.mark.moto_gap
+def test_not_modified_carries_etag_and_last_modified(s3, bucket):
+    # moto's 304 carries the ETag but no Last-Modified (RFC 9110 §15.4.5
+    # asks for both; AWS sends both).
+    put = s3.put_object(Bucket=bucket, Key="nm", Body=b"validators")
+    head = s3.head_object(Bucket=bucket, Key="nm")
+    lm = head["ResponseMetadata"]["HTTPHeaders"]["last-modified"]
+    future = head["LastModified"].replace(year=head["LastModified"].year + 1)
+    for call in (s3.get_object, s3.head_object):
+        for kw in ({"IfNoneMatch": put["ETag"]}, {"IfModifiedSince": future}):
+            with pytest.raises(ClientError) as e:
+                call(Bucket=bucket, Key="nm", **kw)
+            assert http_status(e.value) == 304
+            h = e.value.response["ResponseMetadata"]["HTTPHeaders"]
+            assert h.get("etag") == put["ETag"], (call, kw, h)
+            assert h.get("last-modified") == lm, (call, kw, h)
+
+
