@@ -284,3 +284,29 @@ def test_not_modified_carries_etag_and_last_modified(s3, bucket):
             assert h.get("last-modified") == lm, (call, kw, h)
 
 
+# ---------------------------------------------------------------- 4. Owner
+
+def _has_owner(o):
+    return bool(o and (o.get("ID") or o.get("DisplayName")))
+
+
+def test_owner_in_listings(s3, bucket):
+    s3.put_object(Bucket=bucket, Key="o/1", Body=b"1")
+    assert _has_owner(s3.list_buckets().get("Owner"))
+    v1 = s3.list_objects(Bucket=bucket)["Contents"]
+    assert all(_has_owner(o.get("Owner")) for o in v1)
+    v2 = s3.list_objects_v2(Bucket=bucket)["Contents"]
+    assert all("Owner" not in o for o in v2)
+    v2o = s3.list_objects_v2(Bucket=bucket, FetchOwner=True)["Contents"]
+    assert all(_has_owner(o.get("Owner")) for o in v2o)
+    vs = s3.list_object_versions(Bucket=bucket)["Versions"]
+    assert all(_has_owner(o.get("Owner")) for o in vs)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="o/up")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="o/up", UploadId=uid, PartNumber=1, Body=b"p")
+    ups = s3.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    assert ups and all(_has_owner(u.get("Owner")) and _has_owner(u.get("Initiator")) for u in ups)
+    lp = s3.list_parts(Bucket=bucket, Key="o/up", UploadId=uid)
+    assert _has_owner(lp.get("Owner")) and _has_owner(lp.get("Initiator"))
+    s3.abort_multipart_upload(Bucket=bucket, Key="o/up", UploadId=uid)
+
+

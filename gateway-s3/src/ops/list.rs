@@ -31,7 +31,9 @@ fn enc(url: bool, s: &str) -> String {
     }
 }
 
-fn contents(page: &ListPage, url: bool) -> Vec<Object> {
+/// The Contents of a page; `with_owner`: each names its owner (v1 always,
+/// v2 with `fetch-owner=true`, as S3 does).
+fn contents(page: &ListPage, url: bool, with_owner: bool) -> Vec<Object> {
     page.objects
         .iter()
         .map(|o| Object {
@@ -40,6 +42,7 @@ fn contents(page: &ListPage, url: bool) -> Vec<Object> {
             e_tag: Some(ETag::Strong(o.meta.etag.clone())),
             last_modified: Some(timestamp(o.meta.mtime_ns)),
             storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+            owner: with_owner.then(super::owner),
             ..Object::default()
         })
         .collect()
@@ -72,9 +75,9 @@ impl Gateway {
             max_keys: Some(input.max_keys.unwrap_or(MAX_KEYS as i32)),
             is_truncated: Some(page.truncated),
             next_marker: (page.truncated && has_delim).then(|| page.last.clone().map(|k| enc(url, &k))).flatten(),
-            contents: Some(contents(&page, url)),
+            contents: Some(contents(&page, url, true)),
             common_prefixes: Some(prefixes(&page, url)),
-            delimiter: input.delimiter.clone().map(|d| enc(url, &d)),
+            delimiter: req.delimiter.as_ref().map(|d| enc(url, d)),
             encoding_type: input.encoding_type.clone(),
             ..ListObjectsOutput::default()
         })
@@ -103,9 +106,9 @@ impl Gateway {
             continuation_token: input.continuation_token.clone(),
             is_truncated: Some(page.truncated),
             next_continuation_token: page.next_after.as_deref().map(list::encode_token),
-            contents: Some(contents(&page, url)),
+            contents: Some(contents(&page, url, input.fetch_owner == Some(true))),
             common_prefixes: Some(prefixes(&page, url)),
-            delimiter: input.delimiter.clone().map(|d| enc(url, &d)),
+            delimiter: req.delimiter.as_ref().map(|d| enc(url, d)),
             encoding_type: input.encoding_type.clone(),
             start_after: input.start_after.clone().map(|s| enc(url, &s)),
             ..ListObjectsV2Output::default()
@@ -136,6 +139,7 @@ impl Gateway {
                 e_tag: Some(ETag::Strong(o.meta.etag.clone())),
                 last_modified: Some(timestamp(o.meta.mtime_ns)),
                 storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
+                owner: Some(super::owner()),
                 ..ObjectVersion::default()
             })
             .collect();
@@ -150,7 +154,7 @@ impl Gateway {
             next_version_id_marker: page.truncated.then(|| "null".to_string()),
             versions: Some(versions),
             common_prefixes: Some(prefixes(&page, url)),
-            delimiter: input.delimiter.clone().map(|d| enc(url, &d)),
+            delimiter: req.delimiter.as_ref().map(|d| enc(url, d)),
             encoding_type: input.encoding_type.clone(),
             ..ListObjectVersionsOutput::default()
         })

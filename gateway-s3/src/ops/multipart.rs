@@ -581,6 +581,9 @@ impl Gateway {
             is_truncated: Some(truncated),
             part_number_marker: input.part_number_marker,
             next_part_number_marker: if truncated { next } else { None },
+            initiator: Some(super::initiator()),
+            owner: Some(super::owner()),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             parts: Some(
                 parts
                     .into_iter()
@@ -928,6 +931,9 @@ impl Gateway {
                         key: Some(key),
                         upload_id: Some(id),
                         initiated: Some(timestamp(ns)),
+                        initiator: Some(super::initiator()),
+                        owner: Some(super::owner()),
+                        storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
                         ..MultipartUpload::default()
                     })
                     .collect(),
