@@ -310,3 +310,26 @@ def test_owner_in_listings(s3, bucket):
     s3.abort_multipart_upload(Bucket=bucket, Key="o/up", UploadId=uid)
 
 
+# ------------------------------------------------------- 5. empty delimiter
+
+@pytest.mark.parametrize("query", [
+    [("delimiter", "")],
+    [("list-type", "2"), ("delimiter", "")],
+    [("versions", ""), ("delimiter", "")],
+    [("uploads", ""), ("delimiter", "")],
+])
+def test_empty_delimiter_acts_as_absent(s3, raw, bucket, query):
+    if on_moto() and query[0][0] == "versions":
+        pytest.skip("moto echoes an empty <Delimiter/> in ListObjectVersions")
+    for k in ["x/1", "x/2", "y"]:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"d")
+        s3.create_multipart_upload(Bucket=bucket, Key=k)
+    status, _, data = raw.request("GET", f"/{bucket}", query=query)
+    assert status == 200, data
+    root = ET.fromstring(data)
+    assert root.find(f"{NS}Delimiter") is None, data
+    assert root.findall(f"{NS}CommonPrefixes") == [], data
+    keys = [e.findtext(f"{NS}Key") for e in root if e.tag in (f"{NS}Contents", f"{NS}Version", f"{NS}Upload")]
+    assert keys == ["x/1", "x/2", "y"], data
+
+

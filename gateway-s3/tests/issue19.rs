@@ -134,5 +134,10 @@ async fn prefixes_naming_no_path_list_nothing() {
         gw.list_v2(&ListObjectsV2Input { bucket: "bkt".into(), delimiter: Some("d".into()), ..Default::default() }).await.expect("list");
     let keys: Vec<String> = all.contents.unwrap_or_default().into_iter().filter_map(|o| o.key).collect();
     assert_eq!(keys, ["b/a/r", "g"]);
+    // An empty delimiter is no delimiter.
+    let empty =
+        gw.list_v2(&ListObjectsV2Input { bucket: "bkt".into(), delimiter: Some(String::new()), ..Default::default() }).await.expect("list");
+    assert_eq!(empty.delimiter, None);
+    assert_eq!(empty.key_count, Some(2));
     server.shutdown().await;
 }

@@ -48,6 +48,12 @@ fn contents(page: &ListPage, url: bool, with_owner: bool) -> Vec<Object> {
         .collect()
 }
 
+/// The delimiter as requested: an empty `delimiter=` is no delimiter (no
+/// roll-up and no Delimiter element), as S3 treats it.
+fn delimiter(d: &Option<String>) -> Option<String> {
+    d.clone().filter(|d| !d.is_empty())
+}
+
 fn prefixes(page: &ListPage, url: bool) -> Vec<CommonPrefix> {
     page.common_prefixes.iter().map(|p| CommonPrefix { prefix: Some(enc(url, p)) }).collect()
 }
@@ -62,12 +68,12 @@ impl Gateway {
         let url = url_mode(&input.encoding_type)?;
         let req = ListRequest {
             prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone(),
+            delimiter: delimiter(&input.delimiter),
             after: input.marker.clone().unwrap_or_default().into_bytes(),
             max_keys: max_keys(input.max_keys)?,
         };
         let page = self.list_page(&input.bucket, req.clone()).await?;
-        let has_delim = input.delimiter.as_deref().is_some_and(|d| !d.is_empty());
+        let has_delim = req.delimiter.is_some();
         Ok(ListObjectsOutput {
             name: Some(input.bucket.clone()),
             prefix: Some(enc(url, &req.prefix)),
@@ -92,7 +98,7 @@ impl Gateway {
         };
         let req = ListRequest {
             prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone(),
+            delimiter: delimiter(&input.delimiter),
             after,
             max_keys: max_keys(input.max_keys)?,
         };
@@ -123,7 +129,7 @@ impl Gateway {
         }
         let req = ListRequest {
             prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone(),
+            delimiter: delimiter(&input.delimiter),
             after: input.key_marker.clone().unwrap_or_default().into_bytes(),
             max_keys: max_keys(input.max_keys)?,
         };

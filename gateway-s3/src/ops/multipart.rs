@@ -924,7 +924,7 @@ impl Gateway {
             next_key_marker: if truncated { page.last().map(|p| p.0.clone()) } else { None },
             next_upload_id_marker: if truncated { page.last().map(|p| p.1.clone()) } else { None },
             common_prefixes: Some(prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
-            delimiter: input.delimiter.clone(),
+            delimiter: delim.map(str::to_string),
             uploads: Some(
                 page.into_iter()
                     .map(|(key, id, ns)| MultipartUpload {
