@@ -42,6 +42,10 @@ impl Protocol for S3Http {
     }
 
     async fn handle(&self, req: Request<RequestBody>, cx: RequestContext) -> Response<s3s::Body> {
+        if !path_is_utf8(req.uri().path()) {
+            // s3s would decode it lossily and serve another key.
+            return error::xml_response(error::invalid_uri(), &cx.request_id).map(s3s::Body::from);
+        }
         match self.service.call(req.map(s3s::Body::http_body)).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -55,6 +59,11 @@ impl Protocol for S3Http {
     fn error_response(&self, err: &GatewayError, cx: &RequestContext) -> Response<Bytes> {
         error::xml_response(error::from_gateway(err), &cx.request_id)
     }
+}
+
+/// Whether the request path is UTF-8 once percent-decoded (keys are UTF-8).
+pub fn path_is_utf8(path: &str) -> bool {
+    percent_encoding::percent_decode_str(path).decode_utf8().is_ok()
 }
 
 /// A running gateway; [`GatewayHandle::stop`] stops it gracefully (dropping
@@ -115,5 +124,16 @@ async fn expiry_loop(gateway: Gateway, mut stop: watch::Receiver<bool>) {
         if n > 0 {
             tracing::info!(removed = n, "expired multipart uploads removed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn paths_must_decode_to_utf8() {
+        assert!(super::path_is_utf8("/bkt/caf%C3%A9/%E6%97%A5"));
+        assert!(super::path_is_utf8("/bkt/100%25"));
+        assert!(!super::path_is_utf8("/bkt/%FF-undecodable"));
+        assert!(!super::path_is_utf8("/bkt/%C3%28"));
     }
 }

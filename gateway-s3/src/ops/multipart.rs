@@ -986,20 +986,20 @@ fn all_in_place(parts: &[(Inode, PartRecord)]) -> bool {
     true
 }
 
-/// `bytes=a-b` of a copy source of `size` bytes, as `[a, b+1)`.
-fn parse_copy_range(r: &str, size: u64) -> Result<(u64, u64), S3Error> {
-    let bad = || {
-        S3Error::with_message(
-            S3ErrorCode::InvalidArgument,
-            format!("x-amz-copy-source-range {r:?}: expected bytes=first-last within the source"),
-        )
-    };
+/// `bytes=a-b` of a copy source of `size` bytes, as `[a, b+1)`: a
+/// malformed value is 400 `InvalidArgument`, a range not within the source
+/// 416 `InvalidRange` (as S3 answers both).
+pub fn parse_copy_range(r: &str, size: u64) -> Result<(u64, u64), S3Error> {
+    let bad = || error::invalid_argument(format!("x-amz-copy-source-range {r:?}: expected bytes=first-last"));
     let spec = r.strip_prefix("bytes=").ok_or_else(bad)?;
     let (a, b) = spec.split_once('-').ok_or_else(bad)?;
     let a: u64 = a.trim().parse().map_err(|_| bad())?;
     let b: u64 = b.trim().parse().map_err(|_| bad())?;
-    if a > b || b >= size {
+    if a > b {
         return Err(bad());
+    }
+    if b >= size {
+        return Err(error::invalid_range(format!("x-amz-copy-source-range {r:?} is not within the source's {size} bytes")));
     }
     Ok((a, b + 1))
 }
@@ -1056,5 +1056,14 @@ mod tests {
         let after = format!("{}/", part_name(3));
         assert!(attempt_name(3, "ff").as_str() < after.as_str() && part_name(3).as_str() < after.as_str());
         assert!(part_name(4).as_str() > after.as_str());
+    }
+
+    #[test]
+    fn copy_ranges_out_of_the_source_are_invalid_range() {
+        assert_eq!(parse_copy_range("bytes=0-9", 10).ok(), Some((0, 10)));
+        assert_eq!(parse_copy_range("bytes=0-10", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidRange));
+        assert_eq!(parse_copy_range("bytes=50-60", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidRange));
+        assert_eq!(parse_copy_range("bytes=5-2", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidArgument));
+        assert_eq!(parse_copy_range("0-2", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidArgument));
     }
 }

@@ -346,9 +346,7 @@ impl Gateway {
         let m = &obj.meta;
         let (start, end, ranged) = match (&input.range, part_range(m, input.part_number)?) {
             (Some(r), _) => {
-                let rr = r.check(m.size).map_err(|_| {
-                    S3Error::with_message(S3ErrorCode::InvalidRange, format!("the range is not satisfiable for {} bytes", m.size))
-                })?;
+                let rr = r.check(m.size).map_err(|_| error::invalid_range(format!("the range is not satisfiable for {} bytes", m.size)))?;
                 (rr.start, rr.end, true)
             }
             (None, Some((s, e))) => (s, e, true),
