@@ -9,6 +9,12 @@ use futures::StreamExt;
 use s3s::dto::*;
 use s3s::S3ErrorCode;
 
+/// A body in `pieces`, with no length known in advance (as a chunked request's).
+fn unsized_blob(pieces: &[&'static [u8]]) -> StreamingBlob {
+    let pieces: Vec<Result<bytes::Bytes, std::io::Error>> = pieces.iter().map(|p| Ok(bytes::Bytes::from_static(p))).collect();
+    StreamingBlob::wrap(futures::stream::iter(pieces))
+}
+
 fn blob(data: &[u8]) -> StreamingBlob {
     let b = bytes::Bytes::copy_from_slice(data);
     StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(b) }))
@@ -139,5 +145,39 @@ async fn prefixes_naming_no_path_list_nothing() {
         gw.list_v2(&ListObjectsV2Input { bucket: "bkt".into(), delimiter: Some(String::new()), ..Default::default() }).await.expect("list");
     assert_eq!(empty.delimiter, None);
     assert_eq!(empty.key_count, Some(2));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_of_unknown_length_stops_at_the_object_limit() {
+    let (gw, server) = common::gateway(|c| c.limits.max_object_bytes = 10).await;
+    let args = fskv_gateway_s3::ops::object::PutArgs {
+        bucket: "bkt",
+        key: "big",
+        headers: Default::default(),
+        user: Default::default(),
+        tags: None,
+        if_match: None,
+        if_none_match: None,
+    };
+    let err = gw
+        .put(args, Some(unsized_blob(&[b"12345", b"67890", b"x", b"never read"])), &http::HeaderMap::new(), None)
+        .await
+        .expect_err("too large");
+    assert_eq!(err.code(), &S3ErrorCode::EntityTooLarge);
+    let head = gw.head(&HeadObjectInput { bucket: "bkt".into(), key: "big".into(), ..Default::default() }).await.expect_err("nothing");
+    assert_eq!(head.code(), &S3ErrorCode::NoSuchKey);
+    // At the limit it is stored.
+    let args = fskv_gateway_s3::ops::object::PutArgs {
+        bucket: "bkt",
+        key: "fits",
+        headers: Default::default(),
+        user: Default::default(),
+        tags: None,
+        if_match: None,
+        if_none_match: None,
+    };
+    let meta = gw.put(args, Some(unsized_blob(&[b"12345", b"67890"])), &http::HeaderMap::new(), None).await.expect("fits");
+    assert_eq!(meta.size, 10);
     server.shutdown().await;
 }
