@@ -73,6 +73,21 @@ pub fn internal(what: impl std::fmt::Display) -> S3Error {
     S3Error::with_message(S3ErrorCode::InternalError, format!("internal error: {what}"))
 }
 
+/// 400 `InvalidURI`: a request path that is not UTF-8 once percent-decoded
+/// (a key S3 cannot have), as AWS answers it.
+pub fn invalid_uri() -> S3Error {
+    let mut e =
+        S3Error::with_message(S3ErrorCode::InvalidURI, "Couldn't parse the specified URI: the path is not UTF-8 once percent-decoded");
+    e.set_status_code(http::StatusCode::BAD_REQUEST);
+    e
+}
+
+/// 416 `InvalidRange`: a range (GET `Range`, `x-amz-copy-source-range`)
+/// outside the object.
+pub fn invalid_range(msg: String) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InvalidRange, msg)
+}
+
 pub fn invalid_part_number(msg: String) -> S3Error {
     custom("InvalidPartNumber", http::StatusCode::RANGE_NOT_SATISFIABLE, msg)
 }

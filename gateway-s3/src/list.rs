@@ -74,6 +74,9 @@ pub async fn list(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<L
         return Ok(ListPage::default());
     }
     let max = req.max_keys.min(MAX_KEYS);
+    if !prefix_can_match(&req.prefix) {
+        return Ok(ListPage::default());
+    }
     let delim = req.delimiter.as_deref().filter(|d| !d.is_empty());
     // The directory the prefix fully names, and the prefix of its keys.
     let (dir_part, base) = match req.prefix.rfind('/') {
@@ -208,6 +211,24 @@ async fn has_entries(fs: &FsClient, dir: InodeId) -> Result<bool, S3Error> {
     }
 }
 
+/// Whether some key the gateway accepts ([`crate::paths::parse_key`]) can
+/// start with `prefix`: every component before its last `/` must be one a
+/// key may have (not empty — so no leading `/` and no `//` —, not `.` or
+/// `..`, no NUL, at most 255 bytes), and the rest must fit in a component.
+/// A prefix that names no path matches nothing (it must not be resolved
+/// as if the empty components were not there).
+pub fn prefix_can_match(prefix: &str) -> bool {
+    if prefix.len() > crate::paths::MAX_KEY_BYTES || prefix.contains('\0') {
+        return false;
+    }
+    let (dirs, last) = match prefix.rfind('/') {
+        Some(i) => (Some(&prefix[..i]), &prefix[i + 1..]),
+        None => (None, prefix),
+    };
+    let component_ok = |c: &str| !c.is_empty() && c != "." && c != ".." && c.len() <= fskv_proto::meta::MAX_NAME_BYTES;
+    dirs.map_or(true, |d| d.split('/').all(component_ok)) && last.len() <= fskv_proto::meta::MAX_NAME_BYTES
+}
+
 /// The directory `path` (components joined by `/`) below `bucket`, if it is one.
 async fn resolve_dir(fs: &FsClient, bucket: InodeId, path: &str) -> Result<Option<InodeId>, S3Error> {
     let mut cur = bucket;
@@ -252,4 +273,22 @@ pub fn url_encode_key(key: &str) -> String {
     const SET: &percent_encoding::AsciiSet =
         &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
     percent_encoding::utf8_percent_encode(key, SET).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_can_match;
+
+    #[test]
+    fn prefixes_that_name_no_path_match_nothing() {
+        for ok in ["", "a", "a/", "a/b", "a/b/", ".", "..", "a/.", "a/..x", "a/.b/", "é/"] {
+            assert!(prefix_can_match(ok), "{ok:?} can start a key");
+        }
+        for bad in ["/", "//", "/a", "a//b", "a//", "./x", "../", "a/./b", "a/../", "a\0b"] {
+            assert!(!prefix_can_match(bad), "{bad:?} starts no key");
+        }
+        assert!(!prefix_can_match(&format!("{}/", "c".repeat(256))));
+        assert!(!prefix_can_match(&"c".repeat(256)));
+        assert!(prefix_can_match(&format!("{}/", "c".repeat(255))));
+    }
 }

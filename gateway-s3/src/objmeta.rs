@@ -112,6 +112,11 @@ pub struct ObjectMeta {
     /// Sizes of the parts of a multipart object (for `partNumber` reads).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub part_sizes: Vec<u64>,
+    /// The multipart upload that made the object: a retried
+    /// CompleteMultipartUpload of that upload is answered from this record
+    /// while it is the current object at the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_id: Option<String>,
 }
 
 impl ObjectMeta {

@@ -12,10 +12,9 @@ fn ok<T>(v: T) -> S3Result<S3Response<T>> {
     Ok(S3Response::new(v))
 }
 
-/// The one owner every object has: the gateway keeps no ACLs; signed
-/// requests by any configured key have full control.
+/// The ACL of everything: the one owner ([`crate::ops::owner`]) with full control.
 fn owner_acl() -> (Option<Owner>, Option<Grants>) {
-    let owner = Owner { display_name: Some("fskv".into()), id: Some("fskv".into()) };
+    let owner = crate::ops::owner();
     let grantee = Grantee {
         display_name: owner.display_name.clone(),
         id: owner.id.clone(),

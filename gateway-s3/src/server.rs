@@ -41,7 +41,23 @@ impl Protocol for S3Http {
         crate::route::classify(parts)
     }
 
-    async fn handle(&self, req: Request<RequestBody>, cx: RequestContext) -> Response<s3s::Body> {
+    async fn handle(&self, mut req: Request<RequestBody>, cx: RequestContext) -> Response<s3s::Body> {
+        if !path_is_utf8(req.uri().path()) {
+            // s3s would decode it lossily and serve another key.
+            return error::xml_response(error::invalid_uri(), &cx.request_id).map(s3s::Body::from);
+        }
+        if length_unknown_unsigned(req.headers()) {
+            // s3s refuses an UNSIGNED-PAYLOAD body without Content-Length
+            // (MissingContentLength) before any handler runs, though
+            // nothing it does with such a body needs the length: the
+            // handlers stream it and stop at their own limits
+            // (`max_object_bytes`, `max_part_bytes`), after the shared
+            // layer's body cap. A zero Content-Length (unsigned: it is not
+            // part of the signature) gets it past that check; the handlers
+            // read a zero length as unknown (UploadPart then stores the
+            // part as a file of its own, not in place).
+            req.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from_static("0"));
+        }
         match self.service.call(req.map(s3s::Body::http_body)).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -55,6 +71,33 @@ impl Protocol for S3Http {
     fn error_response(&self, err: &GatewayError, cx: &RequestContext) -> Response<Bytes> {
         error::xml_response(error::from_gateway(err), &cx.request_id)
     }
+}
+
+/// Whether the request path is UTF-8 once percent-decoded (keys are UTF-8).
+pub fn path_is_utf8(path: &str) -> bool {
+    percent_encoding::percent_decode_str(path).decode_utf8().is_ok()
+}
+
+/// A body sent with `Transfer-Encoding: chunked`, no `Content-Length` and
+/// `x-amz-content-sha256: UNSIGNED-PAYLOAD` (header-signed, payload not
+/// signed). The other modes:
+///
+/// | x-amz-content-sha256 | chunked, no Content-Length |
+/// |---|---|
+/// | `UNSIGNED-PAYLOAD` | accepted (this function) |
+/// | `STREAMING-*` (aws-chunked) | accepted when `x-amz-decoded-content-length` is sent (s3s checks the decoded length); 411 `MissingContentLength` without it, as AWS |
+/// | a hex SHA-256 (signed payload) | 411 `MissingContentLength`: the digest is checked against a body of known length, and AWS requires it too |
+/// | presigned URL (no header) | accepted (s3s needs no length) |
+pub fn length_unknown_unsigned(headers: &http::HeaderMap) -> bool {
+    let chunked = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("chunked"));
+    chunked
+        && !headers.contains_key(http::header::CONTENT_LENGTH)
+        && headers.get("x-amz-content-sha256").is_some_and(|v| v.as_bytes() == b"UNSIGNED-PAYLOAD")
 }
 
 /// A running gateway; [`GatewayHandle::stop`] stops it gracefully (dropping
@@ -115,5 +158,37 @@ async fn expiry_loop(gateway: Gateway, mut stop: watch::Receiver<bool>) {
         if n > 0 {
             tracing::info!(removed = n, "expired multipart uploads removed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::length_unknown_unsigned;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        pairs.iter().map(|(k, v)| (http::HeaderName::from_static(k), http::HeaderValue::from_static(v))).collect()
+    }
+
+    #[test]
+    fn paths_must_decode_to_utf8() {
+        assert!(super::path_is_utf8("/bkt/caf%C3%A9/%E6%97%A5"));
+        assert!(super::path_is_utf8("/bkt/100%25"));
+        assert!(!super::path_is_utf8("/bkt/%FF-undecodable"));
+        assert!(!super::path_is_utf8("/bkt/%C3%28"));
+    }
+
+    #[test]
+    fn only_unsigned_chunked_bodies_without_length_are_let_through() {
+        let te = ("transfer-encoding", "chunked");
+        let unsigned = ("x-amz-content-sha256", "UNSIGNED-PAYLOAD");
+        assert!(length_unknown_unsigned(&headers(&[te, unsigned])));
+        assert!(length_unknown_unsigned(&headers(&[("transfer-encoding", "gzip, Chunked"), unsigned])));
+        assert!(!length_unknown_unsigned(&headers(&[te, unsigned, ("content-length", "5")])));
+        assert!(!length_unknown_unsigned(&headers(&[unsigned])));
+        assert!(!length_unknown_unsigned(&headers(&[te, ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")])));
+        assert!(!length_unknown_unsigned(&headers(&[
+            te,
+            ("x-amz-content-sha256", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+        ])));
     }
 }

@@ -19,7 +19,7 @@ impl Gateway {
                     .map(|(name, ns)| Bucket { name: Some(name), creation_date: Some(timestamp(ns)), ..Bucket::default() })
                     .collect(),
             ),
-            owner: Some(Owner { display_name: Some("fskv".into()), id: Some("fskv".into()) }),
+            owner: Some(super::owner()),
             ..ListBucketsOutput::default()
         })
     }

@@ -31,7 +31,9 @@ fn enc(url: bool, s: &str) -> String {
     }
 }
 
-fn contents(page: &ListPage, url: bool) -> Vec<Object> {
+/// The Contents of a page; `with_owner`: each names its owner (v1 always,
+/// v2 with `fetch-owner=true`, as S3 does).
+fn contents(page: &ListPage, url: bool, with_owner: bool) -> Vec<Object> {
     page.objects
         .iter()
         .map(|o| Object {
@@ -40,9 +42,16 @@ fn contents(page: &ListPage, url: bool) -> Vec<Object> {
             e_tag: Some(ETag::Strong(o.meta.etag.clone())),
             last_modified: Some(timestamp(o.meta.mtime_ns)),
             storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
+            owner: with_owner.then(super::owner),
             ..Object::default()
         })
         .collect()
+}
+
+/// The delimiter as requested: an empty `delimiter=` is no delimiter (no
+/// roll-up and no Delimiter element), as S3 treats it.
+fn delimiter(d: &Option<String>) -> Option<String> {
+    d.clone().filter(|d| !d.is_empty())
 }
 
 fn prefixes(page: &ListPage, url: bool) -> Vec<CommonPrefix> {
@@ -59,12 +68,12 @@ impl Gateway {
         let url = url_mode(&input.encoding_type)?;
         let req = ListRequest {
             prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone(),
+            delimiter: delimiter(&input.delimiter),
             after: input.marker.clone().unwrap_or_default().into_bytes(),
             max_keys: max_keys(input.max_keys)?,
         };
         let page = self.list_page(&input.bucket, req.clone()).await?;
-        let has_delim = input.delimiter.as_deref().is_some_and(|d| !d.is_empty());
+        let has_delim = req.delimiter.is_some();
         Ok(ListObjectsOutput {
             name: Some(input.bucket.clone()),
             prefix: Some(enc(url, &req.prefix)),
@@ -72,9 +81,9 @@ impl Gateway {
             max_keys: Some(input.max_keys.unwrap_or(MAX_KEYS as i32)),
             is_truncated: Some(page.truncated),
             next_marker: (page.truncated && has_delim).then(|| page.last.clone().map(|k| enc(url, &k))).flatten(),
-            contents: Some(contents(&page, url)),
+            contents: Some(contents(&page, url, true)),
             common_prefixes: Some(prefixes(&page, url)),
-            delimiter: input.delimiter.clone().map(|d| enc(url, &d)),
+            delimiter: req.delimiter.as_ref().map(|d| enc(url, d)),
             encoding_type: input.encoding_type.clone(),
             ..ListObjectsOutput::default()
         })
@@ -89,7 +98,7 @@ impl Gateway {
         };
         let req = ListRequest {
             prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone(),
+            delimiter: delimiter(&input.delimiter),
             after,
             max_keys: max_keys(input.max_keys)?,
         };
@@ -103,9 +112,9 @@ impl Gateway {
             continuation_token: input.continuation_token.clone(),
             is_truncated: Some(page.truncated),
             next_continuation_token: page.next_after.as_deref().map(list::encode_token),
-            contents: Some(contents(&page, url)),
+            contents: Some(contents(&page, url, input.fetch_owner == Some(true))),
             common_prefixes: Some(prefixes(&page, url)),
-            delimiter: input.delimiter.clone().map(|d| enc(url, &d)),
+            delimiter: req.delimiter.as_ref().map(|d| enc(url, d)),
             encoding_type: input.encoding_type.clone(),
             start_after: input.start_after.clone().map(|s| enc(url, &s)),
             ..ListObjectsV2Output::default()
@@ -120,7 +129,7 @@ impl Gateway {
         }
         let req = ListRequest {
             prefix: input.prefix.clone().unwrap_or_default(),
-            delimiter: input.delimiter.clone(),
+            delimiter: delimiter(&input.delimiter),
             after: input.key_marker.clone().unwrap_or_default().into_bytes(),
             max_keys: max_keys(input.max_keys)?,
         };
@@ -136,6 +145,7 @@ impl Gateway {
                 e_tag: Some(ETag::Strong(o.meta.etag.clone())),
                 last_modified: Some(timestamp(o.meta.mtime_ns)),
                 storage_class: Some(ObjectVersionStorageClass::from_static(ObjectVersionStorageClass::STANDARD)),
+                owner: Some(super::owner()),
                 ..ObjectVersion::default()
             })
             .collect();
@@ -150,7 +160,7 @@ impl Gateway {
             next_version_id_marker: page.truncated.then(|| "null".to_string()),
             versions: Some(versions),
             common_prefixes: Some(prefixes(&page, url)),
-            delimiter: input.delimiter.clone().map(|d| enc(url, &d)),
+            delimiter: req.delimiter.as_ref().map(|d| enc(url, d)),
             encoding_type: input.encoding_type.clone(),
             ..ListObjectVersionsOutput::default()
         })

@@ -17,10 +17,38 @@
 //!
 //! **Elsewhere.** A part that does not fit (larger than P, unknown length,
 //! a re-sent part, UploadPartCopy) is a file of its own, published
-//! atomically as `%05d` (replacing the entry). When any listed part is not
-//! in place, or the completion is conditional, completion copies every
-//! part into a new temp file inside the cluster (storage-side copy; no data
-//! through the gateway) and publishes that.
+//! atomically as `%05d.<etag>`. When any listed part is not in place, an
+//! in-place write is still running (an entry `%05d` without a record), or
+//! the completion is conditional, completion copies every part into a new
+//! temp file inside the cluster (storage-side copy; no data through the
+//! gateway) and publishes that.
+//!
+//! **Attempts.** Every finished UploadPart (or UploadPartCopy) of part `n`
+//! is an *attempt* with its own entry and record (`started_ns` when the
+//! request arrived, `mtime_ns` when it finished). An SDK that times out
+//! re-sends a part while the first request may still be running, and lists
+//! the ETag of the answer it got — which need not be the attempt that
+//! finished last. So attempts are not overwritten; the rules
+//! ([`current_attempt`], [`choose_attempt`], [`stale_attempts`]):
+//!
+//! | situation | rule |
+//! |---|---|
+//! | attempt Y of part n finishes | attempts of n that finished before Y started are stale: their entries are removed (a stale in-place claim too: its region may be claimed again) — a sequential re-upload replaces the part, as in S3 |
+//! | attempts overlapped in time (a retry raced the first request) | all kept |
+//! | ListParts | per part, the attempt that started last (ties: finished last) |
+//! | Complete lists part n with an ETag | the kept attempt of n with that ETag (the latest-started if several); none: `InvalidPart` |
+//! | Complete lists part n without an ETag | the attempt that started last |
+//! | in-place write fails (short body, bad digest) | its claim `%05d` is removed; the part counts as not uploaded |
+//!
+//! **Completion is idempotent.** The object's `user.s3.meta` record names
+//! the upload that made it (`upload_id`), published in the same transaction
+//! as the object. A CompleteMultipartUpload of an upload that is gone (an
+//! SDK retry after a lost answer, or two completions racing) is answered
+//! with the same ETag and location when the current object at the key was
+//! made by that upload from the same part list (its ETag is the multipart
+//! ETag of the listed part ETags). The record lives as long as that object:
+//! no time limit, survives gateway restarts; once the key is overwritten or
+//! deleted, a retry gets `NoSuchUpload`.
 //!
 //! Abort removes the directory at once; uploads older than
 //! `multipart_expiry_ms` are removed by the writer's expiry scan.
@@ -59,6 +87,9 @@ pub struct PartRecord {
     /// itself is the part's file.
     #[serde(default)]
     pub offset: Option<u64>,
+    /// When the request of this attempt arrived (`mtime_ns`: when it finished).
+    #[serde(default)]
+    pub started_ns: u64,
 }
 
 impl PartRecord {
@@ -81,8 +112,57 @@ pub struct UploadRecord {
     pub checksum_algorithm: Option<String>,
 }
 
+/// The in-place claim of part `n` (also where a readdir of its attempts starts).
 fn part_name(n: i32) -> String {
     format!("{n:05}")
+}
+
+/// The entry of an attempt of part `n` with a file of its own: named by
+/// its ETag, so identical re-sends share one entry.
+fn attempt_name(n: i32, etag: &str) -> String {
+    format!("{n:05}.{etag}")
+}
+
+/// The part number of an entry (`%05d` or `%05d.<etag>`); `None` for `data`.
+fn part_of(name: &str) -> Option<i32> {
+    let num = name.split_once('.').map_or(name, |(n, _)| n);
+    (num.len() == 5).then(|| num.parse().ok()).flatten()
+}
+
+/// One finished attempt of a part.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    pub name: String,
+    pub inode: Inode,
+    pub record: PartRecord,
+}
+
+/// The attempt that started last (ties: finished last): what ListParts shows.
+pub fn current_attempt(attempts: &[Attempt]) -> Option<&Attempt> {
+    attempts.iter().max_by_key(|a| (a.record.started_ns, a.record.mtime_ns))
+}
+
+/// The attempt a completion uses for a listed part: the kept attempt with
+/// the listed ETag (unquoted), or the current one when none is listed.
+pub fn choose_attempt<'a>(attempts: &'a [Attempt], listed_etag: Option<&str>) -> Option<&'a Attempt> {
+    match listed_etag {
+        None => current_attempt(attempts),
+        Some(e) => attempts.iter().filter(|a| a.record.etag == e).max_by_key(|a| (a.record.started_ns, a.record.mtime_ns)),
+    }
+}
+
+/// The attempts made stale by an attempt that started at `started_ns`:
+/// those that finished before it started.
+pub fn stale_attempts(attempts: &[Attempt], started_ns: u64) -> Vec<&Attempt> {
+    attempts.iter().filter(|a| a.record.mtime_ns < started_ns).collect()
+}
+
+/// The finished attempts of an upload's parts, by part number, and whether
+/// an in-place write is still running (a claim without a record).
+#[derive(Debug, Default)]
+struct Attempts {
+    parts: BTreeMap<i32, Vec<Attempt>>,
+    in_flight: bool,
 }
 
 fn new_upload_id() -> String {
@@ -188,6 +268,7 @@ impl Gateway {
         trailers: Option<&s3s::TrailingHeaders>,
     ) -> Result<UploadPartOutput, S3Error> {
         self.check_part_number(input.part_number)?;
+        let started_ns = write::now_ns();
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
         let mut algorithms = body::requested_algorithms(req_headers);
         if let Some(a) = &up.record.checksum_algorithm {
@@ -201,10 +282,16 @@ impl Gateway {
         let n = input.part_number;
         let mut body = input.body;
         let placed = match self.in_place_slot(&up, n, length).await? {
-            Some((offset, size)) => {
-                self.write_in_place(&up, n, offset, size, body.take(), &mut digests).await?;
-                Some(offset)
-            }
+            Some((offset, size)) => match self.write_in_place(&up, n, offset, size, body.take(), &mut digests).await {
+                Ok(()) => Some(offset),
+                Err(e) => {
+                    // An internal error may leave writes running: the claim then stays.
+                    if e.code() != &S3ErrorCode::InternalError {
+                        self.drop_claim(up.dir, n, &e).await;
+                    }
+                    return Err(e);
+                }
+            },
             None => None,
         };
         let data = match placed {
@@ -214,12 +301,18 @@ impl Gateway {
         let size = digests.size;
         let (md5, checksums) = digests.finish();
         let trailer_map = trailers.and_then(|t| t.take());
-        body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums)?;
-        let record = PartRecord { etag: hex::encode(md5), size, mtime_ns: write::now_ns(), checksums, offset: placed };
+        if let Err(e) = body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums) {
+            if placed.is_some() {
+                self.drop_claim(up.dir, n, &e).await;
+            }
+            return Err(e);
+        }
+        let record = PartRecord { etag: hex::encode(md5), size, mtime_ns: write::now_ns(), checksums, offset: placed, started_ns };
         match &data {
             Some(d) => self.publish_part(up.dir, n, d, &record).await?,
             None => self.record_in_place(up.dir, n, &record).await?,
         }
+        self.remove_stale(up.dir, n, &record).await;
         let mut out = UploadPartOutput { e_tag: Some(ETag::Strong(record.etag.clone())), ..UploadPartOutput::default() };
         crate::set_checksums!(out, &record.checksums);
         Ok(out)
@@ -286,13 +379,40 @@ impl Gateway {
         wrote?;
         closed?;
         if digests.size != size {
-            // The entry stays without a record: the part counts as not uploaded.
+            // The caller removes the claim: the part counts as not uploaded.
             return Err(S3Error::with_message(
                 S3ErrorCode::IncompleteBody,
                 format!("part {n}: {} bytes received, Content-Length said {size}", digests.size),
             ));
         }
         Ok(())
+    }
+
+    /// Removes the in-place claim of part `n` whose write failed with `why`,
+    /// so that it neither counts nor keeps completion from working in place.
+    async fn drop_claim(&self, dir: InodeId, n: i32, why: &S3Error) {
+        if let Err(e) = self.store.fs.meta().unlink(dir, &part_name(n)).await {
+            tracing::debug!(part = n, error = %e, failed = %why.code().as_str(), "could not remove the claim of a failed in-place part");
+        }
+    }
+
+    /// After `record` of part `n` finished: forgets the attempts of `n` that
+    /// finished before it started (best effort; see the module's rules).
+    async fn remove_stale(&self, dir: InodeId, n: i32, record: &PartRecord) {
+        let attempts = match self.attempts(dir, n - 1, Some(n)).await {
+            Ok(a) => a.parts.into_iter().next().map(|(_, v)| v).unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(part = n, error = %e.code().as_str(), "could not read the part's attempts");
+                return;
+            }
+        };
+        for a in stale_attempts(&attempts, record.started_ns) {
+            // A stale in-place claim goes too: its write is over, so its
+            // region of `data` may be claimed again.
+            if let Err(e) = self.store.fs.meta().unlink(dir, &a.name).await {
+                tracing::debug!(part = n, entry = %a.name, error = %e, "could not remove a stale attempt");
+            }
+        }
     }
 
     /// Makes an in-place part count: its record on the entry it created.
@@ -310,7 +430,7 @@ impl Gateway {
 
     async fn publish_part(&self, dir: InodeId, n: i32, data: &Data, record: &PartRecord) -> Result<(), S3Error> {
         let attrs = PublishAttrs { length: None, mtime_ns: Some(record.mtime_ns), xattrs: vec![(XATTR_PART.into(), record.encode())] };
-        let name = part_name(n);
+        let name = attempt_name(n, &record.etag);
         let r = match data {
             Data::Inline(b) => self
                 .store
@@ -331,6 +451,7 @@ impl Gateway {
 
     pub async fn upload_part_copy(&self, input: &UploadPartCopyInput) -> Result<UploadPartCopyOutput, S3Error> {
         self.check_part_number(input.part_number)?;
+        let started_ns = write::now_ns();
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
         let CopySource::Bucket { bucket: src_bucket, key: src_key, .. } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
@@ -368,8 +489,9 @@ impl Gateway {
             }
             (Data::Temp(_), false) => self.md5_of(&src.inode, start, end).await?,
         };
-        let record = PartRecord { etag, size: end - start, mtime_ns: write::now_ns(), ..PartRecord::default() };
+        let record = PartRecord { etag, size: end - start, mtime_ns: write::now_ns(), started_ns, ..PartRecord::default() };
         self.publish_part(up.dir, input.part_number, &data, &record).await?;
+        self.remove_stale(up.dir, input.part_number, &record).await;
         Ok(UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
                 e_tag: Some(ETag::Strong(record.etag.clone())),
@@ -395,34 +517,48 @@ impl Gateway {
         Ok(hex::encode(d.finish().0))
     }
 
-    /// The parts of an upload after number `after`, by number, with their
-    /// entries and records (entries without a record are parts whose upload
-    /// did not finish: not uploaded). At most `limit`; whether more exist.
-    async fn parts(&self, dir: InodeId, after: i32, limit: usize) -> Result<(Vec<(i32, Inode, PartRecord)>, bool), S3Error> {
-        let mut out = Vec::new();
-        let mut cursor = if after > 0 { part_name(after) } else { String::new() };
+    /// The finished attempts of the parts numbered above `after` (up to
+    /// part `until` when given), with whether an in-place write is running.
+    /// Entries without a record are attempts that did not finish.
+    async fn attempts(&self, dir: InodeId, after: i32, until: Option<i32>) -> Result<Attempts, S3Error> {
+        let mut out = Attempts::default();
+        let mut cursor = if after > 0 { format!("{}/", part_name(after)) } else { String::new() };
         loop {
             let (entries, more) = self.store.fs.meta().readdir(dir, &cursor, 1000, true).await.map_err(|e| error::from_meta(e, "parts"))?;
             if let Some(last) = entries.last() {
                 cursor = last.name.clone();
             }
-            let files: Vec<_> = entries.into_iter().filter_map(|e| Some((e.name.parse::<i32>().ok()?, e.attr?))).collect();
-            let ops = files.iter().map(|(_, i)| MetaOp::GetXattr { inode: i.id, name: XATTR_PART.into() }).collect::<Vec<_>>();
+            let mut past_end = false;
+            let files: Vec<_> = entries
+                .into_iter()
+                .filter_map(|e| {
+                    let n = part_of(&e.name)?;
+                    if until.is_some_and(|u| n > u) {
+                        past_end = true;
+                        return None;
+                    }
+                    (n > after).then_some((n, e.name, e.attr?))
+                })
+                .collect();
+            let ops = files.iter().map(|(_, _, i)| MetaOp::GetXattr { inode: i.id, name: XATTR_PART.into() }).collect::<Vec<_>>();
             let replies = if ops.is_empty() {
                 Vec::new()
             } else {
                 self.store.fs.meta().batch(ops).await.map_err(|e| error::from_meta(e, "parts"))?
             };
-            for ((n, inode), r) in files.into_iter().zip(replies) {
-                let Ok(MetaReply::Xattr(d)) = r else { continue };
-                let Ok(record) = serde_json::from_slice::<PartRecord>(&d) else { continue };
-                if out.len() == limit {
-                    return Ok((out, true));
+            for ((n, name, inode), r) in files.into_iter().zip(replies) {
+                let record = match r {
+                    Ok(MetaReply::Xattr(d)) => serde_json::from_slice::<PartRecord>(&d).ok(),
+                    _ => None,
+                };
+                match record {
+                    Some(record) => out.parts.entry(n).or_default().push(Attempt { name, inode, record }),
+                    None if !name.contains('.') => out.in_flight = true,
+                    None => {}
                 }
-                out.push((n, inode, record));
             }
-            if !more {
-                return Ok((out, false));
+            if !more || past_end {
+                return Ok(out);
             }
         }
     }
@@ -431,8 +567,12 @@ impl Gateway {
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
         let max = input.max_parts.unwrap_or(1000).clamp(0, 1000) as usize;
         let after = input.part_number_marker.unwrap_or(0).max(0);
-        let (parts, truncated) = self.parts(up.dir, after, max).await?;
-        let next = parts.last().map(|(n, _, _)| *n);
+        let all = self.attempts(up.dir, after, None).await?;
+        let mut parts: Vec<(i32, PartRecord)> =
+            all.parts.iter().filter_map(|(n, a)| Some((*n, current_attempt(a)?.record.clone()))).take(max.saturating_add(1)).collect();
+        let truncated = parts.len() > max;
+        parts.truncate(max);
+        let next = parts.last().map(|(n, _)| *n);
         Ok(ListPartsOutput {
             bucket: Some(input.bucket.clone()),
             key: Some(input.key.clone()),
@@ -441,10 +581,13 @@ impl Gateway {
             is_truncated: Some(truncated),
             part_number_marker: input.part_number_marker,
             next_part_number_marker: if truncated { next } else { None },
+            initiator: Some(super::initiator()),
+            owner: Some(super::owner()),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
             parts: Some(
                 parts
                     .into_iter()
-                    .map(|(n, _, m): (i32, Inode, PartRecord)| {
+                    .map(|(n, m)| {
                         let mut part = Part {
                             part_number: Some(n),
                             size: Some(m.size as i64),
@@ -473,6 +616,47 @@ impl Gateway {
     }
 
     pub async fn complete_upload(&self, input: &CompleteMultipartUploadInput) -> Result<CompleteMultipartUploadOutput, S3Error> {
+        match self.complete_once(input).await {
+            Ok(out) => Ok(out),
+            // The upload is gone or lost its parts under this request: it
+            // may have been completed (a retry, or two completions racing).
+            Err(e) if matches!(e.code(), S3ErrorCode::NoSuchUpload | S3ErrorCode::NoSuchKey | S3ErrorCode::InvalidPart) => {
+                match self.completed_before(input).await {
+                    Some(out) => {
+                        tracing::info!(upload = %input.upload_id, key = %input.key, "completion repeated: answered from the object it made");
+                        Ok(out)
+                    }
+                    None => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The answer of an earlier completion of this upload with the same
+    /// part list, if the current object at the key is the one it made.
+    async fn completed_before(&self, input: &CompleteMultipartUploadInput) -> Option<CompleteMultipartUploadOutput> {
+        check_upload_id(&input.upload_id).ok()?;
+        let path = parse(&input.key).ok()?;
+        let bucket = self.store.bucket(&input.bucket).await.ok()?.id;
+        let obj = find_object(&self.store, bucket, &path, &input.key).await.ok()??;
+        if obj.dir || obj.meta.upload_id.as_deref() != Some(input.upload_id.as_str()) {
+            return None;
+        }
+        let listed = input.multipart_upload.as_ref()?.parts.as_ref()?;
+        if listed.len() != obj.meta.part_sizes.len() {
+            return None;
+        }
+        let etags: Option<Vec<String>> = listed.iter().map(|p| p.e_tag.as_ref().map(|e| e.value().trim_matches('"').to_string())).collect();
+        if let Some(etags) = etags {
+            if objmeta::multipart_etag(&etags).as_deref() != Some(obj.meta.etag.as_str()) {
+                return None;
+            }
+        }
+        Some(completed_output(input, &obj.meta.etag))
+    }
+
+    async fn complete_once(&self, input: &CompleteMultipartUploadInput) -> Result<CompleteMultipartUploadOutput, S3Error> {
         let path = parse(&input.key)?;
         let bucket = self.store.bucket(&input.bucket).await?.id;
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
@@ -482,8 +666,7 @@ impl Gateway {
             .and_then(|m| m.parts.as_ref())
             .filter(|p| !p.is_empty())
             .ok_or_else(|| S3Error::with_message(S3ErrorCode::MalformedXML, "CompleteMultipartUpload lists no parts"))?;
-        let (stored, _) = self.parts(up.dir, 0, self.cfg.limits.max_parts as usize).await?;
-        let stored: BTreeMap<i32, (Inode, PartRecord)> = stored.into_iter().map(|(n, i, m)| (n, (i, m))).collect();
+        let stored = self.attempts(up.dir, 0, None).await?;
         // Every listed part must exist with its ETag before sizes are judged.
         let mut chosen: Vec<(Inode, PartRecord)> = Vec::with_capacity(wanted.len());
         let mut last = 0;
@@ -493,20 +676,16 @@ impl Gateway {
                 return Err(S3Error::with_message(S3ErrorCode::InvalidPartOrder, "parts must be listed in ascending order of number"));
             }
             last = n;
-            let (inode, rec) = stored
+            let attempts = stored
+                .parts
                 .get(&n)
-                .cloned()
                 .ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n} was not uploaded")))?;
-            if let Some(e) = &p.e_tag {
-                // The XML form may carry the quotes of the header form.
-                if e.value().trim_matches('"') != rec.etag {
-                    return Err(S3Error::with_message(
-                        S3ErrorCode::InvalidPart,
-                        format!("part {n}: the ETag does not match the uploaded part"),
-                    ));
-                }
-            }
-            chosen.push((inode, rec));
+            // The XML form may carry the quotes of the header form.
+            let listed = p.e_tag.as_ref().map(|e| e.value().trim_matches('"').to_string());
+            let a = choose_attempt(attempts, listed.as_deref()).ok_or_else(|| {
+                S3Error::with_message(S3ErrorCode::InvalidPart, format!("part {n}: the ETag does not match the uploaded part"))
+            })?;
+            chosen.push((a.inode.clone(), a.record.clone()));
         }
         for (i, (_, rec)) in chosen.iter().enumerate() {
             if i + 1 < chosen.len() && rec.size < self.cfg.limits.min_part_bytes {
@@ -535,10 +714,12 @@ impl Gateway {
             user: up.record.user.clone(),
             checksums: Checksums::default(),
             part_sizes: chosen.iter().map(|(_, m)| m.size).collect(),
+            upload_id: Some(input.upload_id.clone()),
         };
         let tags = (!up.record.tags.is_empty()).then_some(&up.record.tags);
         let conditional = input.if_match.is_some() || input.if_none_match.is_some();
-        let meta = if !conditional && all_in_place(&chosen) && size > fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64 {
+        let meta = if !conditional && !stored.in_flight && all_in_place(&chosen) && size > fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64
+        {
             self.complete_in_place(bucket, &path, &input.key, up.dir, meta, tags).await?
         } else {
             let expected =
@@ -554,13 +735,7 @@ impl Gateway {
                 tracing::warn!(upload = %input.upload_id, error = %e, "completed, but the staged parts could not be removed now; the expiry scan will");
             }
         }
-        Ok(CompleteMultipartUploadOutput {
-            bucket: Some(input.bucket.clone()),
-            key: Some(input.key.clone()),
-            e_tag: Some(ETag::Strong(meta.etag.clone())),
-            location: Some(format!("/{}/{}", input.bucket, input.key)),
-            ..CompleteMultipartUploadOutput::default()
-        })
+        Ok(completed_output(input, &meta.etag))
     }
 
     /// Every part in place: `data` becomes the object without a copy. It is
@@ -749,13 +924,16 @@ impl Gateway {
             next_key_marker: if truncated { page.last().map(|p| p.0.clone()) } else { None },
             next_upload_id_marker: if truncated { page.last().map(|p| p.1.clone()) } else { None },
             common_prefixes: Some(prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
-            delimiter: input.delimiter.clone(),
+            delimiter: delim.map(str::to_string),
             uploads: Some(
                 page.into_iter()
                     .map(|(key, id, ns)| MultipartUpload {
                         key: Some(key),
                         upload_id: Some(id),
                         initiated: Some(timestamp(ns)),
+                        initiator: Some(super::initiator()),
+                        owner: Some(super::owner()),
+                        storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
                         ..MultipartUpload::default()
                     })
                     .collect(),
@@ -786,6 +964,16 @@ impl Gateway {
     }
 }
 
+fn completed_output(input: &CompleteMultipartUploadInput, etag: &str) -> CompleteMultipartUploadOutput {
+    CompleteMultipartUploadOutput {
+        bucket: Some(input.bucket.clone()),
+        key: Some(input.key.clone()),
+        e_tag: Some(ETag::Strong(etag.to_string())),
+        location: Some(format!("/{}/{}", input.bucket, input.key)),
+        ..CompleteMultipartUploadOutput::default()
+    }
+}
+
 /// Whether every part sits in `data` at its final offset.
 fn all_in_place(parts: &[(Inode, PartRecord)]) -> bool {
     let mut at = 0u64;
@@ -798,20 +986,84 @@ fn all_in_place(parts: &[(Inode, PartRecord)]) -> bool {
     true
 }
 
-/// `bytes=a-b` of a copy source of `size` bytes, as `[a, b+1)`.
-fn parse_copy_range(r: &str, size: u64) -> Result<(u64, u64), S3Error> {
-    let bad = || {
-        S3Error::with_message(
-            S3ErrorCode::InvalidArgument,
-            format!("x-amz-copy-source-range {r:?}: expected bytes=first-last within the source"),
-        )
-    };
+/// `bytes=a-b` of a copy source of `size` bytes, as `[a, b+1)`: a
+/// malformed value is 400 `InvalidArgument`, a range not within the source
+/// 416 `InvalidRange` (as S3 answers both).
+pub fn parse_copy_range(r: &str, size: u64) -> Result<(u64, u64), S3Error> {
+    let bad = || error::invalid_argument(format!("x-amz-copy-source-range {r:?}: expected bytes=first-last"));
     let spec = r.strip_prefix("bytes=").ok_or_else(bad)?;
     let (a, b) = spec.split_once('-').ok_or_else(bad)?;
     let a: u64 = a.trim().parse().map_err(|_| bad())?;
     let b: u64 = b.trim().parse().map_err(|_| bad())?;
-    if a > b || b >= size {
+    if a > b {
         return Err(bad());
     }
+    if b >= size {
+        return Err(error::invalid_range(format!("x-amz-copy-source-range {r:?} is not within the source's {size} bytes")));
+    }
     Ok((a, b + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(etag: &str, started_ns: u64, mtime_ns: u64) -> Attempt {
+        let record = PartRecord { etag: etag.into(), started_ns, mtime_ns, ..PartRecord::default() };
+        let inode = Inode {
+            id: InodeId(1),
+            data: fskv_proto::meta::InodeData::Symlink { target: String::new() },
+            acl: fskv_proto::meta::Acl { uid: 0, gid: 0, mode: 0o644 },
+            nlink: 1,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            version: 0,
+        };
+        Attempt { name: attempt_name(1, etag), inode, record }
+    }
+
+    #[test]
+    fn racing_attempts_are_both_kept_and_the_listed_one_is_used() {
+        // A started at 10, B (a retry) at 20; A finished last (at 40).
+        let a = rec("aa", 10, 40);
+        let b = rec("bb", 20, 30);
+        let both = vec![a.clone(), b.clone()];
+        assert!(stale_attempts(&both, 20).is_empty(), "A finished after B started: kept");
+        assert_eq!(current_attempt(&both).map(|x| x.record.etag.as_str()), Some("bb"), "ListParts shows the later-started");
+        assert_eq!(choose_attempt(&both, Some("aa")).map(|x| x.record.etag.as_str()), Some("aa"));
+        assert_eq!(choose_attempt(&both, Some("bb")).map(|x| x.record.etag.as_str()), Some("bb"));
+        assert_eq!(choose_attempt(&both, None).map(|x| x.record.etag.as_str()), Some("bb"));
+        assert!(choose_attempt(&both, Some("cc")).is_none(), "an ETag no attempt has: InvalidPart");
+    }
+
+    #[test]
+    fn a_sequential_reupload_makes_the_earlier_attempt_stale() {
+        let a = rec("aa", 10, 15);
+        let b = rec("bb", 20, 30);
+        let both = vec![a, b];
+        let stale: Vec<&str> = stale_attempts(&both, 20).iter().map(|x| x.record.etag.as_str()).collect();
+        assert_eq!(stale, ["aa"]);
+    }
+
+    #[test]
+    fn entry_names_give_part_numbers() {
+        assert_eq!(part_of("00007"), Some(7));
+        assert_eq!(part_of(&attempt_name(10000, "0cc175b9c0f1b6a831c399e269772661")), Some(10000));
+        assert_eq!(part_of("data"), None);
+        assert_eq!(part_of("7"), None);
+        // A readdir from `%05d/` skips every attempt of that part and no other.
+        let after = format!("{}/", part_name(3));
+        assert!(attempt_name(3, "ff").as_str() < after.as_str() && part_name(3).as_str() < after.as_str());
+        assert!(part_name(4).as_str() > after.as_str());
+    }
+
+    #[test]
+    fn copy_ranges_out_of_the_source_are_invalid_range() {
+        assert_eq!(parse_copy_range("bytes=0-9", 10).ok(), Some((0, 10)));
+        assert_eq!(parse_copy_range("bytes=0-10", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidRange));
+        assert_eq!(parse_copy_range("bytes=50-60", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidRange));
+        assert_eq!(parse_copy_range("bytes=5-2", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidArgument));
+        assert_eq!(parse_copy_range("0-2", 10).err().map(|e| e.code().clone()), Some(S3ErrorCode::InvalidArgument));
+    }
 }

@@ -155,12 +155,12 @@ pub fn check_read_conditions(
         }
     }
     match if_none_match {
-        Some(c) if matches(c) => return Err(not_modified()),
+        Some(c) if matches(c) => return Err(not_modified(meta)),
         Some(_) => {}
         None => {
             if let Some(t) = if_modified_since {
                 if secs <= unix_secs(t) {
-                    return Err(not_modified());
+                    return Err(not_modified(meta));
                 }
             }
         }
@@ -168,9 +168,22 @@ pub fn check_read_conditions(
     Ok(())
 }
 
-fn not_modified() -> S3Error {
+/// 304 Not Modified with the validators of the object (RFC 9110 §15.4.5:
+/// the ETag and Last-Modified a 200 would have carried); no body.
+fn not_modified(meta: &ObjectMeta) -> S3Error {
     let mut e = S3Error::new(S3ErrorCode::NotModified);
     e.set_status_code(http::StatusCode::NOT_MODIFIED);
+    let mut headers = http::HeaderMap::new();
+    if let Ok(v) = http::HeaderValue::from_str(&meta.quoted_etag()) {
+        headers.insert(http::header::ETAG, v);
+    }
+    let mut date = Vec::new();
+    if timestamp(meta.mtime_ns).format(TimestampFormat::HttpDate, &mut date).is_ok() {
+        if let Ok(v) = http::HeaderValue::from_bytes(&date) {
+            headers.insert(http::header::LAST_MODIFIED, v);
+        }
+    }
+    e.set_headers(headers);
     e
 }
 
@@ -243,6 +256,7 @@ impl Gateway {
             user: args.user,
             checksums,
             part_sizes: Vec::new(),
+            upload_id: None,
         };
         let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
         Ok(meta)
@@ -332,9 +346,7 @@ impl Gateway {
         let m = &obj.meta;
         let (start, end, ranged) = match (&input.range, part_range(m, input.part_number)?) {
             (Some(r), _) => {
-                let rr = r.check(m.size).map_err(|_| {
-                    S3Error::with_message(S3ErrorCode::InvalidRange, format!("the range is not satisfiable for {} bytes", m.size))
-                })?;
+                let rr = r.check(m.size).map_err(|_| error::invalid_range(format!("the range is not satisfiable for {} bytes", m.size)))?;
                 (rr.start, rr.end, true)
             }
             (None, Some((s, e))) => (s, e, true),
@@ -457,6 +469,8 @@ impl Gateway {
             user,
             checksums: src.meta.checksums.clone(),
             part_sizes: src.meta.part_sizes.clone(),
+            // A copy is not the object the upload made.
+            upload_id: None,
         };
         let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
         Ok(CopyObjectOutput {
