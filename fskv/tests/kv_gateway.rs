@@ -1,6 +1,8 @@
-//! The KV gateway through `fskv up` with real processes: the writer on
-//! P+1, the reader on P+6, the Consul API on P+3 / P+8, storage of the real
-//! cluster. One cluster per test function (each takes a few seconds).
+//! The KV gateway through `fskv up` with real processes: the front's
+//! routed KV port P+1 (reads to the reader pool, writes to the writer pool)
+//! and read-only P+6, the Consul API on P+3 / P+8, gateway processes started
+//! on demand by the front, storage of the real cluster. One cluster per
+//! test function (each takes a few seconds).
 
 mod common;
 
