@@ -52,8 +52,7 @@ impl Http {
         &self,
         service: &str,
         method: Method,
-        host: &str,
-        target: &str,
+        (host, target): (&str, &str),
         headers: &[(&str, &str)],
         body: Bytes,
         secret: &str,
@@ -120,7 +119,7 @@ impl Http {
     async fn sqs(&self, host: &str, op: &str, body: serde_json::Value, secret: &str) -> (StatusCode, serde_json::Value) {
         let target = format!("AmazonSQS.{op}");
         let headers = [("content-type", "application/x-amz-json-1.0"), ("x-amz-target", target.as_str())];
-        let req = self.signed("sqs", Method::POST, host, "/", &headers, Bytes::from(body.to_string()), secret);
+        let req = self.signed("sqs", Method::POST, (host, "/"), &headers, Bytes::from(body.to_string()), secret);
         let (s, _, b) = self.send(req).await;
         (s, serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null))
     }
@@ -175,15 +174,15 @@ async fn scenario(data: &Path, base: u16) {
     // ---- KV writes with SigV4 through P+1: the writer pool only.
     let kv = port(1);
     let value = Bytes::from((0..1024u32).map(|i| (i * 7 % 251) as u8).collect::<Vec<u8>>());
-    h.ok(h.signed("kv", Method::PUT, &kv, "/v1/ns/front", &[], Bytes::new(), &sk)).await;
-    h.ok(h.signed("kv", Method::PUT, &kv, "/v1/kv/front/k1", &[], value.clone(), &sk)).await;
+    h.ok(h.signed("kv", Method::PUT, (&kv, "/v1/ns/front"), &[], Bytes::new(), &sk)).await;
+    h.ok(h.signed("kv", Method::PUT, (&kv, "/v1/kv/front/k1"), &[], value.clone(), &sk)).await;
     let st = status().await;
     assert_eq!(live(pool(&st, "kv", "writer")), 1, "{st:#?}");
     let r = pool(&st, "kv", "reader");
     assert_eq!((live(r), r.requests), (0, 0), "no KV write reached a reader: {st:#?}");
 
     // ---- KV reads: SigV4 through P+1 (reader pool), bearer on P+1 and P+6.
-    assert_eq!(h.ok(h.signed("kv", Method::GET, &kv, "/v1/kv/front/k1", &[], Bytes::new(), &sk)).await, value);
+    assert_eq!(h.ok(h.signed("kv", Method::GET, (&kv, "/v1/kv/front/k1"), &[], Bytes::new(), &sk)).await, value);
     assert_eq!(h.ok(Http::plain(Method::GET, &kv, "/v1/kv/front/k1", &[("authorization", &bearer)], Bytes::new())).await, value);
     assert_eq!(h.ok(Http::plain(Method::GET, &port(6), "/v1/kv/front/k1", &[("authorization", &bearer)], Bytes::new())).await, value);
     // A batch get over POST is a read.
@@ -191,16 +190,16 @@ async fn scenario(data: &Path, base: u16) {
     assert_eq!(pool(&st, "kv", "reader").requests, 3, "every KV read went to the reader pool: {st:#?}");
     assert_eq!(pool(&st, "kv", "writer").requests, 2, "and no read to the writer: {st:#?}");
     // A wrong secret: the gateway behind the front refuses it.
-    let (s, _, b) = h.send(h.signed("kv", Method::GET, &kv, "/v1/kv/front/k1", &[], Bytes::new(), "wrong-secret")).await;
+    let (s, _, b) = h.send(h.signed("kv", Method::GET, (&kv, "/v1/kv/front/k1"), &[], Bytes::new(), "wrong-secret")).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{}", String::from_utf8_lossy(&b));
-    let (s, _, _) = h.send(h.signed("kv", Method::PUT, &kv, "/v1/kv/front/k2", &[], value.clone(), "wrong-secret")).await;
+    let (s, _, _) = h.send(h.signed("kv", Method::PUT, (&kv, "/v1/kv/front/k2"), &[], value.clone(), "wrong-secret")).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
 
     // ---- The read-only port refuses a write as the reader process itself does.
     let reader_addr = pool(&status().await, "kv", "reader").processes.iter().find_map(|p| p.address.clone()).expect("a KV reader");
     let reader_addr = reader_addr.trim_start_matches("http://").to_string();
-    let via_front = h.send(h.signed("kv", Method::PUT, &port(6), "/v1/kv/front/k3", &[], value.clone(), &sk)).await;
-    let direct = h.send(h.signed("kv", Method::PUT, &reader_addr, "/v1/kv/front/k3", &[], value.clone(), &sk)).await;
+    let via_front = h.send(h.signed("kv", Method::PUT, (&port(6), "/v1/kv/front/k3"), &[], value.clone(), &sk)).await;
+    let direct = h.send(h.signed("kv", Method::PUT, (&reader_addr, "/v1/kv/front/k3"), &[], value.clone(), &sk)).await;
     let code = |b: &Bytes| serde_json::from_slice::<serde_json::Value>(b).unwrap_or_default()["error"].clone();
     assert_eq!(via_front.0, StatusCode::FORBIDDEN);
     assert_eq!((via_front.0, code(&via_front.2)["code"].clone()), (direct.0, code(&direct.2)["code"].clone()));
