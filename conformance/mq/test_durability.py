@@ -1,10 +1,13 @@
 """Durability through kill -9 (issue 16): idempotent producers with acks
 while a storage node and then the MQ writer gateway are killed -9 (the
-supervisor of `fskv up` restarts them). Afterwards every acknowledged record
+supervisor of `fskv up` restarts the storage node; the front's MQ writer
+pool starts a replacement writer, which takes the partition leases back at
+once: same writer id). Afterwards every acknowledged record
 is fetched exactly once, in order, and no record appears twice.
 
 Needs MQ_UP_LOG: the log of the `fskv up` whose endpoints are MQ_ENDPOINTS
-(its supervisor logs `started child=NAME pid=N`); the test kills processes
+(its supervisor logs `started child=NAME pid=N`); the MQ writer's pid comes
+from the front's `/status` (endpoints["front"]). The test kills processes
 of that cluster only, by pid. Run it last: it disrupts the cluster."""
 
 import os
@@ -49,6 +52,31 @@ def wait_restarted(log_path, child, old_pid, timeout=60):
     raise AssertionError(f"{child} was not restarted")
 
 
+def front_mq_writer_pid(endpoints):
+    """The pid of the ready MQ writer process of the front's writer pool, or None."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(endpoints["front"] + "/status", timeout=5) as r:
+        st = json.load(r)
+    for p in st["pools"]:
+        if p["protocol"] == "mq" and p["role"] == "writer":
+            for proc in p["processes"]:
+                if proc["state"] == "ready" and proc.get("pid"):
+                    return proc["pid"]
+    return None
+
+
+def wait_front_writer_replaced(endpoints, old_pid, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        pid = front_mq_writer_pid(endpoints)
+        if pid and pid != old_pid:
+            return pid
+        time.sleep(0.2)
+    raise AssertionError("the front did not replace the MQ writer")
+
+
 def producer_loop(mq, topic, partition, stop, acked, errors):
     """Produces batches with an idempotent producer; a batch that fails is
     retried with the same sequence until acknowledged (or the test ends)."""
@@ -90,8 +118,10 @@ def test_acknowledged_records_survive_kill9(mq, endpoints):
     time.sleep(4)
     wait_restarted(log, "storage-2", old)
     before_writer = sum(len(a) for a in acked.values())
-    old = kill9(log, "mq-writer")
-    wait_restarted(log, "mq-writer", old)
+    old = front_mq_writer_pid(endpoints)
+    assert old, "no ready MQ writer in the front's pool while producing"
+    os.kill(old, signal.SIGKILL)
+    wait_front_writer_replaced(endpoints, old)
     # Produce on for a while after the writer is back.
     deadline = time.time() + 60
     while time.time() < deadline and sum(len(a) for a in acked.values()) < before_writer + 200:

@@ -115,7 +115,7 @@ pub fn render_status(addr: &str, st: &FrontStatus) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "front {addr}");
     for l in &st.listeners {
-        let _ = writeln!(s, "  listen   {:<4} {:<8} {}", l.protocol, l.mode, l.address);
+        let _ = writeln!(s, "  listen   {:<6} {:<8} {}", l.protocol, l.mode, l.address);
     }
     let _ = writeln!(s, "pools ({}):", st.pools.len());
     for p in &st.pools {
@@ -123,7 +123,7 @@ pub fn render_status(addr: &str, st: &FrontStatus) -> String {
         let cold = p.last_cold_start_ms.map(|ms| format!(", last cold start {ms:.0} ms")).unwrap_or_default();
         let _ = writeln!(
             s,
-            "  {:<4} {:<6} {:<7} processes {}, in flight {}, queued {}; requests {} ({} held, {} rejected); starts {}, stops {}, crashes {}, failed starts {}{cold}",
+            "  {:<6} {:<6} {:<7} processes {}, in flight {}, queued {}; requests {} ({} held, {} rejected); starts {}, stops {}, crashes {}, failed starts {}{cold}",
             p.protocol,
             p.role,
             bounds,

@@ -95,6 +95,8 @@ pub struct FrontConfig {
     pub max_retries: u32,
     pub s3: ProtocolPools,
     pub kv: ProtocolPools,
+    /// The Consul-compatible API (processes of `fskv gateway kv --consul-only`).
+    pub consul: ProtocolPools,
     pub mq: ProtocolPools,
 }
 
@@ -119,7 +121,10 @@ impl Default for FrontConfig {
             max_idle_connections_per_process: 64,
             max_retries: 1,
             s3: ProtocolPools::default(),
-            kv: ProtocolPools::default(),
+            // One KV writer: each writer runs the maintenance (eviction, TTL,
+            // stats) on its own index; two would evict more than needed.
+            kv: ProtocolPools { writer: PoolBounds { min: 0, max: 1 }, ..ProtocolPools::default() },
+            consul: ProtocolPools::default(),
             mq: ProtocolPools { writer: PoolBounds { min: 0, max: 1 }, ..ProtocolPools::default() },
         }
     }
@@ -131,6 +136,7 @@ impl FrontConfig {
         match protocol {
             "s3" => Some(&self.s3),
             "kv" => Some(&self.kv),
+            "consul" => Some(&self.consul),
             "mq" => Some(&self.mq),
             _ => None,
         }
@@ -140,6 +146,7 @@ impl FrontConfig {
         match protocol {
             "s3" => Some(&mut self.s3),
             "kv" => Some(&mut self.kv),
+            "consul" => Some(&mut self.consul),
             "mq" => Some(&mut self.mq),
             _ => None,
         }
@@ -166,7 +173,7 @@ impl FrontConfig {
     /// Checks every value; `gateway_idle_timeout_ms` is the gateways'
     /// keep-alive bound (`gateway.idle_timeout_ms`).
     pub fn validate(&self, gateway_idle_timeout_ms: u64) -> Result<(), String> {
-        for (name, pools) in [("s3", &self.s3), ("kv", &self.kv), ("mq", &self.mq)] {
+        for (name, pools) in [("s3", &self.s3), ("kv", &self.kv), ("consul", &self.consul), ("mq", &self.mq)] {
             for role in [Role::Reader, Role::Writer] {
                 self.pool_settings(pools.bounds(role)).validate().map_err(|e| format!("front.{name}.{role}: {e}"))?;
                 for u in pools.upstreams(role) {
@@ -193,6 +200,12 @@ impl FrontConfig {
                 self.upstream_idle_timeout_ms
             ));
         }
+        if self.mq.writer.max > 1 && self.mq.writer_upstreams.is_empty() {
+            return Err(format!(
+                "front.mq.writer.max = {}: at most 1 (a second MQ writer would fight the first for the partition leases)",
+                self.mq.writer.max
+            ));
+        }
         if self.max_restart_backoff_ms < self.restart_backoff_ms {
             return Err("front.max_restart_backoff_ms must be at least restart_backoff_ms".into());
         }
@@ -217,5 +230,20 @@ mod tests {
         assert!(c.validate(60_000).unwrap_err().contains("upstream_idle_timeout_ms"));
         let c = FrontConfig { scale_up_in_flight: 0, ..FrontConfig::default() };
         assert!(c.validate(60_000).unwrap_err().contains("scale_up_in_flight"));
+        let mut c = FrontConfig::default();
+        c.mq.writer.max = 2;
+        assert!(c.validate(60_000).unwrap_err().contains("front.mq.writer.max"));
+        c.mq.writer_upstreams = vec!["10.0.0.1:9002".into()];
+        c.validate(60_000).unwrap();
+        let mut c = FrontConfig::default();
+        c.consul.reader = PoolBounds { min: 2, max: 1 };
+        assert!(c.validate(60_000).unwrap_err().contains("front.consul.reader"));
+        let parsed: FrontConfig = toml_like_json(r#"{"consul": {"reader": {"min": 1, "max": 3}}}"#);
+        assert_eq!(parsed.consul.reader, PoolBounds { min: 1, max: 3 });
+        assert_eq!(parsed.kv.writer.max, 1);
+    }
+
+    fn toml_like_json(s: &str) -> FrontConfig {
+        serde_json::from_str(s).unwrap()
     }
 }

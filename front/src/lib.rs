@@ -115,19 +115,31 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: impl Iterator
     }
 }
 
-fn gateway_args(launch: &GatewayLaunch, spec: &ProtocolSpec, role: Role, writer_endpoint: Option<&str>) -> Vec<String> {
+/// The arguments of one gateway process. `public_url`: the protocol's
+/// routed listener (named in a reader's refusal of writes, and the URL the
+/// gateway hands out when the protocol has a `public_url_flag`).
+fn gateway_args(launch: &GatewayLaunch, spec: &ProtocolSpec, role: Role, public_url: Option<&str>) -> Vec<String> {
     let mut args: Vec<String> = Vec::new();
     if let Some(c) = &launch.config_file {
         args.extend(["--config".into(), c.display().to_string()]);
     }
     args.extend(spec.gateway_command.iter().map(|s| s.to_string()));
+    args.extend(spec.fixed_args.iter().map(|s| s.to_string()));
     args.extend(["--role".into(), role.as_str().into(), "--listen".into(), "127.0.0.1:0".into()]);
     args.extend(["--mgmtd".into(), launch.mgmtd.join(","), "--credentials".into(), launch.credentials.display().to_string()]);
     if spec.gateway_takes_region {
         args.extend(["--region".into(), launch.region.clone()]);
     }
-    if let (Role::Reader, Some(w)) = (role, writer_endpoint) {
-        args.extend(["--writer-endpoint".into(), w.to_string()]);
+    match role {
+        Role::Reader => {
+            if let Some(w) = public_url {
+                args.extend([spec.writer_endpoint_flag.to_string(), w.to_string()]);
+            }
+        }
+        Role::Writer => args.extend(spec.writer_args.iter().map(|s| s.to_string())),
+    }
+    if let (Some(flag), Some(url)) = (spec.public_url_flag, public_url) {
+        args.extend([flag.to_string(), url.to_string()]);
     }
     args.extend(launch.extra_args.iter().filter(|(p, _)| p == spec.name).map(|(_, a)| a.clone()));
     args
@@ -139,7 +151,7 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
     cfg.validate(opts.http.idle_timeout_ms).map_err(FrontError::Setup)?;
     opts.http.validate().map_err(FrontError::Setup)?;
     if opts.listeners.is_empty() {
-        return Err(FrontError::Setup("no listener: give at least one of --s3-listen, --kv-listen, --mq-listen".into()));
+        return Err(FrontError::Setup("no listener: give at least one of --s3-listen, --kv-listen, --consul-listen, --mq-listen".into()));
     }
     let keys = Arc::new(KeyStore::load(&opts.launch.credentials).map_err(|e| FrontError::Setup(e.to_string()))?);
     let mut registry_metrics = Metrics::new();
@@ -253,4 +265,44 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
         }
     };
     Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch() -> GatewayLaunch {
+        GatewayLaunch {
+            program: "fskv".into(),
+            config_file: None,
+            mgmtd: vec!["127.0.0.1:1".into()],
+            credentials: "/c.json".into(),
+            region: "us-east-1".into(),
+            extra_args: vec![("mq".into(), "--lease-ms=5000".into())],
+            log_dir: None,
+        }
+    }
+
+    fn has_pair(args: &[String], flag: &str, value: &str) -> bool {
+        args.windows(2).any(|w| w[0] == flag && w[1] == value)
+    }
+
+    #[test]
+    fn gateway_arguments_per_protocol_and_role() {
+        let url = Some("http://127.0.0.1:9002");
+        let w = gateway_args(&launch(), &protocols::MQ, Role::Writer, url);
+        assert!(has_pair(&w, "--writer-id", protocols::MQ_WRITER_ID), "{w:?}");
+        assert!(has_pair(&w, "--public-url", "http://127.0.0.1:9002"), "{w:?}");
+        assert!(!w.iter().any(|a| a == "--writer-endpoint"), "{w:?}");
+        assert_eq!(w.last().map(String::as_str), Some("--lease-ms=5000"));
+        let r = gateway_args(&launch(), &protocols::MQ, Role::Reader, url);
+        assert!(has_pair(&r, "--writer-endpoint", "http://127.0.0.1:9002") && !r.iter().any(|a| a == "--writer-id"), "{r:?}");
+        let c = gateway_args(&launch(), &protocols::CONSUL, Role::Reader, Some("http://127.0.0.1:9003"));
+        assert_eq!(&c[..4], ["gateway", "kv", "--consul-only", "--no-maintenance"]);
+        assert!(has_pair(&c, "--consul-writer-endpoint", "http://127.0.0.1:9003") && !c.iter().any(|a| a == "--public-url"), "{c:?}");
+        assert!(!c.iter().any(|a| a == "--lease-ms=5000"), "extra arguments are per protocol");
+        let k = gateway_args(&launch(), &protocols::KV, Role::Writer, Some("http://x"));
+        assert_eq!(&k[..2], ["gateway", "kv"]);
+        assert!(!k.iter().any(|a| a == "--no-maintenance" || a == "--writer-endpoint"), "{k:?}");
+    }
 }

@@ -3,8 +3,19 @@
 //! | protocol | classifier | gateway command | SigV4 prechecked at the front | errors |
 //! |---|---|---|---|---|
 //! | `s3` | `fskv_gateway_s3::route::classify` | `fskv gateway s3` | service `s3` (scheme, scope, dates, presign expiry: the shared layer's `Delegated` checks) | S3 XML |
-//! | `kv` | not built yet (issue 15: `fskv_gateway_kv::route::classify`) | `fskv gateway kv` | — | JSON |
-//! | `mq` | not built yet (issue 16: `fskv_gateway_mq::route::classify`) | `fskv gateway mq` | — | JSON |
+//! | `kv` | `fskv_gateway_kv::classify` (batch get/exists over POST: read) | `fskv gateway kv` (writers keep the maintenance: eviction, TTL, stats) | service `kv` (bearer tokens pass to the gateway) | JSON |
+//! | `consul` | `fskv_gateway_kv::classify_consul` | `fskv gateway kv --consul-only --no-maintenance` (the KV writers maintain the Consul namespace) | — (the token is checked by the gateway) | plain text (Consul's) |
+//! | `mq` | `fskv_gateway_mq::classify` (SQS `ReceiveMessage` and native `receive`: **mutation**, see below) | `fskv gateway mq --public-url <front>`; writers `--writer-id mq-writer` | services `sqs`, `mq` | JSON |
+//!
+//! Why a receive goes to the MQ **writer** pool: it changes the queue's
+//! state (acquires messages, counts deliveries, starts visibility timeouts,
+//! may dead-letter), and that state lives with the writer that owns the
+//! partition's lease; a reader has a read-only view of the log and refuses
+//! it. The MQ writer pool has at most one process (checked in
+//! [`crate::config::FrontConfig::validate`]): a second writer would fight
+//! the first for the leases. Its fixed writer id lets a replacement (after a
+//! crash or an idle stop) take the leases back at once instead of waiting
+//! for them to expire.
 //!
 //! Adding a protocol is one [`ProtocolSpec`] in [`PROTOCOLS`] (and its
 //! `[front.<name>]` pools in [`crate::config::FrontConfig::pools`]). The
@@ -26,6 +37,8 @@ pub enum ErrorFormat {
     S3Xml,
     /// `{"error": {"code", "message", "request_id"}}` (KV and MQ native APIs).
     Json,
+    /// The message as `text/plain` (the Consul API).
+    PlainText,
 }
 
 /// Everything the front needs to know about a protocol.
@@ -38,6 +51,15 @@ pub struct ProtocolSpec {
     /// Arguments of `fskv` that run one gateway process of the protocol
     /// (followed by `--role`, `--listen`, `--mgmtd`, `--credentials`, …).
     pub gateway_command: &'static [&'static str],
+    /// Arguments every process of the protocol gets after the command.
+    pub fixed_args: &'static [&'static str],
+    /// Arguments writer processes get too.
+    pub writer_args: &'static [&'static str],
+    /// The flag naming the public endpoint in a reader's refusal of writes.
+    pub writer_endpoint_flag: &'static str,
+    /// The flag that gets the public (routed) URL of the protocol, for URLs
+    /// the gateway hands out (SQS queue URLs).
+    pub public_url_flag: Option<&'static str>,
     /// Whether that command takes `--region`.
     pub gateway_takes_region: bool,
     /// SigV4 services of the key-free prechecks at the front (empty: none).
@@ -50,18 +72,63 @@ pub const S3: ProtocolSpec = ProtocolSpec {
     name: "s3",
     classify: fskv_gateway_s3::route::classify,
     gateway_command: &["gateway", "s3"],
+    fixed_args: &[],
+    writer_args: &[],
+    writer_endpoint_flag: "--writer-endpoint",
+    public_url_flag: None,
     gateway_takes_region: true,
     sigv4_services: &["s3"],
     error_format: ErrorFormat::S3Xml,
 };
 
-/// Every protocol this build routes. KV (issue 15) and MQ (issue 16) join
-/// with one line each once their gateway crates export `route::classify`.
-pub const PROTOCOLS: &[&ProtocolSpec] = &[
-    &S3,
-    // &KV,  // issue 15: fskv_gateway_kv::route::classify, `fskv gateway kv`, JSON errors
-    // &MQ,  // issue 16: fskv_gateway_mq::route::classify, `fskv gateway mq`, JSON errors
-];
+/// The KV native API (`gateway-kv`).
+pub const KV: ProtocolSpec = ProtocolSpec {
+    name: "kv",
+    classify: fskv_gateway_kv::classify,
+    gateway_command: &["gateway", "kv"],
+    fixed_args: &[],
+    writer_args: &[],
+    writer_endpoint_flag: "--writer-endpoint",
+    public_url_flag: None,
+    gateway_takes_region: true,
+    sigv4_services: &["kv"],
+    error_format: ErrorFormat::Json,
+};
+
+/// The Consul-compatible API of the KV gateway: its own processes, serving
+/// only that API. Maintenance stays with the KV writers.
+pub const CONSUL: ProtocolSpec = ProtocolSpec {
+    name: "consul",
+    classify: fskv_gateway_kv::classify_consul,
+    gateway_command: &["gateway", "kv"],
+    fixed_args: &["--consul-only", "--no-maintenance"],
+    writer_args: &[],
+    writer_endpoint_flag: "--consul-writer-endpoint",
+    public_url_flag: None,
+    gateway_takes_region: true,
+    sigv4_services: &[],
+    error_format: ErrorFormat::PlainText,
+};
+
+/// The writer id of the front's MQ writer (one process at most).
+pub const MQ_WRITER_ID: &str = "mq-writer";
+
+/// MQ: the native API and the SQS facade on one port (`gateway-mq`).
+pub const MQ: ProtocolSpec = ProtocolSpec {
+    name: "mq",
+    classify: fskv_gateway_mq::classify,
+    gateway_command: &["gateway", "mq"],
+    fixed_args: &[],
+    writer_args: &["--writer-id", MQ_WRITER_ID],
+    writer_endpoint_flag: "--writer-endpoint",
+    public_url_flag: Some("--public-url"),
+    gateway_takes_region: true,
+    sigv4_services: &["sqs", "mq"],
+    error_format: ErrorFormat::Json,
+};
+
+/// Every protocol this build routes.
+pub const PROTOCOLS: &[&ProtocolSpec] = &[&S3, &KV, &CONSUL, &MQ];
 
 /// The protocol named `name`, if this build routes it.
 pub fn lookup(name: &str) -> Option<&'static ProtocolSpec> {
@@ -73,6 +140,7 @@ impl ProtocolSpec {
     pub fn render(&self, reply: &ErrorReply, request_id: &str, retry_after_s: Option<u64>) -> Response<Bytes> {
         let mut resp = match self.error_format {
             ErrorFormat::Json => reply.json(request_id),
+            ErrorFormat::PlainText => plain(reply.status, &reply.message),
             ErrorFormat::S3Xml => {
                 use s3s::{S3Error, S3ErrorCode};
                 let code =
@@ -93,8 +161,19 @@ impl ProtocolSpec {
         match self.error_format {
             ErrorFormat::S3Xml => fskv_gateway_s3::error::xml_response(fskv_gateway_s3::error::from_gateway(err), request_id),
             ErrorFormat::Json => err.reply().json(request_id),
+            ErrorFormat::PlainText => {
+                let r = err.reply();
+                plain(r.status, &r.message)
+            }
         }
     }
+}
+
+fn plain(status: http::StatusCode, message: &str) -> Response<Bytes> {
+    let mut r = Response::new(Bytes::from(message.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
 }
 
 #[cfg(test)]
@@ -111,6 +190,38 @@ mod tests {
         assert!(lookup("nope").is_none());
     }
 
+    fn head(m: &str, u: &str, target: Option<&str>) -> Parts {
+        let mut b = http::Request::builder().method(m).uri(u);
+        if let Some(t) = target {
+            b = b.header("x-amz-target", t);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn kv_consul_and_mq_route_with_their_gateways_classifiers() {
+        let kv = lookup("kv").unwrap();
+        let c = |p: &ProtocolSpec, m: &str, u: &str| (p.classify)(&head(m, u, None)).access;
+        assert_eq!(c(kv, "GET", "/v1/kv/ns/k"), Access::Read);
+        assert_eq!(c(kv, "POST", "/v1/kv/ns?batch=get"), Access::Read, "batch get over POST is a read");
+        assert_eq!(c(kv, "POST", "/v1/kv/ns?batch=put"), Access::Mutation);
+        assert_eq!(c(kv, "PUT", "/v1/kv/ns/k"), Access::Mutation);
+        let consul = lookup("consul").unwrap();
+        assert_eq!(c(consul, "GET", "/v1/kv/a/b?recurse"), Access::Read);
+        assert_eq!(c(consul, "PUT", "/v1/kv/a/b"), Access::Mutation);
+        assert!(consul.sigv4_services.is_empty(), "Consul tokens are the gateway's to check");
+        assert_eq!(consul.writer_endpoint_flag, "--consul-writer-endpoint");
+        let mq = lookup("mq").unwrap();
+        let sqs = |op: &str| (mq.classify)(&head("POST", "/", Some(&format!("AmazonSQS.{op}")))).access;
+        assert_eq!(sqs("ReceiveMessage"), Access::Mutation, "a receive changes the queue's state: the writer's");
+        assert_eq!(sqs("SendMessage"), Access::Mutation);
+        assert_eq!(sqs("GetQueueAttributes"), Access::Read);
+        assert_eq!(c(mq, "POST", "/v1/topics/t/queues/q/receive"), Access::Mutation);
+        assert_eq!(c(mq, "GET", "/v1/topics/t/partitions/0/records?offset=0"), Access::Read);
+        assert_eq!(mq.writer_args, &["--writer-id", MQ_WRITER_ID]);
+        assert_eq!(mq.sigv4_services, &["sqs", "mq"]);
+    }
+
     #[test]
     fn errors_render_in_the_protocol_format() {
         let reply = ErrorReply::new(http::StatusCode::SERVICE_UNAVAILABLE, "SlowDown", "busy");
@@ -124,5 +235,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(v["error"]["code"], "SlowDown");
         assert!(r.headers().get(http::header::RETRY_AFTER).is_none());
+        let r = CONSUL.render(&reply, "RID", Some(1));
+        assert_eq!((r.status(), &r.body()[..]), (http::StatusCode::SERVICE_UNAVAILABLE, &b"busy"[..]));
+        assert_eq!(r.headers()[http::header::CONTENT_TYPE], "text/plain; charset=utf-8");
     }
 }

@@ -144,12 +144,21 @@ writer = { min = 0, max = 2 }
 reader_upstreams = []
 writer_upstreams = []
 
+# KV native API: one writer (it runs the maintenance: eviction, TTL, stats).
 [front.kv]
+reader = { min = 0, max = 4 }
+writer = { min = 0, max = 1 }
+reader_upstreams = []
+writer_upstreams = []
+
+# The Consul API (`fskv gateway kv --consul-only --no-maintenance`).
+[front.consul]
 reader = { min = 0, max = 4 }
 writer = { min = 0, max = 2 }
 reader_upstreams = []
 writer_upstreams = []
 
+# MQ and SQS: at most one writer (it owns the partition leases; writer id mq-writer).
 [front.mq]
 reader = { min = 0, max = 4 }
 writer = { min = 0, max = 1 }
@@ -159,7 +168,7 @@ writer_upstreams = []
 [up]
 # Data directory of `fskv up` (all state of the single-node cluster).
 data_dir = "./data"
-# Public ports: S3 on base_port, KV on +1, MQ on +2; internal services above +10.
+# Public ports (the front): S3 on base_port, KV on +1, MQ/SQS on +2, Consul on +3; internal services above +10.
 base_port = 9000
 "#;
 

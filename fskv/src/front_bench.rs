@@ -6,6 +6,7 @@
 //! | S3 4 KiB PUT ops/s | `fskv up`'s front on P: one writer process (`[front.s3]` writer max 1) | one `fskv gateway s3 --role writer` process, straight |
 //! | S3 4 KiB GET ops/s | same front: one reader process (reader max 1) | the same direct gateway |
 //! | S3 64 MiB GET MiB/s | same | same |
+//! | KV 1 KiB GET ops/s | `fskv up`'s front on P+1: one KV reader process (`[front.kv]` reader max 1) | one `fskv gateway kv --role reader` process, straight |
 //! | cold start | a fresh `fskv front` (empty pools): signed GET sent → first byte of its response (the reader process is spawned meanwhile); also the first PUT (writer pool) | — (goal ≤ 300 ms) |
 //! | time to add a reader | a fresh `fskv front` (reader max 4, default scale settings) serving 1 client; then a step to `--step-clients` clients: step → a second reader `ready` in `/status` | — (`scale_up_after_ms` is part of it by design) |
 //!
@@ -13,7 +14,7 @@
 //! front and the direct gateway back to back (the order alternating per
 //! round); the report gives per-round figures, each side's median and the
 //! ratio of the medians. Every request is signed with SigV4 (header,
-//! `UNSIGNED-PAYLOAD`) by this process for both sides; failed requests are
+//! `UNSIGNED-PAYLOAD`; service `s3` or `kv`) by this process for both sides; failed requests are
 //! counted (the goal is zero). Pools keep their processes for the whole run
 //! (`idle_timeout_ms` 10 min), so cold starts are not in the throughput.
 
@@ -38,8 +39,10 @@ use std::time::{Duration, Instant, SystemTime};
 const MIB: f64 = (1u64 << 20) as f64;
 /// Bound on any one request of the benchmark.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-/// Small objects read by the GET workload.
+/// Small objects read by the GET workload (and 1 KiB KV values by the KV one).
 const SMALL_OBJECTS: usize = 256;
+/// Size of the KV values read by `kvget1k`.
+const KV_VALUE_BYTES: usize = 1024;
 
 #[derive(Args)]
 pub struct FrontBenchArgs {
@@ -73,8 +76,8 @@ pub struct FrontBenchArgs {
     /// First base port tried (`fskv up --base-port`).
     #[arg(long, default_value_t = 27100)]
     base_port: u16,
-    /// Throughput workloads to run: put4k, get4k, get-large.
-    #[arg(long, value_delimiter = ',', default_value = "put4k,get4k,get-large")]
+    /// Throughput workloads to run: put4k, get4k, get-large (S3), kvget1k (KV native API).
+    #[arg(long, value_delimiter = ',', default_value = "put4k,get4k,get-large,kvget1k")]
     workloads: Vec<String>,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -82,7 +85,8 @@ pub struct FrontBenchArgs {
 }
 
 /// The `fskv up` front of the throughput runs: one process per pool, kept.
-const UP_CONFIG: &str = "[front]\nidle_timeout_ms = 600000\n\n[front.s3]\nreader = { min = 0, max = 1 }\nwriter = { min = 0, max = 1 }\n";
+const UP_CONFIG: &str = "[front]\nidle_timeout_ms = 600000\n\n[front.s3]\nreader = { min = 0, max = 1 }\nwriter = { min = 0, max = 1 }\n\n\
+                         [front.kv]\nreader = { min = 0, max = 1 }\nwriter = { min = 0, max = 1 }\n";
 /// The fronts of the cold starts and load steps: the defaults, reader max 4.
 const SCALE_CONFIG: &str =
     "[front]\nidle_timeout_ms = 600000\n\n[front.s3]\nreader = { min = 0, max = 4 }\nwriter = { min = 0, max = 1 }\n";
@@ -242,11 +246,13 @@ impl FrontBenchReport {
     }
 }
 
-/// A signing S3 client (path style, `UNSIGNED-PAYLOAD`).
+/// A signing client (S3 path style or the KV native API; `UNSIGNED-PAYLOAD`).
 #[derive(Clone)]
 struct S3 {
     ak: String,
     sk: String,
+    /// The SigV4 service: `s3` or `kv`.
+    service: &'static str,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -255,7 +261,12 @@ impl S3 {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(1024).build(conn);
-        S3 { ak: ak.to_string(), sk: sk.to_string(), client }
+        S3 { ak: ak.to_string(), sk: sk.to_string(), service: "s3", client }
+    }
+
+    /// The same client signing for another service (`kv`).
+    fn for_service(&self, service: &'static str) -> S3 {
+        S3 { service, ..self.clone() }
     }
 
     fn request(&self, host: &str, method: &Method, target: &str, body: Bytes) -> anyhow::Result<Request<Full<Bytes>>> {
@@ -267,7 +278,7 @@ impl S3 {
         let params = aws_sigv4::sign::v4::SigningParams::builder()
             .identity(&identity)
             .region("us-east-1")
-            .name("s3")
+            .name(self.service)
             .time(SystemTime::now())
             .settings(settings)
             .build()?
@@ -442,6 +453,25 @@ impl Cluster {
         wait_listening(&mut p, &addr, "fskv gateway s3").await?;
         Ok((p, addr))
     }
+
+    /// One `fskv gateway kv --role reader` (what serves KV reads behind the front too).
+    async fn kv_gateway(&self, config: &Path) -> anyhow::Result<(Proc, String)> {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let log = std::fs::File::create(self.data.join("logs/bench-direct-kv-gateway.log"))?;
+        let child = Command::new(&self.exe)
+            .arg("--config")
+            .arg(config)
+            .args(["gateway", "kv", "--role", "reader", "--listen", &addr, "--mgmtd", &self.mgmtd, "--credentials"])
+            .arg(&self.credentials)
+            .env("FSKV_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .context("spawning fskv gateway kv")?;
+        let mut p = Proc { child };
+        wait_listening(&mut p, &addr, "fskv gateway kv").await?;
+        Ok((p, addr))
+    }
 }
 
 /// `clients` tasks run `op(task, n)` until `dur` has passed: (ops, bytes, errors, elapsed, first errors).
@@ -492,6 +522,7 @@ enum Workload {
     Put4k,
     Get4k,
     GetLarge,
+    KvGet1k,
 }
 
 impl Workload {
@@ -500,7 +531,12 @@ impl Workload {
             Workload::Put4k => "S3 PUT 4 KiB".into(),
             Workload::Get4k => "S3 GET 4 KiB".into(),
             Workload::GetLarge => format!("S3 GET {large_mib} MiB"),
+            Workload::KvGet1k => "KV GET 1 KiB".into(),
         }
+    }
+
+    fn is_kv(self) -> bool {
+        self == Workload::KvGet1k
     }
 }
 
@@ -530,6 +566,21 @@ async fn measure(
                 let (s3, h) = (s3c.clone(), h.clone());
                 let key = format!("/fbench/s{}", (task as u64 * 7919 + n) % SMALL_OBJECTS as u64);
                 async move { s3.send(&h, Method::GET, &key, Bytes::new()).await.map(|(b, _)| b) }
+            })
+            .await
+        }
+        Workload::KvGet1k => {
+            let kv = s3c.for_service("kv");
+            drive(args.concurrency, dur, move |task, n| {
+                let (kv, h) = (kv.clone(), h.clone());
+                let key = format!("/v1/kv/fbench/k{}", (task as u64 * 7919 + n) % SMALL_OBJECTS as u64);
+                async move {
+                    let (b, _) = kv.send(&h, Method::GET, &key, Bytes::new()).await?;
+                    if b != KV_VALUE_BYTES as u64 {
+                        return Err(format!("GET {key}: {b} bytes, not {KV_VALUE_BYTES}"));
+                    }
+                    Ok(b)
+                }
             })
             .await
         }
@@ -646,43 +697,71 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
         mgmtd: format!("127.0.0.1:{}", base + 11),
         credentials: data.join("credentials.json"),
     };
-    let front = format!("127.0.0.1:{base}");
-    let (direct_proc, direct) = cluster.gateway(&data.join("effective-config.toml")).await?;
-
-    // Data: a bucket, the small objects, one large object per stream.
-    let must = |r: Result<(u64, Duration), String>| r.map_err(anyhow::Error::msg);
-    must(s3.send(&front, Method::PUT, "/fbench", Bytes::new()).await)?;
-    let small = Bytes::from(vec![0xa5u8; 4096]);
-    for i in 0..SMALL_OBJECTS {
-        must(s3.send(&front, Method::PUT, &format!("/fbench/s{i}"), small.clone()).await)?;
-    }
-    let large = Bytes::from((0..args.large_mib << 20).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect::<Vec<u8>>());
-    for i in 0..args.large_streams {
-        must(s3.send(&front, Method::PUT, &format!("/fbench/big{i}"), large.clone()).await)?;
-    }
-    drop(large);
-    // Warm both sides (the front's reader process starts here, connections open).
-    for host in [&front, &direct] {
-        for i in 0..32 {
-            must(s3.send(host, Method::GET, &format!("/fbench/s{i}"), Bytes::new()).await)?;
-        }
-    }
-
-    let mut errors = Vec::new();
-    let mut throughput = Vec::new();
     let mut workloads = Vec::new();
     for w in &args.workloads {
         workloads.push(match w.as_str() {
             "put4k" => Workload::Put4k,
             "get4k" => Workload::Get4k,
             "get-large" => Workload::GetLarge,
-            other => bail!("--workloads: unknown workload {other:?} (put4k, get4k, get-large)"),
+            "kvget1k" => Workload::KvGet1k,
+            other => bail!("--workloads: unknown workload {other:?} (put4k, get4k, get-large, kvget1k)"),
         });
     }
+    let with_s3 = workloads.iter().any(|w| !w.is_kv()) || args.cold_starts > 0 || args.load_steps > 0;
+    let with_kv = workloads.iter().any(|w| w.is_kv());
+    let effective = data.join("effective-config.toml");
+    let front = format!("127.0.0.1:{base}");
+    let kv_front = format!("127.0.0.1:{}", base + 1);
+    let must = |r: Result<(u64, Duration), String>| r.map_err(anyhow::Error::msg);
+    let mut direct = String::new();
+    let mut direct_proc = None;
+    if with_s3 {
+        let (p, addr) = cluster.gateway(&effective).await?;
+        (direct_proc, direct) = (Some(p), addr);
+        // Data: a bucket, the small objects, one large object per stream.
+        must(s3.send(&front, Method::PUT, "/fbench", Bytes::new()).await)?;
+        let small = Bytes::from(vec![0xa5u8; 4096]);
+        for i in 0..SMALL_OBJECTS {
+            must(s3.send(&front, Method::PUT, &format!("/fbench/s{i}"), small.clone()).await)?;
+        }
+        if workloads.contains(&Workload::GetLarge) {
+            let large = Bytes::from((0..args.large_mib << 20).map(|i| (i as u32).wrapping_mul(2_654_435_761) as u8).collect::<Vec<u8>>());
+            for i in 0..args.large_streams {
+                must(s3.send(&front, Method::PUT, &format!("/fbench/big{i}"), large.clone()).await)?;
+            }
+        }
+        // Warm both sides (the front's reader process starts here, connections open).
+        for host in [&front, &direct] {
+            for i in 0..32 {
+                must(s3.send(host, Method::GET, &format!("/fbench/s{i}"), Bytes::new()).await)?;
+            }
+        }
+    }
+    let mut kv_direct = String::new();
+    let mut kv_direct_proc = None;
+    if with_kv {
+        let kv = s3.for_service("kv");
+        // The namespace and the values, through the front's KV writer.
+        must(kv.send(&kv_front, Method::PUT, "/v1/ns/fbench", Bytes::new()).await)?;
+        let value = Bytes::from((0..KV_VALUE_BYTES).map(|i| (i * 31 % 251) as u8).collect::<Vec<u8>>());
+        for i in 0..SMALL_OBJECTS {
+            must(kv.send(&kv_front, Method::PUT, &format!("/v1/kv/fbench/k{i}"), value.clone()).await)?;
+        }
+        let (p, addr) = cluster.kv_gateway(&effective).await?;
+        (kv_direct_proc, kv_direct) = (Some(p), addr);
+        for host in [&kv_front, &kv_direct] {
+            for i in 0..32 {
+                must(kv.send(host, Method::GET, &format!("/v1/kv/fbench/k{i}"), Bytes::new()).await)?;
+            }
+        }
+    }
+
+    let mut errors = Vec::new();
+    let mut throughput = Vec::new();
     for round in 1..=args.rounds {
         for &w in &workloads {
-            let order: [(&str, &str); 2] =
-                if round % 2 == 1 { [("front", &front), ("direct", &direct)] } else { [("direct", &direct), ("front", &front)] };
+            let (f, d) = if w.is_kv() { (&kv_front, &kv_direct) } else { (&front, &direct) };
+            let order: [(&str, &str); 2] = if round % 2 == 1 { [("front", f), ("direct", d)] } else { [("direct", d), ("front", f)] };
             for (name, host) in order {
                 throughput.push(measure(&s3, host, name, w, round, args, &mut errors).await);
             }
@@ -711,6 +790,7 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
         });
     }
     drop(direct_proc);
+    drop(kv_direct_proc);
 
     eprintln!("bench front: {} cold starts ...", args.cold_starts);
     let mut cold_starts = Vec::new();

@@ -16,10 +16,13 @@ pub struct FrontArgs {
     /// Public S3 listener: reads go to the S3 reader pool, mutations to the writer pool.
     #[arg(long, value_name = "ADDR")]
     s3_listen: Option<SocketAddr>,
-    /// Public KV listener (issue 15: needs a build with the KV gateway).
+    /// Public KV listener (native API): reads to the KV reader pool, mutations to the writer pool.
     #[arg(long, value_name = "ADDR")]
     kv_listen: Option<SocketAddr>,
-    /// Public MQ listener (issue 16: needs a build with the MQ gateway).
+    /// Public Consul-compatible listener (processes of `fskv gateway kv --consul-only`).
+    #[arg(long, value_name = "ADDR")]
+    consul_listen: Option<SocketAddr>,
+    /// Public MQ listener (native API and SQS; receives go to the writer).
     #[arg(long, value_name = "ADDR")]
     mq_listen: Option<SocketAddr>,
     /// A read-only S3 endpoint: every request goes to the reader pool (mutations are refused there).
@@ -28,6 +31,9 @@ pub struct FrontArgs {
     /// A read-only KV endpoint.
     #[arg(long, value_name = "ADDR")]
     kv_reader_listen: Option<SocketAddr>,
+    /// A read-only Consul endpoint.
+    #[arg(long, value_name = "ADDR")]
+    consul_reader_listen: Option<SocketAddr>,
     /// A read-only MQ endpoint.
     #[arg(long, value_name = "ADDR")]
     mq_reader_listen: Option<SocketAddr>,
@@ -73,9 +79,11 @@ fn listeners(a: &FrontArgs) -> anyhow::Result<Vec<ListenerSpec>> {
     for (name, addr, mode) in [
         ("s3", a.s3_listen, ListenMode::Route),
         ("kv", a.kv_listen, ListenMode::Route),
+        ("consul", a.consul_listen, ListenMode::Route),
         ("mq", a.mq_listen, ListenMode::Route),
         ("s3", a.s3_reader_listen, ListenMode::Readers),
         ("kv", a.kv_reader_listen, ListenMode::Readers),
+        ("consul", a.consul_reader_listen, ListenMode::Readers),
         ("mq", a.mq_reader_listen, ListenMode::Readers),
     ] {
         if let Some(addr) = addr {

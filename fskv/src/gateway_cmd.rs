@@ -102,6 +102,9 @@ pub struct KvArgs {
     /// Address of the Consul-compatible API (not served without it).
     #[arg(long)]
     consul_listen: Option<SocketAddr>,
+    /// Serve only the Consul API, on --listen (no native API): how the front starts its Consul pools.
+    #[arg(long, conflicts_with = "consul_listen")]
+    consul_only: bool,
     /// The namespace Consul keys live in.
     #[arg(long, default_value = "consul")]
     consul_namespace: String,
@@ -171,6 +174,7 @@ async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
     let (keys, client) = args.cluster.connect().await?;
     let mut cfg = fskv_gateway_kv::KvConfig::new(args.listen, role, keys);
     cfg.consul_listen = args.consul_listen;
+    cfg.consul_only = args.consul_only;
     cfg.consul_namespace = args.consul_namespace;
     cfg.root_path = args.root;
     cfg.region = args.cluster.region.clone();
@@ -187,6 +191,7 @@ async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
     let handle = fskv_gateway_kv::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
     match handle.consul_addr {
+        Some(c) if args.consul_only => println!("KV gateway ({}) serving the Consul API only on {scheme}://{c}", args.role),
         Some(c) => println!("KV gateway ({}) serving on {scheme}://{} (Consul API on {scheme}://{c})", args.role, handle.addr),
         None => println!("KV gateway ({}) serving on {scheme}://{}", args.role, handle.addr),
     }
@@ -213,7 +218,10 @@ async fn run_mq(args: MqArgs, config: &Config) -> anyhow::Result<()> {
         cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
     }
     let scheme = if cfg.tls.is_some() { "https" } else { "http" };
-    cfg.writer.endpoint = format!("{scheme}://{}", args.listen);
+    // Named in the partition leases (DescribeTopic, another writer's refusal):
+    // the public URL when there is one (behind the front, `--listen` is a
+    // private port, 127.0.0.1:0).
+    cfg.writer.endpoint = if cfg.public_url.is_empty() { format!("{scheme}://{}", args.listen) } else { cfg.public_url.clone() };
     let handle = fskv_gateway_mq::start(cfg, client.clone()).await.map_err(anyhow::Error::msg)?;
     println!("MQ gateway ({}) serving on {scheme}://{}", args.role, handle.addr);
     let _ = std::io::stdout().flush();

@@ -8,19 +8,21 @@
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
 //! brings back all data. With `--mount PATH` it then starts `fskv mount` on
 //! PATH as another supervised child (stopped, and so unmounted, first).
+//!
 //! Once the cluster is ready it starts the front (`fskv front`, supervised
-//! like the others): S3 on P, a read-only S3 endpoint on P+5 and the front's
-//! admin listener on P+10. The front starts S3 gateway processes (`fskv
-//! gateway s3 --role reader|writer`, buckets under `/s3`, keys from
-//! `DIR/credentials.json`) on demand: its pools start from zero (bounds in
-//! `[front]` of the configuration). The KV gateway (`fskv gateway kv`) is
-//! not routed by the front yet: a writer on P+1 (its Consul-compatible API
-//! on P+3) and a reader on P+6 (Consul P+8) run as supervised children,
-//! namespaces under `/kv`, the same keys (bearer token included). Nor is
-//! the MQ gateway (`fskv gateway mq`): a writer on P+2 (writer id
-//! `mq-writer`, so a restarted writer takes its partition leases back at
-//! once) and a reader on P+7, data under `/mq`; its native API and SQS
-//! facade share the port.
+//! like the others), which owns every public gateway port:
+//!
+//! | protocol | routed (reads → readers, writes → writer) | read-only | gateway processes (on demand, pools from zero, `[front.<proto>]` bounds) |
+//! |---|---|---|---|
+//! | S3 | P | P+5 | `fskv gateway s3` (buckets under `/s3`) |
+//! | KV native API | P+1 | P+6 | `fskv gateway kv` (namespaces under `/kv`) |
+//! | MQ native + SQS | P+2 | P+7 | `fskv gateway mq` (topics under `/mq`; the writer has id `mq-writer`, so a replacement takes the partition leases back at once) |
+//! | Consul API | P+3 | P+8 | `fskv gateway kv --consul-only` (same namespaces) |
+//! | front admin | P+10 | | `GET /status`, `/metrics` |
+//!
+//! Gateway processes listen on private loopback ports (`127.0.0.1:0`,
+//! reported to the front), with keys from `DIR/credentials.json` (bearer
+//! token included).
 
 use crate::config::Config;
 use crate::supervisor::{ChildSpec, Supervisor, SupervisorOptions};
@@ -40,7 +42,7 @@ pub struct UpArgs {
     /// Data directory (all state of the cluster). Default: up.data_dir of the config (./data).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Base port: S3 on P, KV on P+1, MQ on P+2 (read-only P+5..P+7, front admin P+10); mgmtd P+11, meta P+12, storage P+13..P+15.
+    /// Base port: S3 on P, KV on P+1, MQ/SQS on P+2, Consul on P+3 (read-only P+5..P+8), front admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15.
     #[arg(long)]
     base_port: Option<u16>,
     /// Do not restart a child process that dies.
@@ -85,17 +87,17 @@ struct Endpoints {
     s3: Option<String>,
     /// A read-only S3 endpoint (every request to the reader pool).
     s3_reader: Option<String>,
-    /// The KV gateway's native API (writer) and its reader.
+    /// The KV native API through the front (routed) and its read-only endpoint.
     kv: Option<String>,
     kv_reader: Option<String>,
-    /// The Consul-compatible API of the KV writer and of the reader.
+    /// The Consul-compatible API through the front (routed) and read-only.
     consul: Option<String>,
     consul_reader: Option<String>,
-    /// The MQ gateway's native API (writer).
+    /// The MQ native API through the front (routed).
     mq: Option<String>,
-    /// The MQ gateway with `--role reader` (fetch, offsets, describe).
+    /// The MQ read-only endpoint (fetch, offsets, describe: the reader pool).
     mq_reader: Option<String>,
-    /// The SQS endpoint (the MQ writer: every SQS queue operation, ReceiveMessage included, mutates).
+    /// The SQS endpoint: the routed MQ listener (ReceiveMessage goes to the writer pool).
     sqs: Option<String>,
     /// The front's admin listener (GET /status, /metrics; `fskv admin status --front`).
     front: Option<String>,
@@ -120,18 +122,12 @@ struct Ports {
     mgmtd: String,
     meta: String,
     storage: Vec<String>,
-    kv: String,
-    kv_reader: String,
-    consul: String,
-    consul_reader: String,
-    mq: String,
-    mq_reader: String,
     front_admin: String,
     base: u16,
 }
 
-/// Public and read-only ports of each protocol the front may route (offsets from P).
-const PROTOCOL_PORTS: [(&str, u16, u16); 3] = [("s3", 0, 5), ("kv", 1, 6), ("mq", 2, 7)];
+/// Public and read-only ports of each protocol the front routes (offsets from P).
+const PROTOCOL_PORTS: [(&str, u16, u16); 4] = [("s3", 0, 5), ("kv", 1, 6), ("mq", 2, 7), ("consul", 3, 8)];
 
 impl Ports {
     /// (protocol, public address, read-only address) of every protocol this build routes.
@@ -152,12 +148,6 @@ impl Ports {
             mgmtd: addr(11),
             meta: addr(12),
             storage: (1..=STORAGE_NODES as u16).map(|i| addr(12 + i)).collect(),
-            kv: addr(1),
-            kv_reader: addr(6),
-            consul: addr(3),
-            consul_reader: addr(8),
-            mq: addr(2),
-            mq_reader: addr(7),
             front_admin: addr(10),
             base,
         }
@@ -173,17 +163,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     // Before anything is written there (logs, pid files, config).
     let _owner = crate::dir_lock::DirLock::acquire(&data_dir, "fskv up")?;
     let ports = Ports::new(base_port);
-    let all = [
-        &ports.mgmtd,
-        &ports.meta,
-        &ports.front_admin,
-        &ports.kv,
-        &ports.kv_reader,
-        &ports.consul,
-        &ports.consul_reader,
-        &ports.mq,
-        &ports.mq_reader,
-    ];
+    let all = [&ports.mgmtd, &ports.meta, &ports.front_admin];
     let public: Vec<String> = ports.routed().into_iter().flat_map(|(_, a, r)| [a, r]).collect();
     for addr in all.into_iter().chain(&ports.storage).chain(&public) {
         ensure_free(addr)?;
@@ -219,15 +199,6 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    let kv_gateways = match start_direct_gateways(&exe, &data_dir, &ports, !args.no_restart).await {
-        Ok(g) => g,
-        Err(e) => {
-            eprintln!("fskv up: {e:#}; stopping");
-            gateways.shutdown().await;
-            supervisor.shutdown().await;
-            return Err(e);
-        }
-    };
     let routed = ports.routed();
     let url = |proto: &str, read_only: bool| {
         routed.iter().find(|(p, _, _)| *p == proto).map(|(_, a, r)| format!("http://{}", if read_only { r } else { a }))
@@ -238,13 +209,13 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         storage: ports.storage.clone(),
         s3: url("s3", false),
         s3_reader: url("s3", true),
-        kv: Some(format!("http://{}", ports.kv)),
-        kv_reader: Some(format!("http://{}", ports.kv_reader)),
-        consul: Some(format!("http://{}", ports.consul)),
-        consul_reader: Some(format!("http://{}", ports.consul_reader)),
-        mq: url("mq", false).or_else(|| Some(format!("http://{}", ports.mq))),
-        mq_reader: url("mq", true).or_else(|| Some(format!("http://{}", ports.mq_reader))),
-        sqs: Some(format!("http://{}", ports.mq)),
+        kv: url("kv", false),
+        kv_reader: url("kv", true),
+        consul: url("consul", false),
+        consul_reader: url("consul", true),
+        mq: url("mq", false),
+        mq_reader: url("mq", true),
+        sqs: url("mq", false),
         front: Some(format!("http://{}", ports.front_admin)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
         access_key: credentials.access_key.clone(),
@@ -262,20 +233,11 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         data_dir.join("credentials.json").display(),
         ports.front_admin
     );
-    say!(
-        "  KV       writer http://{}  reader http://{}  Consul API http://{} / http://{}  (namespaces under /kv)",
-        ports.kv,
-        ports.kv_reader,
-        ports.consul,
-        ports.consul_reader
-    );
-    say!("  MQ       writer http://{}  reader http://{}  (SQS on the writer; topics under /mq)", ports.mq, ports.mq_reader);
     let mount = match &args.mount {
         Some(path) => match start_mount(&exe, &data_dir, &ports, path, !args.no_restart).await {
             Ok(m) => Some(m),
             Err(e) => {
                 eprintln!("fskv up: {e:#}; stopping");
-                kv_gateways.shutdown().await;
                 gateways.shutdown().await;
                 supervisor.shutdown().await;
                 return Err(e);
@@ -293,7 +255,6 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         m.shutdown().await;
         say!("  unmounted");
     }
-    kv_gateways.shutdown().await;
     gateways.shutdown().await;
     for (name, status) in supervisor.status().await {
         if status.starts > 1 {
@@ -331,53 +292,6 @@ async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> a
             if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
                 anyhow::bail!("the front did not listen on {addr} (see {})", data.join("logs/front.log").display());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    Ok(supervisor)
-}
-
-/// Starts the KV and MQ writer and reader gateways (not routed by the front
-/// yet) under their own supervisor, stopped before the cluster, and waits
-/// until they accept connections.
-async fn start_direct_gateways(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
-    let creds = data.join("credentials.json").display().to_string();
-    let kv = |role: &str, listen: &str, consul: &str| {
-        let mut args: Vec<String> = vec!["gateway".into(), "kv".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
-        args.extend(["--consul-listen".into(), consul.into()]);
-        // No --meta: the gateways find meta through mgmtd's routing info.
-        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
-        if role == "reader" {
-            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.kv)]);
-            args.extend(["--consul-writer-endpoint".into(), format!("http://{}", ports.consul)]);
-        }
-        args
-    };
-    let mq = |role: &str, listen: &str| {
-        let mut args: Vec<String> = vec!["gateway".into(), "mq".into(), "--role".into(), role.into(), "--listen".into(), listen.into()];
-        args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds.clone()]);
-        args.extend(["--public-url".into(), format!("http://{listen}")]);
-        if role == "reader" {
-            args.extend(["--writer-endpoint".into(), format!("http://{}", ports.mq)]);
-        } else {
-            args.extend(["--writer-id".into(), "mq-writer".into()]);
-        }
-        args
-    };
-    let specs = vec![
-        child("kv-writer", exe, kv("writer", &ports.kv, &ports.consul)),
-        child("kv-reader", exe, kv("reader", &ports.kv_reader, &ports.consul_reader)),
-        child("mq-writer", exe, mq("writer", &ports.mq)),
-        child("mq-reader", exe, mq("reader", &ports.mq_reader)),
-    ];
-    let supervisor = Supervisor::start(specs, child_options(data, restart)).await?;
-    let start = Instant::now();
-    for addr in [&ports.kv, &ports.kv_reader, &ports.consul, &ports.consul_reader, &ports.mq, &ports.mq_reader] {
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
-                supervisor.shutdown().await;
-                anyhow::bail!("the gateway on {addr} did not come up (see {})", data.join("logs").display());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

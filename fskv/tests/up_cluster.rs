@@ -83,8 +83,10 @@ fn up_serves_data_and_keeps_it_across_a_restart() {
     assert_eq!(endpoints["mq"], format!("http://127.0.0.1:{}", base + 2));
     assert_eq!(endpoints["mq_reader"], format!("http://127.0.0.1:{}", base + 7));
     assert_eq!(endpoints["sqs"], endpoints["mq"]);
-    for name in ["mq-writer", "mq-reader"] {
-        assert!(data.join("pids").join(format!("{name}.pid")).exists(), "no pid file for {name}");
+    // Every gateway runs behind the front (started on demand by its pools), none as a child of `fskv up`.
+    assert!(data.join("pids").join("front.pid").exists(), "no pid file for the front");
+    for name in ["mq-writer", "mq-reader", "kv-writer", "kv-reader"] {
+        assert!(!data.join("pids").join(format!("{name}.pid")).exists(), "{name} runs outside the front");
     }
     // Every child runs with the configuration of `fskv up` (DIR/effective-config.toml).
     let effective = std::fs::read_to_string(data.join("effective-config.toml")).expect("effective config");

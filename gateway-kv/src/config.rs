@@ -209,6 +209,10 @@ pub struct KvConfig {
     pub consul_listen: Option<SocketAddr>,
     /// The namespace Consul keys live in (made at start by a writer).
     pub consul_namespace: String,
+    /// Serve the Consul API on `listen` and no native API (`consul_listen`
+    /// unused): a process of the front's Consul pools, which learns one
+    /// address per process.
+    pub consul_only: bool,
     pub role: Role,
     /// Directory whose subdirectories are the namespaces.
     pub root_path: String,
@@ -232,6 +236,7 @@ impl KvConfig {
             listen,
             consul_listen: None,
             consul_namespace: "consul".into(),
+            consul_only: false,
             role,
             root_path: "/kv".into(),
             writer_endpoint: None,

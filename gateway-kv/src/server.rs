@@ -6,7 +6,7 @@
 //! | task | who | what |
 //! |---|---|---|
 //! | native API | every process, `--listen` | [`KvHttp`]: classify by [`crate::route::classify`], dispatch by [`NativeOp`], errors as JSON |
-//! | Consul API | every process with `--consul-listen` | [`crate::consul::ConsulHttp`] |
+//! | Consul API | every process with `--consul-listen`; with `--consul-only` on `--listen` instead of the native API (a process of the front's Consul pools) | [`crate::consul::ConsulHttp`] |
 //! | access-log flush | every process | every `recency_flush_interval_ms` (or early past `recency_max_entries` keys): one log file per namespace with the accesses served (recency, hits, misses, reads in flight) |
 //! | maintenance | the writer unless `--no-maintenance` | `maintain.rs`: merge, TTL expiry, eviction, stats, checkpoints |
 
@@ -136,6 +136,25 @@ pub async fn start(cfg: KvConfig, fs: FsClient) -> Result<KvHandle, String> {
     }
     let auth = Arc::new(Authenticator::new(Arc::clone(&cfg.keys), cfg.region.clone(), &["kv"], true));
     let metrics = Arc::new(Metrics::new());
+    if cfg.consul_only {
+        // The Consul API alone, on `listen` (the front's Consul pools).
+        let c = ServerConfig {
+            listen: cfg.listen,
+            role: cfg.role,
+            writer_endpoint: cfg.consul_writer_endpoint.clone(),
+            tls: cfg.tls.clone(),
+            limits: cfg.http.clone(),
+        };
+        let proto = Arc::new(crate::consul::ConsulHttp { kv: kv.clone() });
+        let server = fskv_gateway::serve(c, proto, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?;
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = vec![tokio::spawn(flush_loop(kv.clone(), stop_rx.clone()))];
+        if let Some(m) = maint {
+            tasks.push(tokio::spawn(m.run(stop_rx)));
+        }
+        tracing::info!(consul = %server.addr, role = %cfg.role, root = %cfg.root_path, "KV gateway serving the Consul API only");
+        return Ok(KvHandle { addr: server.addr, consul_addr: Some(server.addr), kv, metrics, server, consul: None, stop, tasks });
+    }
     let server_cfg = ServerConfig {
         listen: cfg.listen,
         role: cfg.role,

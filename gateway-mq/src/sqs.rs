@@ -385,7 +385,7 @@ impl Sqs<'_> {
             "CreateQueue" => self.create_queue(v).await,
             "GetQueueUrl" => {
                 let name = req_s(v, "QueueName")?;
-                let meta = self.queue_by_name(name).await?;
+                let meta = self.queue_by_name_fresh(name).await?;
                 Ok(json!({ "QueueUrl": self.queue_url(&meta.name) }))
             }
             "ListQueues" => self.list_queues(v).await,
@@ -463,7 +463,7 @@ impl Sqs<'_> {
                 Ok(json!({}))
             }
             "ListQueueTags" => {
-                let meta = self.queue(v).await?;
+                let meta = self.queue_fresh(v).await?;
                 if meta.tags.is_empty() {
                     Ok(json!({}))
                 } else {
@@ -471,7 +471,7 @@ impl Sqs<'_> {
                 }
             }
             "ListDeadLetterSourceQueues" => {
-                let meta = self.queue(v).await?;
+                let meta = self.queue_fresh(v).await?;
                 let mut urls = Vec::new();
                 for name in self.mq.store.list_topics().await? {
                     if let Ok(m) = self.mq.store.topic(&name).await {
@@ -515,6 +515,31 @@ impl Sqs<'_> {
         }
         match self.mq.store.topic(name).await {
             Ok(m) if m.sqs.is_some() => Ok(m),
+            Ok(_) | Err(MqError::TopicNotFound(_)) => Err(no_queue()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The queue a request's `QueueUrl` names, read from the store now (not
+    /// from the configuration cache), for the read-only operations
+    /// (`GetQueueAttributes`, `ListQueueTags`, `GetQueueUrl`,
+    /// `ListDeadLetterSourceQueues`): a read right after a change
+    /// (`SetQueueAttributes`, `TagQueue`, …) must see it, also on a reader (behind the front,
+    /// the attribute write went to the writer process and the read to a
+    /// reader, whose cache may be up to `CACHE_TTL_MS` old).
+    async fn queue_fresh(&self, v: &Value) -> Result<std::sync::Arc<TopicMeta>> {
+        let url = req_s(v, "QueueUrl")?;
+        let name = url.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+        self.queue_by_name_fresh(name).await
+    }
+
+    /// [`Self::queue_by_name`] read from the store now (see [`Self::queue_fresh`]).
+    async fn queue_by_name_fresh(&self, name: &str) -> Result<std::sync::Arc<TopicMeta>> {
+        if name.is_empty() || name.len() > 80 || crate::store::check_topic_name(name).is_err() {
+            return Err(no_queue());
+        }
+        match self.mq.store.topic_versioned(name).await {
+            Ok(m) if m.value.sqs.is_some() => Ok(std::sync::Arc::new(m.value)),
             Ok(_) | Err(MqError::TopicNotFound(_)) => Err(no_queue()),
             Err(e) => Err(e),
         }
@@ -734,7 +759,7 @@ impl Sqs<'_> {
     }
 
     async fn get_attributes(&self, v: &Value) -> Result<Value> {
-        let meta = self.queue(v).await?;
+        let meta = self.queue_fresh(v).await?;
         let names = string_list(v, "AttributeNames")?;
         let Some(stored) = &meta.sqs else { return Err(no_queue()) };
         let mut all: BTreeMap<String, String> = stored.clone();

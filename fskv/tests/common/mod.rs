@@ -41,11 +41,10 @@ pub fn fuse_or_skip(test: &str) -> bool {
     false
 }
 
-/// Ports `fskv up --base-port P` binds: the front's S3 listener P and
-/// read-only S3 listener P+5, its admin listener P+10; the KV gateway's
-/// writer P+1 (Consul API P+3) and reader P+6 (Consul API P+8); the MQ
-/// gateway's writer P+2 and reader P+7; mgmtd P+11, meta P+12, storage
-/// P+13..P+15.
+/// Ports `fskv up --base-port P` binds: the front's routed and read-only
+/// listeners — S3 P / P+5, KV P+1 / P+6, MQ and SQS P+2 / P+7, Consul
+/// P+3 / P+8 — and its admin listener P+10; mgmtd P+11, meta P+12, storage
+/// P+13..P+15. (Gateway processes behind the front take ephemeral ports.)
 const UP_PORT_OFFSETS: [u16; 14] = [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15];
 
 /// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
