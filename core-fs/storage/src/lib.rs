@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod craq;
 pub mod error;
 pub mod locks;
+pub mod metrics;
 pub mod mgmtd_link;
 pub mod service;
 pub mod sync;

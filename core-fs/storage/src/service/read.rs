@@ -36,6 +36,7 @@ impl StorageService {
             });
             jobs.push((io.clone(), checked.map(|t| t.engine.clone())));
         }
+        let this = self.clone();
         let results = self
             .blocking(move || {
                 let mut payload = BytesMut::with_capacity(total as usize);
@@ -45,6 +46,7 @@ impl StorageService {
                     let r = engine.and_then(|e| Ok(e.read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)?));
                     results.push(match r {
                         Ok(read) => {
+                            this.inner.metrics.read(io.target, read.data.len());
                             payload.extend_from_slice(&read.data);
                             Ok(ReadOk {
                                 len_bytes: read.data.len() as u32,
