@@ -29,6 +29,20 @@ pub enum AdminCommand {
     /// the chunks on storage against it (orphan, misplaced and past-the-end
     /// chunks). Exit code 0: clean; 1: problems found; 2: the check could not run.
     Fsck(FsckArgs),
+    /// Print a service's Prometheus metrics (OpenMetrics text), fetched with
+    /// `GET /metrics` on its RPC port (mgmtd, meta, storage; `fskv up`:
+    /// P+11, P+12, P+13..).
+    Metrics(MetricsArgs),
+}
+
+#[derive(Args)]
+pub struct MetricsArgs {
+    /// The service's RPC address, `host:port`.
+    #[arg(long)]
+    addr: String,
+    /// Give up after this many milliseconds.
+    #[arg(long, default_value_t = ADMIN_CALL_TIMEOUT_MS)]
+    timeout_ms: u64,
 }
 
 #[derive(Args)]
@@ -112,6 +126,11 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AdminCommand::Status(a) => status(a).await,
+        AdminCommand::Metrics(a) => {
+            let text = fskv_rpc::http::scrape(&a.addr, std::time::Duration::from_millis(a.timeout_ms)).await?;
+            print!("{text}");
+            Ok(())
+        }
         AdminCommand::Fsck(a) => {
             let problems = fsck(&a).await.map_err(|e| e.context(ExitStatus { code: 2, message: "fsck could not run".into() }))?;
             if problems == 0 {

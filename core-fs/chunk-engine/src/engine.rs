@@ -1019,6 +1019,12 @@ impl ChunkEngine {
         self.journal.stats()
     }
 
+    /// Chunk records in the metadata cache (every chunk with a committed or
+    /// a pending version); one read lock per cache shard.
+    pub fn chunk_count(&self) -> u64 {
+        self.cache.iter().map(|shard| shard.read().len() as u64).sum()
+    }
+
     /// Occupancy of every pool.
     pub fn pool_stats(&self) -> Vec<PoolStats> {
         SizeClass::all().map(|c| self.alloc.stats(c)).collect()

@@ -20,6 +20,7 @@ pub mod chain_storage;
 pub mod error;
 pub mod fsck;
 pub mod gc;
+pub mod metrics;
 pub mod mgmtd_link;
 pub mod ops;
 pub mod perm;

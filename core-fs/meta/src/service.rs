@@ -9,6 +9,7 @@
 use crate::alloc::InodeAllocator;
 use crate::error::{MetaError, MetaResult};
 use crate::gc::{self, now_ns, GcStats};
+use crate::metrics::MetaMetrics;
 use crate::ops::{self, MetaConfig, OpCtx, Prepared};
 use crate::schema::*;
 use crate::storage::StorageBackend;
@@ -16,7 +17,7 @@ use bytes::Bytes;
 use fskv_kv::{KvEngine, Transaction};
 use fskv_proto::meta::*;
 use fskv_proto::meta::{MetaBatchCall, MetaCall, MetaFsckCall};
-use fskv_rpc::{Router, Server, ServerConfig, Status, TcpTransport};
+use fskv_rpc::{MetricsRegistry, Router, Server, ServerConfig, Status, TcpTransport};
 use fskv_types::InodeId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,6 +48,9 @@ struct Inner {
     gc_wakeup: Notify,
     /// One fsck at a time per server (it holds a summary of every inode).
     fsck_permit: Semaphore,
+    /// Served on `GET /metrics` with the RPC server's metrics.
+    registry: Arc<MetricsRegistry>,
+    metrics: MetaMetrics,
 }
 
 /// Aborts the background tasks when the last handle of a service is dropped.
@@ -161,6 +165,7 @@ impl MetaService {
             batch_queues.push(tx);
             receivers.push(rx);
         }
+        let registry = MetricsRegistry::new();
         let inner = Arc::new(Inner {
             alloc: InodeAllocator::new(engine.clone()),
             engine,
@@ -170,6 +175,8 @@ impl MetaService {
             batch_queues,
             gc_wakeup: Notify::new(),
             fsck_permit: Semaphore::new(1),
+            metrics: MetaMetrics::register(&registry),
+            registry,
         });
         let mut tasks = Vec::new();
         for (i, rx) in receivers.into_iter().enumerate() {
@@ -186,14 +193,23 @@ impl MetaService {
         &self.inner.cfg
     }
 
+    /// The registry served on `GET /metrics` of this service's port.
+    pub fn metrics(&self) -> &Arc<MetricsRegistry> {
+        &self.inner.registry
+    }
+
     pub fn engine(&self) -> &Arc<dyn KvEngine> {
         &self.inner.engine
     }
 
     /// Runs one request (through the batch queue of its inode when batchable).
     pub async fn execute(&self, req: MetaRequest) -> MetaResult<MetaReply> {
-        let span = tracing::debug_span!("meta_op", op = op_name(&req.op), inode = %req.op.routing_inode(), client = req.client_id, request = req.request_id);
-        self.execute_inner(req).instrument(span).await
+        let op = op_name(&req.op);
+        let span = tracing::debug_span!("meta_op", op, inode = %req.op.routing_inode(), client = req.client_id, request = req.request_id);
+        let result = self.execute_inner(req).instrument(span).await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.inner.metrics.ops.get_or_create(&vec![("op", op.to_string()), ("result", outcome.to_string())]).inc();
+        result
     }
 
     async fn execute_inner(&self, req: MetaRequest) -> MetaResult<MetaReply> {
@@ -280,6 +296,7 @@ impl MetaService {
         let checker = self.clone();
         let syncer = self.clone();
         Router::new()
+            .with_metrics(self.inner.registry.clone())
             .route::<MetaSyncCall, _, _>(move |_ctx, _req: SyncRequest, _payload| {
                 let engine = syncer.inner.engine.clone();
                 async move {
@@ -426,9 +443,27 @@ impl Inner {
         Ok(Some((length, f.truncate_version)))
     }
 
-    /// Runs `items` in one transaction (all or nothing), retrying conflicts.
+    /// Runs `items` in one transaction (all or nothing), retrying conflicts;
+    /// counts them ([`crate::metrics`]).
     async fn commit_group(&self, items: &[(MetaRequest, Prepared)]) -> MetaResult<Vec<MetaReply>> {
         let retry_unknown = items.iter().all(|(r, _)| is_read_only(&r.op) || (r.request_id != 0 && r.op.needs_idempotency()));
+        let started = tokio::time::Instant::now();
+        let result = self.commit_group_attempts(items, retry_unknown).await;
+        let m = &self.metrics;
+        m.txn_duration.observe(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => {
+                m.commits.inc();
+                m.group_ops.observe(items.len() as f64);
+            }
+            Err(_) => {
+                m.failures.inc();
+            }
+        }
+        result
+    }
+
+    async fn commit_group_attempts(&self, items: &[(MetaRequest, Prepared)], retry_unknown: bool) -> MetaResult<Vec<MetaReply>> {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -447,6 +482,8 @@ impl Inner {
             .await;
             match result {
                 Err(e) if e.is_retryable_kv() && (!e.is_maybe_committed() || retry_unknown) && attempt < MAX_TXN_ATTEMPTS => {
+                    let reason = if matches!(e, MetaError::Kv(fskv_kv::KvError::NotCommitted)) { "conflict" } else { "other" };
+                    self.metrics.retries.get_or_create(&vec![("reason", reason.to_string())]).inc();
                     let backoff_ms = u64::from(attempt.min(20));
                     tokio::time::sleep(Duration::from_millis(backoff_ms / 2 + rand::random::<u64>() % (backoff_ms + 1))).await;
                 }

@@ -31,7 +31,8 @@ use bytes::Bytes;
 use fskv_kv::KvEngine;
 use fskv_proto::mgmtd::*;
 use fskv_proto::mgmtd::{GetRouting, Heartbeat as HeartbeatMethod, MgmtdStatus};
-use fskv_proto::routing::{ChainInfo, ChainTable, ChainTarget, NodeInfo, RoutingInfo};
+use fskv_proto::routing::{ChainInfo, ChainTable, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
+use fskv_rpc::metrics::{MetricsRegistry, Snapshot};
 use fskv_rpc::watch;
 use fskv_rpc::{Router, Server, ServerConfig, TcpTransport, Transport};
 use fskv_types::{NodeId, Status};
@@ -98,6 +99,8 @@ struct Inner {
     routing_tx: watch::Sender<Arc<RoutingInfo>>,
     /// Serializes lease changes and ticks (both may swap `primary`).
     step: tokio::sync::Mutex<()>,
+    /// Served on `GET /metrics` with the RPC server's metrics.
+    registry: Arc<MetricsRegistry>,
 }
 
 /// One mgmtd instance (cheap to clone).
@@ -177,11 +180,30 @@ fn node_infos(cluster: &ClusterState) -> Vec<NodeInfo> {
     cluster.nodes().values().filter(|n| !n.address.is_empty()).map(|n| NodeInfo { node_id: n.node, address: n.address.clone() }).collect()
 }
 
+const ALL_STATES: [PublicTargetState; 5] = [
+    PublicTargetState::Serving,
+    PublicTargetState::LastSrv,
+    PublicTargetState::Syncing,
+    PublicTargetState::Waiting,
+    PublicTargetState::Offline,
+];
+
+/// The `state` label of a public target state.
+fn state_label(state: PublicTargetState) -> &'static str {
+    match state {
+        PublicTargetState::Serving => "serving",
+        PublicTargetState::LastSrv => "lastsrv",
+        PublicTargetState::Syncing => "syncing",
+        PublicTargetState::Waiting => "waiting",
+        PublicTargetState::Offline => "offline",
+    }
+}
+
 impl Mgmtd {
     pub fn new(config: MgmtdConfig, layout: Layout, engine: Arc<dyn KvEngine>, clock: Arc<dyn Clock>) -> Result<Self> {
         layout.validate().map_err(MgmtdError::Layout)?;
         let (routing_tx, _) = watch::channel(Arc::new(RoutingInfo::default()));
-        Ok(Mgmtd {
+        let mgmtd = Mgmtd {
             inner: Arc::new(Inner {
                 config,
                 layout,
@@ -192,8 +214,65 @@ impl Mgmtd {
                 lease_seen: Mutex::new(None),
                 routing_tx,
                 step: tokio::sync::Mutex::new(()),
+                registry: MetricsRegistry::new(),
             }),
-        })
+        };
+        // Weak: the registry lives in `Inner`.
+        let weak = Arc::downgrade(&mgmtd.inner);
+        mgmtd.inner.registry.register_snapshot(move |snap| {
+            if let Some(inner) = weak.upgrade() {
+                Mgmtd { inner }.snapshot_metrics(snap);
+            }
+        });
+        Ok(mgmtd)
+    }
+
+    /// The registry served on `GET /metrics` of this instance's port.
+    pub fn metrics(&self) -> &Arc<MetricsRegistry> {
+        &self.inner.registry
+    }
+
+    /// The values read at scrape time (table in docs/metrics.md, "mgmtd"):
+    /// from the routing info last published and, on the primary, the node
+    /// records. A standby reports `fskv_mgmtd_primary 0` and no chains.
+    fn snapshot_metrics(&self, snap: &mut Snapshot) {
+        let routing = self.routing();
+        snap.gauge("fskv_mgmtd_primary", "1 if this instance is the primary", vec![], f64::from(u8::from(self.is_primary())));
+        snap.gauge("fskv_mgmtd_routing_version", "Version of the routing info last published", vec![], routing.version as f64);
+        let mut per_state: BTreeMap<&'static str, u64> = ALL_STATES.iter().map(|s| (state_label(*s), 0)).collect();
+        for chain in &routing.chains {
+            let chain_label = chain.chain_id.0.to_string();
+            snap.gauge("fskv_mgmtd_chain_version", "Chain version", vec![("chain", chain_label.clone())], f64::from(chain.chain_version));
+            for t in &chain.targets {
+                let labels =
+                    vec![("chain", chain_label.clone()), ("target", t.target_id.0.to_string()), ("state", state_label(t.state).into())];
+                snap.gauge("fskv_mgmtd_target_state", "1 for the public state a target is in (one series per target)", labels, 1.0);
+                *per_state.entry(state_label(t.state)).or_default() += 1;
+            }
+        }
+        for (state, n) in per_state {
+            snap.gauge("fskv_mgmtd_targets", "Targets by public state", vec![("state", state.into())], n as f64);
+        }
+        let (alive, dead) = match self.inner.primary.lock().as_ref() {
+            Some(p) => {
+                let alive = p.cluster.nodes().values().filter(|n| n.alive).count();
+                (alive, p.cluster.nodes().len() - alive)
+            }
+            None => (0, 0),
+        };
+        snap.gauge(
+            "fskv_mgmtd_storage_nodes",
+            "Storage nodes known to the primary, by liveness",
+            vec![("alive", "true".into())],
+            alive as f64,
+        );
+        snap.gauge(
+            "fskv_mgmtd_storage_nodes",
+            "Storage nodes known to the primary, by liveness",
+            vec![("alive", "false".into())],
+            dead as f64,
+        );
+        snap.gauge("fskv_mgmtd_meta_servers", "Meta servers in the routing info", vec![], routing.meta_servers.len() as f64);
     }
 
     pub fn id(&self) -> &str {
@@ -572,10 +651,12 @@ impl Mgmtd {
 
     pub fn router(&self) -> Router {
         let m = self.clone();
-        let router = Router::new().route::<HeartbeatMethod, _, _>(move |_ctx, req: HeartbeatReq, _payload| {
-            let m = m.clone();
-            async move { m.heartbeat(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
-        });
+        let router = Router::new().with_metrics(self.inner.registry.clone()).route::<HeartbeatMethod, _, _>(
+            move |_ctx, req: HeartbeatReq, _payload| {
+                let m = m.clone();
+                async move { m.heartbeat(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            },
+        );
         let m = self.clone();
         let router = router.route::<GetRouting, _, _>(move |_ctx, req: GetRoutingReq, _payload| {
             let m = m.clone();

@@ -96,6 +96,16 @@ impl FrameReader {
         self.frame_started
     }
 
+    /// Starts with `prefix`, bytes of the first frame already read from the
+    /// stream (the server's protocol sniffing); its frame-read timer runs from now.
+    pub fn with_prefix(mut self, prefix: &[u8]) -> Self {
+        if !prefix.is_empty() {
+            self.buf.extend_from_slice(prefix);
+            self.frame_started = Some(Instant::now());
+        }
+        self
+    }
+
     pub fn last_frame(&self) -> Instant {
         self.last_frame
     }

@@ -67,8 +67,10 @@ pub mod bench;
 pub mod client;
 pub mod error;
 pub mod frame;
+pub mod http;
 mod io;
 pub mod method;
+pub mod metrics;
 /// RDMA one-sided transfers behind the seam (device shell: feature `rdma`).
 pub mod rdma;
 pub mod server;
@@ -88,6 +90,7 @@ pub type DetHashMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHash
 pub use error::RpcError;
 pub use fskv_types::{ErrorCode, Status};
 pub use method::Method;
+pub use metrics::MetricsRegistry;
 pub use server::{RequestContext, Router, Server, ServerConfig};
 #[cfg(feature = "sim")]
 pub use sim::SimTransport;

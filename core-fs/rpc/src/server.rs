@@ -9,6 +9,7 @@ use crate::error::{Result, RpcError};
 use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, STATUS_OK};
 use crate::io::{write_loop, FrameReader, Incoming};
 use crate::method::{decode_body, encode_body, Method};
+use crate::metrics::{MetricsRegistry, RpcMetrics};
 use crate::transport::{Connection, Listener, Transport};
 use crate::watch;
 use crate::DetHashMap;
@@ -22,6 +23,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
@@ -109,11 +111,20 @@ struct Route {
 #[derive(Default)]
 pub struct Router {
     routes: HashMap<u16, Route>,
+    metrics: Option<Arc<MetricsRegistry>>,
 }
 
 impl Router {
     pub fn new() -> Self {
         Router::default()
+    }
+
+    /// The registry the server counts its requests in and serves on
+    /// `GET /metrics` (with the service's own metrics); without it the
+    /// server makes one of its own.
+    pub fn with_metrics(mut self, registry: Arc<MetricsRegistry>) -> Self {
+        self.metrics = Some(registry);
+        self
     }
 
     /// Registers the handler of `M`.
@@ -147,25 +158,33 @@ impl Router {
 /// stops gracefully.
 pub struct Server {
     local_addr: String,
+    metrics: Arc<MetricsRegistry>,
     shutdown_tx: watch::Sender<bool>,
     accept_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
     /// Binds `addr` and starts serving.
-    pub async fn bind(transport: Arc<dyn Transport>, addr: &str, router: Router, config: ServerConfig) -> Result<Server> {
+    pub async fn bind(transport: Arc<dyn Transport>, addr: &str, mut router: Router, config: ServerConfig) -> Result<Server> {
         config.validate()?;
+        let registry = router.metrics.take().unwrap_or_else(MetricsRegistry::new);
+        let metrics = registry.rpc();
         let listener = transport.bind(addr).await.map_err(|e| RpcError::connection(addr, e))?;
         let local_addr = listener.local_addr().map_err(|e| RpcError::connection(addr, e))?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
-        let shared = Arc::new(Shared { router, config, budget });
+        let shared = Arc::new(Shared { router, config, budget, registry: registry.clone(), metrics });
         let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx).instrument(info_span!("rpc_server", addr = %local_addr)));
-        Ok(Server { local_addr, shutdown_tx, accept_task: Some(accept_task) })
+        Ok(Server { local_addr, metrics: registry, shutdown_tx, accept_task: Some(accept_task) })
     }
 
     pub fn local_addr(&self) -> &str {
         &self.local_addr
+    }
+
+    /// The registry served on `GET /metrics`.
+    pub fn metrics(&self) -> &Arc<MetricsRegistry> {
+        &self.metrics
     }
 
     /// Stops accepting, answers new requests `ShuttingDown`, lets in-flight
@@ -192,6 +211,8 @@ struct Shared {
     config: ServerConfig,
     /// `max_in_flight_bytes`, in bytes, shared by every connection.
     budget: Arc<Semaphore>,
+    registry: Arc<MetricsRegistry>,
+    metrics: Arc<RpcMetrics>,
 }
 
 /// Least time between two "connection cap reached" warnings.
@@ -214,9 +235,11 @@ async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut s
                         warn!(peer = %conn.peer, max_connections = shared.config.max_connections, "connection cap reached; closing new connections");
                         last_cap_warning = Some(Instant::now());
                     }
+                    shared.metrics.connections_refused.inc();
                     drop(conn);
                 }
                 Ok(conn) => {
+                    shared.metrics.connections_accepted.inc();
                     let span = info_span!("rpc_conn", peer = %conn.peer);
                     conns.spawn(serve_conn(conn, shared.clone(), shutdown_rx.clone()).instrument(span));
                 }
@@ -323,9 +346,62 @@ struct ConnState {
 /// How long a closing connection waits for queued replies to be written.
 const WRITER_DRAIN_MS: u64 = 1_000;
 
+/// Decrements the open-connections gauge however the connection ends.
+struct ConnGauge(Arc<RpcMetrics>);
+
+impl ConnGauge {
+    fn open(metrics: &Arc<RpcMetrics>) -> ConnGauge {
+        metrics.connections_open.inc();
+        ConnGauge(metrics.clone())
+    }
+}
+
+impl Drop for ConnGauge {
+    fn drop(&mut self) {
+        self.0.connections_open.dec();
+    }
+}
+
+/// Reads the first bytes of a connection (up to [`crate::http::HTTP_GET_PREFIX`]'s
+/// length; fewer only at end of stream) within `timeout`; `None` on timeout or error.
+async fn sniff(read: &mut crate::transport::BoxRead, timeout: Duration) -> Option<([u8; 4], usize)> {
+    let mut first = [0u8; 4];
+    let mut n = 0;
+    let filled = tokio::time::timeout(timeout, async {
+        while n < first.len() {
+            match read.read(&mut first[n..]).await {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    })
+    .await;
+    match filled {
+        Ok(Ok(())) => Some((first, n)),
+        Ok(Err(e)) => {
+            debug!(error = %e, "connection failed before its first bytes");
+            None
+        }
+        Err(_) => {
+            debug!("no bytes within the idle timeout; closing");
+            None
+        }
+    }
+}
+
 async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
-    let Connection { read, write, peer } = conn;
+    let Connection { mut read, write, peer } = conn;
+    let _open = ConnGauge::open(&shared.metrics);
     let max_frame_bytes = shared.config.max_frame_bytes;
+    // HTTP or RPC: the table in `crate::http`.
+    let Some((first, first_len)) = sniff(&mut read, Duration::from_millis(shared.config.idle_timeout_ms)).await else { return };
+    if first_len == first.len() && first == crate::http::HTTP_GET_PREFIX {
+        let timeout = Duration::from_millis(shared.config.frame_read_timeout_ms);
+        crate::http::serve(read, write, &first, &shared.registry, timeout).await;
+        return;
+    }
     // Bounded: each request queues at most one reply and the reader waits
     // for room, so a peer that never reads cannot grow our memory.
     let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));
@@ -333,6 +409,7 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     let in_flight = Arc::new(InFlight { tasks: Mutex::new(DetHashMap::default()), next_seq: 0.into(), idle: Notify::new() });
     let abort_guard = AbortAllOnDrop(in_flight.clone());
     let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone())
+        .with_prefix(&first[..first_len])
         .with_budget(shared.budget.clone())
         .with_frame_read_timeout(Duration::from_millis(shared.config.frame_read_timeout_ms));
     let idle_timeout = Duration::from_millis(shared.config.idle_timeout_ms);
@@ -418,7 +495,10 @@ impl ConnState {
                 false
             }
             FrameKind::Request => {
+                let method_name =
+                    u16::try_from(frame.header.code).ok().and_then(|m| self.shared.router.routes.get(&m)).map_or("unknown", |r| r.name);
                 if let Err(status) = self.start_request(frame, permit) {
+                    self.shared.metrics.record(method_name, Some(status.code), None);
                     self.reply_error(id, status).await;
                 }
                 true
@@ -442,7 +522,9 @@ impl ConnState {
         let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
         let fut = (route.handler)(ctx, frame.body, frame.payload);
         let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);
-        let task = run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, (guard, permit));
+        let counted = Counted { metrics: self.shared.metrics.clone(), method: route.name };
+        let task =
+            run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, (guard, permit), counted);
         let handle = tokio::spawn(task.instrument(span)).abort_handle();
         self.in_flight.set_handle(header.request_id, seq, handle);
         Ok(())
@@ -478,7 +560,12 @@ async fn run_handler(
     max_frame_bytes: usize,
     // Dropped when the reply is queued: the slot and the request's budget.
     guard: (RemoveOnDrop, Option<OwnedSemaphorePermit>),
+    counted: Counted,
 ) {
+    let started = Instant::now();
+    counted.metrics.in_flight.inc();
+    // Decrements the in-flight gauge also when the task is aborted (Cancel).
+    let _in_flight = InFlightGauge(counted.metrics.clone());
     let fut = AssertUnwindSafe(fut).catch_unwind();
     let outcome = match deadline {
         Some(at) => tokio::time::timeout_at(at, fut).await.ok(),
@@ -492,13 +579,30 @@ async fn run_handler(
         }
         Some(Ok(result)) => result,
     };
-    let frame = match result {
-        Ok((body, payload)) => OutFrame::build(FrameKind::Response, request_id, STATUS_OK, 0, &body, payload, max_frame_bytes)
-            .unwrap_or_else(|e| error_frame(request_id, &Status::new(ErrorCode::FrameTooLarge, e.to_string()))),
-        Err(status) => error_frame(request_id, &status),
+    let (frame, code) = match result {
+        Ok((body, payload)) => match OutFrame::build(FrameKind::Response, request_id, STATUS_OK, 0, &body, payload, max_frame_bytes) {
+            Ok(frame) => (frame, None),
+            Err(e) => (error_frame(request_id, &Status::new(ErrorCode::FrameTooLarge, e.to_string())), Some(ErrorCode::FrameTooLarge)),
+        },
+        Err(status) => (error_frame(request_id, &status), Some(status.code)),
     };
+    counted.metrics.record(counted.method, code, Some(started.elapsed().as_secs_f64()));
     let _ = tx.send(frame).await;
     drop(guard);
+}
+
+/// What a handler task counts in: the server's metrics under its method's name.
+struct Counted {
+    metrics: Arc<RpcMetrics>,
+    method: &'static str,
+}
+
+struct InFlightGauge(Arc<RpcMetrics>);
+
+impl Drop for InFlightGauge {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
 }
 
 /// Longest error message sent back; longer ones are truncated.

@@ -445,3 +445,87 @@ async fn requests_beyond_the_byte_budget_are_refused_not_buffered() {
     assert_eq!(n, 6);
     server.shutdown().await;
 }
+
+/// Sends `request` on a new connection and reads until the server closes it
+/// (bounded): the whole HTTP response.
+async fn http_exchange(addr: &str, request: &[u8]) -> String {
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut out)).await.expect("the server closed the HTTP connection").unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// `name{labels} value` → value, from OpenMetrics text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
+#[tokio::test]
+async fn http_metrics_and_rpc_share_the_port() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let addr = server.local_addr().to_string();
+    let c = client(one_conn());
+    let (r, _) = c.call::<Echo>(&addr, &"hi".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    assert_eq!(r, "hi");
+    let _ = c.call::<Missing>(&addr, &(), Bytes::new(), opts_ms(2_000)).await.unwrap_err();
+
+    let resp = http_exchange(&addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert!(resp.starts_with("HTTP/1.1 200 OK\r\n"), "{resp}");
+    assert!(resp.contains("Content-Type: application/openmetrics-text"), "{resp}");
+    assert_eq!(sample(&resp, "fskv_rpc_requests_total{method=\"test.Echo\"}"), Some(1.0), "{resp}");
+    assert_eq!(sample(&resp, "fskv_rpc_request_duration_seconds_count{method=\"test.Echo\"}"), Some(1.0), "{resp}");
+    assert_eq!(sample(&resp, "fskv_rpc_request_errors_total{method=\"unknown\",code=\"UnknownMethod\"}"), Some(1.0), "{resp}");
+    assert_eq!(sample(&resp, "fskv_rpc_requests_in_flight"), Some(0.0), "{resp}");
+    // The RPC connection and this HTTP one are open.
+    assert_eq!(sample(&resp, "fskv_rpc_connections_open"), Some(2.0), "{resp}");
+    assert!(resp.ends_with("# EOF\n"), "{resp}");
+
+    // Another path: 404, closed.
+    let resp = http_exchange(&addr, b"GET / HTTP/1.1\r\n\r\n").await;
+    assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
+    // Malformed: 400, closed.
+    let resp = http_exchange(&addr, b"GET \x01\x02 nonsense\r\n\r\n").await;
+    assert!(resp.starts_with("HTTP/1.1 400 "), "{resp}");
+    // Oversized head: 431, closed. The server reads exactly up to the limit
+    // (sending more would only turn its close into a reset here).
+    let mut big = b"GET /metrics HTTP/1.1\r\nX-Big: ".to_vec();
+    big.resize(fskv_rpc::http::MAX_HTTP_REQUEST_BYTES, b'a');
+    let mut sock = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let _ = sock.write_all(&big).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), sock.read_to_end(&mut out)).await.expect("closed");
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 431 "), "{}", String::from_utf8_lossy(&out));
+
+    // RPC on the same port still works, on the old and on a new connection.
+    let (r, _) = c.call::<Echo>(&addr, &"again".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    assert_eq!(r, "again");
+    let (r, _) = client(one_conn()).call::<Echo>(&addr, &"new".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    assert_eq!(r, "new");
+    let resp = http_exchange(&addr, b"GET /metrics HTTP/1.0\r\n\r\n").await;
+    assert_eq!(sample(&resp, "fskv_rpc_requests_total{method=\"test.Echo\"}"), Some(3.0), "{resp}");
+    assert_eq!(sample(&resp, "fskv_rpc_http_requests_total{status=\"404\"}"), Some(1.0), "{resp}");
+    assert_eq!(sample(&resp, "fskv_rpc_http_requests_total{status=\"431\"}"), Some(1.0), "{resp}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stalled_http_request_is_closed_by_the_frame_read_timeout() {
+    let config = ServerConfig { frame_read_timeout_ms: 300, ..ServerConfig::default() };
+    let (server, _) = start(config).await;
+    let mut sock = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    sock.write_all(b"GET /metr").await.unwrap();
+    let took = closed_within(&mut sock, Duration::from_secs(3)).await;
+    assert!(took >= Duration::from_millis(250), "closed after {took:?}");
+    // A peer that sends fewer than 4 bytes and stops: closed at the idle timeout.
+    server.shutdown().await;
+    let config = ServerConfig { idle_timeout_ms: 300, ..ServerConfig::default() };
+    let (server, _) = start(config).await;
+    let mut sock = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    sock.write_all(b"GE").await.unwrap();
+    closed_within(&mut sock, Duration::from_secs(3)).await;
+    let c = client(one_conn());
+    let (r, _) = c.call::<Echo>(server.local_addr(), &"ok".to_string(), Bytes::new(), opts_ms(2_000)).await.unwrap();
+    assert_eq!(r, "ok");
+    server.shutdown().await;
+}

@@ -20,6 +20,7 @@ pub mod craq;
 pub mod error;
 pub mod inflight;
 pub mod locks;
+pub mod metrics;
 pub mod mgmtd_link;
 pub mod service;
 pub mod sync;

@@ -21,6 +21,7 @@ use crate::chain::{self, Origin};
 use crate::error::{Result, StorageError};
 use crate::inflight::InflightUpdates;
 use crate::locks::ChunkLocks;
+use crate::metrics::{target_label, StorageMetrics};
 use crate::sync;
 use bytes::Bytes;
 use fskv_chunk_engine::{ChunkEngine, EngineConfig};
@@ -31,6 +32,7 @@ use fskv_proto::storage::{
     BatchRead, CommitChunk, CopyRange, DumpChunkMeta, ForwardChunk, QueryChunk, QueryLastChunk, RemoveChunks, SpaceInfo, SyncDone,
     SyncStart, WriteChunk,
 };
+use fskv_rpc::metrics::{MetricsRegistry, Snapshot};
 use fskv_rpc::{CallOptions, RequestContext, Router, RpcClient, Server, ServerConfig, TcpTransport, Transport};
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use parking_lot::Mutex;
@@ -147,6 +149,9 @@ struct Inner {
     /// Chunks whose forward failed: they may hold a pending version the tail
     /// committed (lost ack); the worker settles them (bounded set).
     unsettled: Mutex<BTreeSet<(TargetId, ChainId, ChunkId)>>,
+    /// Served on `GET /metrics` with the RPC server's metrics.
+    registry: Arc<MetricsRegistry>,
+    metrics: StorageMetrics,
 }
 
 /// A running service: its RPC server, its sync worker and its scrubber.
@@ -211,7 +216,9 @@ impl StorageService {
             })
             .collect();
         let peer_reader = StorageClient::new(rpc.clone(), routing.clone(), peer_reader_config(&config));
-        StorageService {
+        let registry = MetricsRegistry::new();
+        let metrics = StorageMetrics::register(&registry);
+        let service = StorageService {
             inner: Arc::new(Inner {
                 peer_reader,
                 client_write_slots: Semaphore::new(config.max_in_flight_client_writes.max(1)),
@@ -223,8 +230,74 @@ impl StorageService {
                 syncs: Mutex::new(BTreeSet::new()),
                 last_sync: Mutex::new(BTreeMap::new()),
                 unsettled: Mutex::new(BTreeSet::new()),
+                registry,
+                metrics,
             }),
+        };
+        // Weak: the registry lives in `Inner`.
+        let weak = Arc::downgrade(&service.inner);
+        service.inner.registry.register_snapshot(move |snap| {
+            if let Some(inner) = weak.upgrade() {
+                StorageService { inner }.snapshot_metrics(snap);
+            }
+        });
+        service
+    }
+
+    /// The registry served on `GET /metrics` of this service's port.
+    pub fn metrics(&self) -> &Arc<MetricsRegistry> {
+        &self.inner.registry
+    }
+
+    /// The values read at scrape time (table in [`crate::metrics`]).
+    fn snapshot_metrics(&self, snap: &mut Snapshot) {
+        for t in self.space_info().targets {
+            let labels = target_label(t.target);
+            snap.gauge("fskv_storage_target_used_bytes", "Bytes of the blocks in use", labels.clone(), t.used_bytes as f64);
+            snap.gauge("fskv_storage_target_capacity_bytes", "Pooled space plus free disk space", labels.clone(), t.capacity_bytes as f64);
+            let free = t.capacity_bytes.saturating_sub(t.used_bytes) as f64;
+            snap.gauge("fskv_storage_target_free_bytes", "Capacity minus used", labels, free);
         }
+        for t in self.inner.targets.values() {
+            let labels = target_label(t.id);
+            let journal = t.engine.journal_stats();
+            snap.gauge("fskv_storage_target_chunks", "Chunk records in the engine", labels.clone(), t.engine.chunk_count() as f64);
+            snap.counter("fskv_storage_journal_records", "Appends committed by a journal record", labels.clone(), journal.records);
+            snap.counter("fskv_storage_journal_fallbacks", "Appends that found no journal room", labels.clone(), journal.fallbacks);
+            snap.counter("fskv_storage_journal_checkpoints", "Journal regions checkpointed", labels.clone(), journal.checkpoints);
+            snap.gauge("fskv_storage_journal_replayed", "Journal records replayed at open", labels.clone(), journal.replayed as f64);
+            snap.gauge(
+                "fskv_storage_target_failed",
+                "1 if the engine stopped on a disk fault (fail-stop)",
+                labels.clone(),
+                f64::from(u8::from(t.engine.is_failed())),
+            );
+            let scrub = t.scrub.lock().clone();
+            snap.counter("fskv_storage_scrub_passes", "Completed scrub passes", labels.clone(), scrub.passes);
+            snap.counter("fskv_storage_scrub_checked_bytes", "Bytes verified by the scrubber", labels.clone(), scrub.bytes_checked);
+            snap.counter(
+                "fskv_storage_scrub_corrupt_chunks",
+                "Chunks whose page checksum failed in a scrub",
+                labels.clone(),
+                scrub.corrupt_found,
+            );
+            snap.counter(
+                "fskv_storage_repaired_chunks",
+                "Chunks rewritten from another replica (scrub or read)",
+                labels.clone(),
+                scrub.repaired,
+            );
+            let pass_left = scrub.pass_chunks_total.saturating_sub(scrub.pass_chunks_done) as f64;
+            snap.gauge("fskv_storage_scrub_pass_chunks_left", "Chunks left in the current scrub pass", labels, pass_left);
+        }
+        for (target, plan) in self.inner.last_sync.lock().iter() {
+            for (action, n) in [("send", plan.send), ("delete", plan.delete), ("skip", plan.skip)] {
+                let labels = vec![("target", target.0.to_string()), ("action", action.to_string())];
+                snap.gauge("fskv_storage_last_sync_chunks", "Plan of the last sync completed as predecessor", labels, n as f64);
+            }
+        }
+        let unsettled = self.inner.unsettled.lock().len() as f64;
+        snap.gauge("fskv_storage_unsettled_chunks", "Chunks waiting for the settle pass", vec![], unsettled);
     }
 
     /// Opens (or creates) one chunk engine per target under `data_dir/target-<id>`.
@@ -311,10 +384,12 @@ impl StorageService {
     /// The RPC routes of the service.
     pub fn router(&self) -> Router {
         let s = self.clone();
-        let router = Router::new().route::<WriteChunk, _, _>(move |_ctx: RequestContext, req: WriteReq, payload: Bytes| {
-            let s = s.clone();
-            async move { s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
-        });
+        let router = Router::new().with_metrics(self.inner.registry.clone()).route::<WriteChunk, _, _>(
+            move |_ctx: RequestContext, req: WriteReq, payload: Bytes| {
+                let s = s.clone();
+                async move { s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            },
+        );
         let s = self.clone();
         let router = router.route::<CopyRange, _, _>(move |_ctx: RequestContext, req: CopyRangeReq, _payload: Bytes| {
             let s = s.clone();

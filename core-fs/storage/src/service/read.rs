@@ -59,6 +59,7 @@ impl StorageService {
     }
 
     async fn read_jobs(&self, jobs: Vec<(ReadIo, std::result::Result<Arc<Target>, Status>)>, total: u64) -> Result<(BatchReadResp, Bytes)> {
+        let this = self.clone();
         self.blocking(move || {
             let mut payload = BytesMut::with_capacity(total as usize);
             let mut results = Vec::with_capacity(jobs.len());
@@ -70,6 +71,7 @@ impl StorageService {
                         .map_err(|e| Status::from(Self::engine_error(&t, e.into())))
                 });
                 results.push(r.map(|read| {
+                    this.inner.metrics.read(io.target, read.data.len());
                     payload.extend_from_slice(&read.data);
                     ReadOk {
                         len_bytes: read.data.len() as u32,

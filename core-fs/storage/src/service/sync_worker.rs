@@ -8,6 +8,7 @@
 use super::{StorageService, Target};
 use crate::chain::{self, Successor};
 use crate::error::{Result, StorageError};
+use crate::metrics::SyncRunning;
 use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::Bytes;
 use fskv_chunk_engine::ReadMode;
@@ -43,7 +44,12 @@ impl StorageService {
                 let span = info_span!("sync", chain = %chain_id, target = %me, successor = %succ.target, chain_ver);
                 tokio::spawn(
                     async move {
-                        let result = s.run_sync(me, succ, chain_id, chain_ver).await;
+                        let result = {
+                            let _running = SyncRunning::start(&s.inner.metrics);
+                            s.run_sync(me, succ, chain_id, chain_ver).await
+                        };
+                        let outcome = if result.is_ok() { "done" } else { "failed" };
+                        s.inner.metrics.syncs.get_or_create(&vec![("result", outcome.to_string())]).inc();
                         if let Err(e) = &result {
                             warn!(error = %e, "sync failed; will retry");
                             tokio::time::sleep(Duration::from_millis(s.inner.config.sync_retry_delay_ms)).await;
@@ -143,6 +149,7 @@ impl StorageService {
             }
         };
         debug!(%chunk, ?decision, "sync transfer");
+        let (removal, len) = (matches!(mode, ForwardMode::ReplaceRemove), data.len() as u64);
         let fwd = ForwardReq {
             chain_id,
             chain_ver,
@@ -158,7 +165,13 @@ impl StorageService {
             .rpc
             .call::<ForwardChunk>(addr, &fwd, data, self.call_opts())
             .await
-            .map(|_| ())
-            .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })
+            .map_err(|e| StorageError::Forward { to: succ.target, status: e.to_status() })?;
+        if removal {
+            self.inner.metrics.sync_chunks_removed.inc();
+        } else {
+            self.inner.metrics.sync_chunks_sent.inc();
+            self.inner.metrics.sync_bytes_sent.inc_by(len);
+        }
+        Ok(())
     }
 }

@@ -242,12 +242,19 @@ impl StorageService {
                 }
                 Effect::ApplyUpdate { expected_ver, commit } => {
                     let outcome = self.apply_locally(target, req, payload.clone(), expected_ver, commit).await;
+                    if outcome.is_ok() {
+                        self.inner.metrics.wrote(target.id, payload.len());
+                    }
                     run.step.applied(outcome)
                 }
                 Effect::ApplyReplace => {
                     let (engine, chunk, mode, tag, data) =
                         (target.engine.clone(), req.chunk, req.mode, engine_tag(req.tag), payload.clone());
+                    let len = data.len();
                     let version = self.blocking(move || replace_locally(&engine, chunk, mode, tag, &data)).await;
+                    if version.is_ok() {
+                        self.inner.metrics.wrote(target.id, len);
+                    }
                     run.step.replaced(version)
                 }
                 Effect::Forward { to, node, payload: what } => {
