@@ -220,6 +220,13 @@ pub struct StorageBenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Run every service's scrubber at this rate, continuously, during the
+    /// workloads (0 = off): its cost on foreground I/O.
+    #[arg(long, default_value_t = 0)]
+    scrub_mib_per_sec: u64,
+    /// Chain lengths measured, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [3usize, 1])]
+    chains: Vec<usize>,
 }
 
 pub async fn bench(a: StorageBenchArgs) -> anyhow::Result<()> {
@@ -229,6 +236,8 @@ pub async fn bench(a: StorageBenchArgs) -> anyhow::Result<()> {
         chunk_count: a.chunks.max(1),
         run_iperf3: !a.no_iperf3,
         run_fio: !a.no_fio,
+        scrub_mib_per_sec: a.scrub_mib_per_sec,
+        chain_lengths: a.chains,
         ..Default::default()
     };
     eprintln!("bench storage: chains {:?}, {} s per workload ...", opts.chain_lengths, opts.seconds_per_workload);

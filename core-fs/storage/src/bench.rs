@@ -39,6 +39,9 @@ pub struct StorageBenchOptions {
     pub chain_lengths: Vec<usize>,
     pub run_iperf3: bool,
     pub run_fio: bool,
+    /// Scrubber rate of every service (0 = off), scrubbing continuously
+    /// (no pause between passes) while the workloads run.
+    pub scrub_mib_per_sec: u64,
 }
 
 impl Default for StorageBenchOptions {
@@ -52,6 +55,7 @@ impl Default for StorageBenchOptions {
             chain_lengths: vec![3, 1],
             run_iperf3: true,
             run_fio: true,
+            scrub_mib_per_sec: 0,
         }
     }
 }
@@ -64,6 +68,9 @@ pub struct ChainResult {
     pub randread_4k_iops: f64,
     pub write_p50_ms: f64,
     pub write_p99_ms: f64,
+    /// Bytes the scrubbers verified per second over the chain's run (all
+    /// targets); 0 without a scrubber.
+    pub scrub_mib_per_sec_measured: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -91,14 +98,20 @@ impl fmt::Display for StorageBenchReport {
         )?;
         writeln!(
             f,
-            "{:>6} {:>14} {:>14} {:>14} {:>10} {:>10}",
-            "chain", "write 1M MiB/s", "read 1M MiB/s", "4K rand IOPS", "w p50 ms", "w p99 ms"
+            "{:>6} {:>14} {:>14} {:>14} {:>10} {:>10} {:>13}",
+            "chain", "write 1M MiB/s", "read 1M MiB/s", "4K rand IOPS", "w p50 ms", "w p99 ms", "scrub MiB/s"
         )?;
         for c in &self.chains {
             writeln!(
                 f,
-                "{:>6} {:>14.1} {:>14.1} {:>14.0} {:>10.2} {:>10.2}",
-                c.chain_length, c.write_1m_mib_per_sec, c.read_1m_mib_per_sec, c.randread_4k_iops, c.write_p50_ms, c.write_p99_ms
+                "{:>6} {:>14.1} {:>14.1} {:>14.0} {:>10.2} {:>10.2} {:>13.1}",
+                c.chain_length,
+                c.write_1m_mib_per_sec,
+                c.read_1m_mib_per_sec,
+                c.randread_4k_iops,
+                c.write_p50_ms,
+                c.write_p99_ms,
+                c.scrub_mib_per_sec_measured
             )?;
         }
         let opt = |v: Option<f64>, unit: &str| v.map_or("n/a".to_string(), |v| format!("{v:.1} {unit}"));
@@ -175,7 +188,13 @@ pub async fn run(opts: StorageBenchOptions) -> anyhow::Result<StorageBenchReport
 async fn bench_chain(root: &std::path::Path, len: usize, opts: &StorageBenchOptions) -> anyhow::Result<ChainResult> {
     let spec: Vec<(TargetId, usize)> = (0..len).map(|i| (TargetId(i as u64 + 1), i)).collect();
     let engine = EngineConfig { blocks_per_grow: 256, sync_writes: false, ..EngineConfig::default() };
-    let cluster = LocalCluster::start(root, len, &[spec], ClusterOptions::new(engine)).await?;
+    let options = ClusterOptions {
+        scrub_bytes_per_sec: opts.scrub_mib_per_sec.saturating_mul(MIB),
+        scrub_pause_between_passes_ms: 0,
+        ..ClusterOptions::new(engine)
+    };
+    let cluster = LocalCluster::start(root, len, std::slice::from_ref(&spec), options).await?;
+    let started = Instant::now();
     let client = cluster.client(StorageClientConfig { max_concurrent_senders: 16, ..Default::default() });
     let limit = Duration::from_secs_f64(opts.seconds_per_workload.max(0.2));
     let chain = ChainId(1);
@@ -214,6 +233,9 @@ async fn bench_chain(root: &std::path::Path, len: usize, opts: &StorageBenchOpti
         }
     })
     .await?;
+    let scrubbed: u64 =
+        spec.iter().filter_map(|(t, node)| cluster.service(*node).and_then(|s| s.scrub_progress(*t))).map(|p| p.bytes_checked).sum();
+    let scrub_secs = started.elapsed().as_secs_f64().max(1e-9);
     cluster.shutdown().await;
     let pct = |q: f64| lat.get(((lat.len().saturating_sub(1)) as f64 * q).round() as usize).copied().unwrap_or(0) as f64 / 1000.0;
     Ok(ChainResult {
@@ -223,6 +245,7 @@ async fn bench_chain(root: &std::path::Path, len: usize, opts: &StorageBenchOpti
         randread_4k_iops: (rr_bytes / 4096) as f64 / rr_secs,
         write_p50_ms: pct(0.5),
         write_p99_ms: pct(0.99),
+        scrub_mib_per_sec_measured: scrubbed as f64 / MIB as f64 / scrub_secs,
     })
 }
 
