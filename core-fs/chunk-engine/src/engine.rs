@@ -1021,6 +1021,16 @@ impl ChunkEngine {
 
     /// Chunk records in the metadata cache (every chunk with a committed or
     /// a pending version); one read lock per cache shard.
+    /// Ids of the chunks with a committed version (the scrubber's pass),
+    /// without cloning their records as [`Self::dump`] does.
+    pub fn committed_chunk_ids(&self) -> Vec<ChunkId> {
+        let mut ids = Vec::new();
+        for shard in self.cache.iter() {
+            ids.extend(shard.read().iter().filter(|(_, c)| c.meta.committed_ver > 0).map(|(id, _)| *id));
+        }
+        ids
+    }
+
     pub fn chunk_count(&self) -> u64 {
         self.cache.iter().map(|shard| shard.read().len() as u64).sum()
     }

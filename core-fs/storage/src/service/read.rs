@@ -14,6 +14,9 @@ use fskv_proto::storage::{BatchReadReq, BatchReadResp, QueryLastChunkReq, QueryL
 use fskv_types::{ErrorCode, Status};
 use std::sync::Arc;
 
+/// Each read of a batch with its target, or why it was refused.
+type ReadJobs = Vec<(ReadIo, std::result::Result<Arc<Target>, Status>)>;
+
 impl StorageService {
     pub(super) async fn handle_batch_read(&self, req: BatchReadReq) -> Result<(BatchReadResp, Bytes)> {
         let _slot = self.inner.read_slots.acquire().await.map_err(|_| StorageError::Internal("read slots closed".into()))?;
@@ -38,6 +41,8 @@ impl StorageService {
             });
             jobs.push((io.clone(), checked.map_err(Status::from)));
         }
+        // Shared, not cloned: the batch is read a second time only after a repair.
+        let jobs = Arc::new(jobs);
         let (resp, payload) = self.read_jobs(jobs.clone(), total).await?;
         // Bit rot caught by a page checksum: repair each such chunk from
         // another replica, then read the batch again (once). A chunk that
@@ -45,7 +50,7 @@ impl StorageService {
         let corrupt: Vec<_> = resp
             .results
             .iter()
-            .zip(&jobs)
+            .zip(jobs.iter())
             .filter(|(r, _)| matches!(r, Err(s) if s.code == ErrorCode::ChecksumMismatch))
             .filter_map(|(_, (io, t))| t.as_ref().ok().map(|t| (t.clone(), io.chain_id, io.chunk)))
             .collect();
@@ -58,14 +63,14 @@ impl StorageService {
         self.read_jobs(jobs, total).await
     }
 
-    async fn read_jobs(&self, jobs: Vec<(ReadIo, std::result::Result<Arc<Target>, Status>)>, total: u64) -> Result<(BatchReadResp, Bytes)> {
+    async fn read_jobs(&self, jobs: Arc<ReadJobs>, total: u64) -> Result<(BatchReadResp, Bytes)> {
         let this = self.clone();
         self.blocking(move || {
             let mut payload = BytesMut::with_capacity(total as usize);
             let mut results = Vec::with_capacity(jobs.len());
-            for (io, target) in jobs {
+            for (io, target) in jobs.iter() {
                 let mode = if io.relaxed { ReadMode::Relaxed } else { ReadMode::Strict };
-                let r = target.and_then(|t| {
+                let r = target.clone().and_then(|t| {
                     t.engine
                         .read(io.chunk, io.offset_bytes, u64::from(io.len_bytes), mode)
                         .map_err(|e| Status::from(Self::engine_error(&t, e.into())))

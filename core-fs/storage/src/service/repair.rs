@@ -151,14 +151,7 @@ impl StorageService {
     }
 
     async fn scrub_target(&self, target: &Arc<Target>, rate_bytes_per_sec: u64) {
-        let engine = target.engine.clone();
-        let chunks: Vec<ChunkId> = match self.blocking(move || Ok(engine.dump()?)).await {
-            Ok(d) => d.into_iter().filter(|(_, m)| m.committed_ver > 0).map(|(id, _)| id).collect(),
-            Err(e) => {
-                warn!(target = %target.id, error = %e, "scrub: cannot list chunks");
-                return;
-            }
-        };
+        let chunks = target.engine.committed_chunk_ids();
         {
             let mut p = target.scrub.lock();
             p.pass_chunks_total = chunks.len() as u64;
