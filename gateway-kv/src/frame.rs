@@ -541,7 +541,8 @@ pub fn decode_response(body: &Bytes) -> Result<Response, FrameError> {
     b.advance(2);
     let count = b.get_u32_le();
     b.advance(4);
-    let mut items = Vec::with_capacity(count.min(1 << 16) as usize);
+    // Room for the items the body can hold, not for what `count` claims.
+    let mut items = Vec::with_capacity((count as usize).min(b.len() / ITEM_HEAD_BYTES));
     for i in 0..count {
         if b.len() < ITEM_HEAD_BYTES {
             return err(format!("response cut in item {i}"));
@@ -552,7 +553,8 @@ pub fn decode_response(body: &Bytes) -> Result<Response, FrameError> {
         let version = Version { inode: b.get_u64_le(), version: b.get_u64_le() };
         let index = b.get_u64_le();
         let value_len = b.get_u64_le();
-        if (b.len() as u64) < key_len as u64 + value_len {
+        // `value_len` comes from the peer: any u64 (the sum must not wrap).
+        if (key_len as u64).checked_add(value_len).filter(|&n| n <= b.len() as u64).is_none() {
             return err(format!("response cut in item {i}"));
         }
         let key = Bytes::copy_from_slice(&b[..key_len]);
@@ -698,5 +700,23 @@ mod tests {
         assert_eq!(r.items[1].status, Status::NotFound);
         assert!(decode_response(&body.slice(..body.len() - 1)).is_err());
         assert!(decode_response(&body.slice(..body.len() - TRAILER_BYTES)).is_err());
+    }
+
+    #[test]
+    fn response_lengths_near_u64_max_are_refused() {
+        // Found by the fuzz target kv_batch: key_len + value_len wrapped
+        // (overflow panic in debug builds, a slice out of bounds in release).
+        for value_len in [u64::MAX, u64::MAX - 1, u64::MAX / 2 + 1, 1 << 40] {
+            let mut body = Vec::new();
+            body.extend_from_slice(&response_header(Op::Get, 2));
+            body.extend_from_slice(&response_item(Status::Ok, b"k", Version::default(), 0, value_len));
+            body.extend_from_slice(&trailer(1, 1, 0));
+            let e = decode_response(&Bytes::from(body)).unwrap_err();
+            assert!(e.0.contains("cut in item 0"), "{e}");
+        }
+        // A count far above what the body holds is refused without reserving for it.
+        let mut body = response_header(Op::Get, u32::MAX).to_vec();
+        body.extend_from_slice(&trailer(0, 0, 0));
+        assert!(decode_response(&Bytes::from(body)).is_err());
     }
 }
