@@ -243,7 +243,8 @@ pub struct BatchHeader {
 impl BatchHeader {
     /// The offset after the batch's last record.
     pub fn next_offset(&self) -> u64 {
-        self.base_offset + u64::from(self.record_count)
+        // Saturating: the header may come from a damaged or forged file.
+        self.base_offset.saturating_add(u64::from(self.record_count))
     }
 
     pub fn last_sequence(&self) -> i32 {
@@ -393,10 +394,16 @@ pub fn decode_batch(batch: &Bytes) -> Result<(BatchHeader, Vec<StoredRecord>), M
         max_headers: usize::MAX,
         max_header_name_bytes: usize::MAX,
     };
-    let mut out = Vec::with_capacity(h.record_count as usize);
+    // `record_count` is read from the file (or a fetch response): reserve
+    // only for the records the bytes can hold.
+    let mut out = Vec::with_capacity((h.record_count as usize).min(batch.len() / RECORD_FIXED_BYTES));
     for _ in 0..h.record_count {
         let (delta, record) = c.record(&limits).map_err(|e| MqError::Corrupt(format!("batch at offset {}: {e}", h.base_offset)))?;
-        out.push(StoredRecord { offset: h.base_offset + u64::from(delta), record });
+        let offset = h
+            .base_offset
+            .checked_add(u64::from(delta))
+            .ok_or_else(|| MqError::Corrupt(format!("batch at offset {}: offset delta {delta} overflows", h.base_offset)))?;
+        out.push(StoredRecord { offset, record });
     }
     Ok((h, out))
 }
@@ -656,6 +663,32 @@ mod tests {
         assert_eq!(scan_batch(&bad[first..], 1 << 20), Scan::Invalid("CRC mismatch"));
         // Zeros are not a batch.
         assert!(matches!(scan_batch(&[0u8; 64], 1 << 20), Scan::Invalid(_)));
+    }
+
+    #[test]
+    fn batch_headers_from_disk_cannot_make_the_decoder_allocate_or_overflow() {
+        // Found by the fuzz target mq_records: a batch with a valid CRC and
+        // record_count 4 billion reserved room for 4 billion records (an
+        // abort on allocation failure); a base offset near u64::MAX
+        // overflowed when the offset delta was added.
+        let forge = |base_offset: u64, record_count: u32| {
+            let mut out = BytesMut::new();
+            encode_batch(base_offset, None, &[rec("x")], 1, &mut out);
+            out[20..24].copy_from_slice(&record_count.to_le_bytes());
+            let mut raw = out.to_vec();
+            let crc = crc32c::crc32c(&raw[16..]);
+            raw[12..16].copy_from_slice(&crc.to_le_bytes());
+            Bytes::from(raw)
+        };
+        let b = forge(0, u32::MAX);
+        assert!(matches!(scan_batch(&b, 1 << 20), Scan::Batch(_)));
+        assert!(matches!(decode_batch(&b), Err(MqError::Corrupt(_))));
+        assert!(decode_batches(b, 0).is_err());
+        let mut out = BytesMut::new();
+        encode_batch(u64::MAX, None, &[rec("a"), rec("b")], 1, &mut out);
+        let b = out.freeze();
+        assert!(matches!(decode_batch(&b), Err(MqError::Corrupt(m)) if m.contains("overflows")));
+        assert_eq!(BatchHeader::parse(&b).map(|h| h.next_offset()), Some(u64::MAX));
     }
 
     #[test]

@@ -1193,6 +1193,49 @@ fn failure(id: &str, e: &MqError) -> Value {
     json!({ "Id": id, "SenderFault": !status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE, "Code": code, "Message": e.public_message() })
 }
 
+/// Entry points of the fuzz target `mq_sqs` (gateway-mq/fuzz) into the pure
+/// parsers of request fields above; not an API (their behaviour is the
+/// private functions', unchanged).
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// A `MessageAttributes` value as SendMessage takes it: `None` if it is
+    /// refused, else its size as counted against `MaximumMessageSize`, its
+    /// MD5 and the record header it is stored as (which ReceiveMessage
+    /// parses back with the same function).
+    pub fn message_attributes(v: &Value) -> Option<(usize, Option<String>, Vec<u8>)> {
+        let attrs = parse_attrs(Some(v)).ok()?;
+        Some((attrs_size(&attrs), attrs_md5(&attrs), attrs_to_header(&attrs)))
+    }
+
+    pub fn receipt_handle(uid: u64, partition: u32, offset: u64, nonce: u64) -> String {
+        super::receipt_handle(uid, partition, offset, nonce)
+    }
+
+    pub fn parse_receipt_handle(h: &str, uid: u64) -> Option<(u32, u64, u64)> {
+        super::parse_receipt_handle(h, uid).ok()
+    }
+
+    pub fn queue_name_ok(name: &str, fifo: bool) -> bool {
+        check_queue_name(name, fifo).is_ok()
+    }
+
+    pub fn chars_ok(s: &str) -> bool {
+        check_chars(s).is_ok()
+    }
+
+    pub fn token_ok(s: &str) -> bool {
+        check_token("Id", s).is_ok()
+    }
+
+    /// The typed request fields read from a JSON body (`opt_u64`,
+    /// `string_list`, `req_s`): whether each was accepted.
+    pub fn fields(v: &Value, k: &str) -> (bool, bool, bool) {
+        (opt_u64(v, k).is_ok(), string_list(v, k).is_ok(), req_s(v, k).is_ok())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,7 +123,10 @@ pub fn index_name(base: u64, epoch: u64) -> String {
 pub fn parse_segment_name(name: &str, ext: &str) -> Option<(u64, u64)> {
     let stem = name.strip_suffix(ext)?.strip_suffix('.')?;
     let (b, e) = stem.split_once('-')?;
-    if b.len() != 20 || e.len() != 10 {
+    // Digits only: `u64::from_str` also takes a leading `+`, which would give
+    // one segment a second file name.
+    let digits = |x: &str, n: usize| x.len() == n && x.bytes().all(|c| c.is_ascii_digit());
+    if !digits(b, 20) || !digits(e, 10) {
         return None;
     }
     Some((b.parse().ok()?, e.parse().ok()?))
@@ -187,6 +190,9 @@ mod tests {
         assert_eq!(parse_segment_name(&segment_name(5, 2), "log"), Some((5, 2)));
         assert_eq!(parse_segment_name("00000000000000000005-0000000002.idx", "log"), None);
         assert_eq!(parse_segment_name("junk.log", "log"), None);
+        // A sign is not a digit: no second name for segment 5 (u64::from_str takes `+5`).
+        assert_eq!(parse_segment_name("+0000000000000000005-0000000002.log", "log"), None);
+        assert_eq!(parse_segment_name("00000000000000000005-+000000002.log", "log"), None);
         let names =
             vec![segment_name(0, 1), segment_name(10, 1), segment_name(10, 2), segment_name(20, 2), segment_name(20, 5), index_name(0, 1)];
         let v = valid_segments(names, 3);
