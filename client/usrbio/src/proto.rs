@@ -301,7 +301,8 @@ impl IovKey {
                 return Err(KeyError::Repeated(tag));
             }
             seen.push(tag);
-            let rest = &field[1..];
+            // The tag may be any character (a name comes from any local process).
+            let rest = &field[tag.len_utf8()..];
             match tag {
                 'b' => key.block_size = rest.parse::<u64>().ok().filter(|&b| b > 0).ok_or_else(bad)?,
                 'r' | 'w' => {
@@ -412,6 +413,10 @@ mod tests {
             "00000000000000000000000000000000.r1.b4.b4",
             "00000000000000000000000000000000.",
             "submit-ios",
+            // Found by the fuzz target usrbio_names: a field starting with a
+            // multi-byte character panicked the daemon (a slice inside it).
+            "00000000000000000000000000000000.\u{4d2}1",
+            "00000000000000000000000000000000.r1.é",
         ] {
             assert!(IovKey::parse(bad).is_err(), "{bad:?} parsed");
         }
