@@ -64,7 +64,9 @@ pub(crate) fn chunk_key(id: ChunkId) -> [u8; 17] {
     k
 }
 
-pub(crate) fn segment_key(block: BlockRef, segment: u32) -> [u8; 14] {
+/// The RocksDB key of a page-table segment (public for the fuzz target `chunk_records` only).
+#[doc(hidden)]
+pub fn segment_key(block: BlockRef, segment: u32) -> [u8; 14] {
     let mut k = [0u8; 14];
     k[0] = SEGMENT_KEY_PREFIX;
     k[1] = block.class;
