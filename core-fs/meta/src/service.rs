@@ -103,6 +103,7 @@ pub fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::ReadInline { .. } => "read_inline",
         MetaOp::Replace { .. } => "replace",
         MetaOp::CreateWritePublish { .. } => "create_write_publish",
+        MetaOp::RenewTemp { .. } => "renew_temp",
     }
 }
 
