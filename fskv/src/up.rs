@@ -490,14 +490,52 @@ fn load_or_create_credentials(data: &Path) -> anyhow::Result<Credentials> {
         },
     };
     write_atomically(&path, &serde_json::to_vec_pretty(&creds)?)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     Ok(creds)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Replaces `path` with `bytes` through a temp file created with mode 0600
+/// (`create_new`: never a moment where another local user could open it;
+/// the umask can only narrow it), synced before the rename. Every file `up`
+/// writes into the data directory goes through here: the credentials, the
+/// endpoints (which carry the secret key) and the effective config.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    // A leftover of a crash between create and rename.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).with_context(|| format!("cannot remove {}", tmp.display())),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn files_written_into_the_data_directory_are_private_and_replace_a_stale_temp() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("endpoints.json");
+        // A world-readable leftover temp file of a crash must not leak into the result.
+        std::fs::write(path.with_extension("tmp"), b"stale").expect("stale temp");
+        std::fs::set_permissions(path.with_extension("tmp"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        write_atomically(&path, b"{\"secret_key\": \"s\"}").expect("write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"{\"secret_key\": \"s\"}");
+        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+        assert!(!path.with_extension("tmp").exists());
+        write_atomically(&path, b"second").expect("rewrite");
+        assert_eq!(std::fs::read(&path).expect("read"), b"second");
+        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+    }
 }
