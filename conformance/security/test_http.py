@@ -235,34 +235,34 @@ class PublicPorts(unittest.TestCase):
 
     def test_honest_clients_keep_their_throughput_during_a_slowloris(self):
         """Attack: 400 slow-loris connections from another address (127.0.0.2)
-        held open on the S3 port, renewed as they are cut. Honest signed GETs
+        held open on the S3 port, each trickling a byte a second, reopened
+        as they are cut (by another process). Honest signed GETs
         from 127.0.0.1 keep >= 0.8 of their rate without the attack (rounds
         interleaved: quiet, attack, quiet, attack)."""
-        stop = threading.Event()
-        held = []
-        lock = threading.Lock()
-
-        def attacker():
+        def attacker(stop, ready, host, port):
+            # A separate process (no share of this process's GIL); each
+            # connection trickles a byte a second and is reopened when cut.
+            held = []
             while not stop.is_set():
-                with lock:
-                    n = len(held)
-                if n >= 400:
-                    time.sleep(0.05)
-                    with lock:
-                        for s in list(held):
-                            try:
-                                s.sendall(b"a")
-                            except OSError:
-                                held.remove(s)
-                                s.close()
-                    continue
-                try:
-                    s = socket.create_connection((self.s3_host, self.s3_port), timeout=2, source_address=("127.0.0.2", 0))
-                    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-                    with lock:
-                        held.append(s)
-                except OSError:
-                    time.sleep(0.01)
+                while len(held) < 400 and not stop.is_set():
+                    try:
+                        c = socket.create_connection((host, port), timeout=2, source_address=("127.0.0.2", 0))
+                        c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                        held.append(c)
+                    except OSError:
+                        time.sleep(0.01)
+                        break
+                if len(held) >= 400:
+                    ready.set()
+                for c in list(held):
+                    try:
+                        c.sendall(b"a")
+                    except OSError:
+                        held.remove(c)
+                        c.close()
+                stop.wait(1.0)
+            for c in held:
+                c.close()
 
         def honest_rate(seconds=3.0, threads=4):
             counts = [0] * threads
@@ -288,25 +288,20 @@ class PublicPorts(unittest.TestCase):
             self.assertEqual(errors, [], "honest requests failed")
             return sum(counts) / seconds
 
+        import multiprocessing
+        ctx = multiprocessing.get_context("fork")
         quiet, attacked = [], []
         for _ in range(2):
             quiet.append(honest_rate())
-            stop.clear()
-            a = threading.Thread(target=attacker)
-            a.start()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                with lock:
-                    if len(held) >= 400:
-                        break
-                time.sleep(0.05)
+            stop, ready = ctx.Event(), ctx.Event()
+            proc = ctx.Process(target=attacker, args=(stop, ready, self.s3_host, self.s3_port))
+            proc.start()
+            self.assertTrue(ready.wait(15), "the attacker could not hold 400 connections")
             attacked.append(honest_rate())
             stop.set()
-            a.join()
-            with lock:
-                for s in held:
-                    s.close()
-                held.clear()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
         ratio = (sum(attacked) / len(attacked)) / (sum(quiet) / len(quiet))
         FIGURES.append(f"slowloris: honest GET 4K rate quiet {quiet} /s, under 400 slow connections {attacked} /s, ratio {ratio:.2f}")
         self.assertGreaterEqual(ratio, 0.8, f"honest throughput fell to {ratio:.2f} of quiet")
@@ -373,6 +368,43 @@ class PublicPorts(unittest.TestCase):
         st, _, body = self.s3("GET", f"/{self.bucket}", query=[("list-type", "2")])
         self.assertEqual(st, 200)
         self.assertNotIn(b"<Key>big", body, "nothing of the refused uploads is visible")
+
+    def test_oversized_batches_are_refused_without_being_buffered(self):
+        """Attack: batch headers that claim 2^31 items (KV batch get, MQ
+        produce), and a KV batch put announcing 8 GiB: refused (4xx), fast,
+        and the gateway keeps serving."""
+        import struct
+        kv_host, kv_port = host_port(self.e["kv"])
+        auth = {"Authorization": f"Bearer {self.e['bearer_token']}"}
+        ns = "secbatch" + uuid.uuid4().hex[:6]
+        st, _, body = request(kv_host, kv_port, "PUT", f"/v1/ns/{ns}", auth, b"")
+        self.assertIn(st, (200, 201, 204), body)
+        huge = b"FKVB" + struct.pack("<BBHII", 1, 1, 0, 0x7FFFFFFF, 0)
+        start = time.monotonic()
+        st, _, body = request(kv_host, kv_port, "POST", f"/v1/kv/{ns}?batch=get", auth, huge)
+        self.assertEqual(st, 400, body)
+        put = b"FKVB" + struct.pack("<BBHII", 1, 2, 0, 1, 0) + struct.pack("<HBB", 1, 0, 0) + b"k" + struct.pack("<Q", 8 << 30)
+        st, _, body = request(kv_host, kv_port, "POST", f"/v1/kv/{ns}?batch=put", auth, put)
+        self.assertGreaterEqual(st, 400, body)
+        self.assertLess(st, 500, body)
+        self.assertLess(time.monotonic() - start, 5.0)
+        st, _, _ = request(kv_host, kv_port, "GET", f"/v1/ns/{ns}", auth)
+        self.assertEqual(st, 200, "the KV gateway still serves")
+
+        mq_host, mq_port = host_port(self.e["mq"])
+        topic = "secbatch" + uuid.uuid4().hex[:6]
+        spec = json.dumps({"partitions": 1}).encode()
+        h = sign_headers("PUT", f"{mq_host}:{mq_port}", f"/v1/topics/{topic}", self.ak, self.sk, service="mq",
+                         payload_hash=hashlib.sha256(spec).hexdigest())
+        st, _, body = request(mq_host, mq_port, "PUT", f"/v1/topics/{topic}", h, spec)
+        self.assertIn(st, (200, 201), body)
+        batch = b"FMQ1" + struct.pack("<Iqhhiq", 0x7FFFFFFF, -1, 0, 0, 0, 0)
+        path = f"/v1/topics/{topic}/partitions/0/records"
+        h = sign_headers("POST", f"{mq_host}:{mq_port}", path, self.ak, self.sk, service="mq",
+                         payload_hash=hashlib.sha256(batch).hexdigest(), extra={"content-type": "application/vnd.fskv.mq.batch"})
+        st, _, body = request(mq_host, mq_port, "POST", path, h, batch)
+        self.assertGreaterEqual(st, 400, body)
+        self.assertLess(st, 500, body)
 
     # --- credentials ---
 
