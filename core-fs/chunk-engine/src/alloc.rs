@@ -235,8 +235,13 @@ impl Allocator {
                 ChunkError::io(what, e)
             }
         })?;
-        // The new file size must be durable before the record that relies on it.
+        // The new file size must be durable before the record that relies on
+        // it, and so must the file's directory entry: the first growth into a
+        // file creates it, and after a power cut a file whose entry was never
+        // synced may be gone (the pool record would then name blocks of a
+        // missing file). Growth is rare (once per `blocks_per_grow` blocks).
         file.sync_all().map_err(|e| ChunkError::io("fsync after fallocate", e))?;
+        File::open(&pool.dir).and_then(|d| d.sync_all()).map_err(|e| ChunkError::io(format!("fsync of the directory {:?}", pool.dir), e))?;
         self.fallocate_calls.fetch_add(1, Ordering::Relaxed);
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
