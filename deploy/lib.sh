@@ -1,8 +1,9 @@
 # Shared by the test scripts that run a fresh `fskv up` (source it).
 
 # Prints the first base port P >= $1 (in steps of 20, below 40000) whose
-# range P..P+15 — every port `fskv up` binds (the front: S3 P/P+5, KV P+1/P+6, MQ/SQS P+2/P+7,
-# Consul P+3/P+8, admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15; gateway processes
+# range P..P+16 — every port `fskv up` binds (the front: S3 P/P+5, KV P+1/P+6, MQ/SQS P+2/P+7,
+# Consul P+3/P+8, admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15, the mount's metrics
+# P+16 with --mount; gateway processes
 # behind the front use ephemeral loopback ports) — is free on loopback.
 fskv_free_base_port() {
     python3 - "$1" <<'PY'
@@ -10,7 +11,7 @@ import socket, sys
 for base in range(int(sys.argv[1]), 40000, 20):
     socks = []
     try:
-        for off in range(16):
+        for off in range(17):
             s = socket.socket(); s.bind(("127.0.0.1", base + off)); socks.append(s)
         print(base); break
     except OSError:

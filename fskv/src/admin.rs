@@ -31,7 +31,8 @@ pub enum AdminCommand {
     Fsck(FsckArgs),
     /// Print a service's Prometheus metrics (OpenMetrics text), fetched with
     /// `GET /metrics` on its RPC port (mgmtd, meta, storage; `fskv up`:
-    /// P+11, P+12, P+13..).
+    /// P+11, P+12, P+13..), or on the FUSE mount's `--metrics-listen`
+    /// address (`fskv up --mount`: P+16).
     Metrics(MetricsArgs),
 }
 

@@ -42,7 +42,7 @@ pub struct UpArgs {
     /// Data directory (all state of the cluster). Default: up.data_dir of the config (./data).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Base port: S3 on P, KV on P+1, MQ/SQS on P+2, Consul on P+3 (read-only P+5..P+8), front admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15.
+    /// Base port: S3 on P, KV on P+1, MQ/SQS on P+2, Consul on P+3 (read-only P+5..P+8), front admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15; with --mount, the mount's metrics on P+16.
     #[arg(long)]
     base_port: Option<u16>,
     /// Do not restart a child process that dies.
@@ -103,6 +103,8 @@ struct Endpoints {
     front: Option<String>,
     /// Where `--mount` mounted the filesystem.
     mount: Option<String>,
+    /// The mount's Prometheus metrics (`GET /metrics`), with `--mount`.
+    mount_metrics: Option<String>,
     access_key: String,
     secret_key: String,
     /// `Authorization: Bearer <token>` (KV native API) / `X-Consul-Token`.
@@ -218,6 +220,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         sqs: url("mq", false),
         front: Some(format!("http://{}", ports.front_admin)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
+        mount_metrics: args.mount.as_ref().map(|_| format!("http://127.0.0.1:{}/metrics", ports.base + MOUNT_METRICS_PORT_OFFSET)),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
         bearer_token: credentials.bearer_token.clone(),
@@ -299,6 +302,9 @@ async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> a
     Ok(supervisor)
 }
 
+/// `--mount`: the FUSE mount's `GET /metrics` listens on P+16.
+const MOUNT_METRICS_PORT_OFFSET: u16 = 16;
+
 /// Bound on the wait for `fskv mount` to show up in /proc/mounts.
 const MOUNT_READY_TIMEOUT_MS: u64 = 30_000;
 
@@ -308,7 +314,8 @@ async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restar
     std::fs::create_dir_all(path).with_context(|| format!("cannot create mount point {}", path.display()))?;
     let path = path.canonicalize()?;
     // No --meta: the mount finds meta through mgmtd's routing info.
-    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), path.display().to_string()];
+    let metrics = format!("127.0.0.1:{}", ports.base + MOUNT_METRICS_PORT_OFFSET);
+    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), "--metrics-listen".into(), metrics, path.display().to_string()];
     let opts = child_options(data, restart);
     let supervisor = Supervisor::start(vec![child("mount", exe, args)], opts).await?;
     let start = Instant::now();

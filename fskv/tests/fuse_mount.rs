@@ -365,6 +365,12 @@ fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
     let data = pattern(MIB + 3, 5);
     fs::write(mnt.join("f"), &data).unwrap();
     assert!(fs::read(mnt.join("f")).unwrap() == data);
+    // The mount's metrics (P+16) count what it just served.
+    let scraped = fskv(&["admin", "metrics", "--addr", &format!("127.0.0.1:{}", base + 16)]);
+    let text = String::from_utf8_lossy(&scraped.stdout);
+    for series in ["fskv_fuse_ops_total{op=\"create\"}", "fskv_fuse_op_duration_seconds_count{op=\"read\"}", "fskv_fuse_ops_in_flight"] {
+        assert!(text.contains(series), "no {series} in the mount's metrics:\n{text}");
+    }
     let meta = format!("127.0.0.1:{}", base + 12);
     let mgmtd = format!("127.0.0.1:{}", base + 11);
     let out = dir.path().join("f.out");

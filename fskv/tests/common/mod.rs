@@ -45,7 +45,7 @@ pub fn fuse_or_skip(test: &str) -> bool {
 /// listeners — S3 P / P+5, KV P+1 / P+6, MQ and SQS P+2 / P+7, Consul
 /// P+3 / P+8 — and its admin listener P+10; mgmtd P+11, meta P+12, storage
 /// P+13..P+15. (Gateway processes behind the front take ephemeral ports.)
-const UP_PORT_OFFSETS: [u16; 14] = [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15];
+const UP_PORT_OFFSETS: [u16; 15] = [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16];
 
 /// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
 /// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
