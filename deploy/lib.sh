@@ -21,6 +21,21 @@ for base in range(int(sys.argv[1]), 40000, 20):
 PY
 }
 
+# Waits until the `fskv up` of pid $1 logging to $2 prints its ready line
+# (up to 180 s); returns 1, with the log's tail on stdout, if it exits or
+# never gets ready.
+fskv_wait_up() {
+    local pid=$1 log=$2
+    for _ in $(seq 1 900); do
+        grep -q "fskv up: serving" "$log" 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    grep -q "fskv up: serving" "$log" 2>/dev/null && return 0
+    tail -20 "$log"
+    return 1
+}
+
 # Stops process $1: SIGTERM, up to 20 s for it to exit, then SIGKILL.
 fskv_stop_pid() {
     local pid=$1
