@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# KV gateway conformance: the Python client's tests (standard library) and
+# KV gateway conformance: the Python client's tests (standard library), the
+# KV-cache engine adapters' tests without torch (test_adapters: stand-ins for
+# the engine objects) and
 # py-consul scenarios (unchanged client code) against a running gateway.
 #
 #   run.sh ENDPOINTS_JSON      (the endpoints.json of an `fskv up`)
@@ -31,7 +33,7 @@ PY
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-for t in test_client test_consul; do
+for t in test_client test_adapters test_consul; do
     (cd "$HERE" && "$PY" -W ignore::ResourceWarning -m unittest -v "$t") >>"$log" 2>&1 || status=1
 done
 cat "$log"
