@@ -9,7 +9,7 @@
 #
 # torch: the CPU wheel index first, PyPI's wheel otherwise. SGLang and LMCache
 # are installed with --no-deps, then only the modules their storage interfaces
-# import are added (one at a time, from the import error, at most 25 rounds).
+# import are added (one at a time, from the import error, at most 40 rounds).
 # A test whose engine cannot be imported prints `SKIPPED: <reason>`.
 # Prints `kv adapter tests: N passed, M failed, K skipped`.
 set -uo pipefail
@@ -26,7 +26,7 @@ pkg_for() {
     case "$1" in
         yaml) echo pyyaml ;; zmq) echo pyzmq ;; PIL) echo pillow ;; google) echo protobuf ;;
         sklearn) echo scikit-learn ;; cv2) echo opencv-python-headless ;; msgspec) echo msgspec ;;
-        prometheus_client) echo prometheus-client ;; sortedcontainers) echo sortedcontainers ;;
+        prometheus_client) echo prometheus-client ;; pydantic_core) echo pydantic ;; sortedcontainers) echo sortedcontainers ;;
         *) echo "$1" | tr _ - ;;
     esac
 }
@@ -34,7 +34,7 @@ pkg_for() {
 # Installs what `import $2` lacks, one module at a time; $1 names the engine.
 complete_imports() {
     local name="$1" mod="$2" i missing
-    for i in $(seq 1 25); do
+    for i in $(seq 1 40); do
         missing=$("$PY" - "$mod" <<'PY' 2>/dev/null
 import importlib, sys
 try:
@@ -57,7 +57,7 @@ PY
             return 1
         fi
     done
-    echo "setup: $name: still missing modules after 25 rounds"; echo "too many missing modules" >"$VENV/.$name-unavailable"
+    echo "setup: $name: still missing modules after 40 rounds"; echo "too many missing modules" >"$VENV/.$name-unavailable"
     return 1
 }
 
@@ -66,7 +66,9 @@ setup() {
     : >>"$LOG"
     if ! "$PY" -c 'import torch' 2>/dev/null; then
         echo "setup: installing torch (CPU) into $VENV (log: $LOG)"
-        pipq torch --index-url https://download.pytorch.org/whl/cpu || pipq torch || { echo "setup: torch could not be installed"; return 1; }
+        # The CPU wheel index when reachable (small); PyPI's wheel (with its CUDA libraries) otherwise.
+        pipq --retries 0 --timeout 20 torch --index-url https://download.pytorch.org/whl/cpu || pipq torch || { echo "setup: torch could not be installed"; return 1; }
+        pipq numpy
     fi
     "$PY" -c 'import torch' || { echo "setup: torch installed but does not import"; return 1; }
     rm -f "$VENV/.sglang-unavailable" "$VENV/.lmcache-unavailable"
