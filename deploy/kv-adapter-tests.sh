@@ -26,7 +26,7 @@ pkg_for() {
     case "$1" in
         yaml) echo pyyaml ;; zmq) echo pyzmq ;; PIL) echo pillow ;; google) echo protobuf ;;
         sklearn) echo scikit-learn ;; cv2) echo opencv-python-headless ;; msgspec) echo msgspec ;;
-        prometheus_client) echo prometheus-client ;; pydantic_core) echo pydantic ;; sortedcontainers) echo sortedcontainers ;;
+        prometheus_client) echo prometheus-client ;; pydantic_core) echo pydantic ;; cpuinfo) echo py-cpuinfo ;; sortedcontainers) echo sortedcontainers ;;
         *) echo "$1" | tr _ - ;;
     esac
 }
@@ -74,7 +74,11 @@ setup() {
     rm -f "$VENV/.sglang-unavailable" "$VENV/.lmcache-unavailable"
     "$PY" -c 'import sglang' 2>/dev/null || pipq sglang --no-deps || echo "pip install sglang --no-deps failed" >"$VENV/.sglang-unavailable"
     [ -e "$VENV/.sglang-unavailable" ] || complete_imports sglang sglang.srt.mem_cache.hicache_storage
+    [ -e "$VENV/.sglang-unavailable" ] || complete_imports sglang sglang.srt.mem_cache.storage.backend_factory
     "$PY" -c 'import lmcache' 2>/dev/null || pipq lmcache --no-deps || echo "pip install lmcache --no-deps failed" >"$VENV/.lmcache-unavailable"
+    # LMCache's CPU compute backend needs numba; without it `import lmcache` only warns and
+    # its memory management then fails to import (an ImportError, not a missing module).
+    [ -e "$VENV/.lmcache-unavailable" ] || "$PY" -c 'import numba' 2>/dev/null || pipq numba
     [ -e "$VENV/.lmcache-unavailable" ] || complete_imports lmcache lmcache.v1.storage_backend.connector
     return 0
 }
@@ -124,9 +128,16 @@ for t in test_sglang test_lmcache; do
     (cd conformance/kv/adapters && "$PY" -W ignore::ResourceWarning -m unittest -v "$t") >>"$log" 2>&1 || status=1
 done
 cat "$log"
-passed=$(grep -c '\.\.\. ok$' "$log")
-failed=$(grep -cE '\.\.\. (FAIL|ERROR)$' "$log")
-skipped=$(grep -c '\.\.\. skipped' "$log")
-grep '\.\.\. skipped' "$log" | sed 's/^/SKIPPED: /'
-echo "kv adapter tests: $passed passed, $failed failed, $skipped skipped"
+# Counted from unittest's summaries ("Ran N tests", "OK (skipped=K)", "FAILED (failures=F, errors=E)"):
+# the engines log to the same stream, so a test's "... ok" may not end its line.
+python3 - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+ran = sum(int(n) for n in re.findall(r"^Ran (\d+) tests? in", text, re.M))
+bad = sum(int(n) for n in re.findall(r"(?:failures|errors)=(\d+)", text))
+skipped = sum(int(n) for n in re.findall(r"skipped=(\d+)", text))
+for line in re.findall(r"^SKIPPED: .*$", text, re.M):
+    print(line)
+print("kv adapter tests: %d passed, %d failed, %d skipped" % (ran - bad - skipped, bad, skipped))
+PY
 exit $status

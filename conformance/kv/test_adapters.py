@@ -236,11 +236,15 @@ class SglangBackendTest(unittest.TestCase):
         cfg = storage_config(self.NS, url="http://127.0.0.1:9", create_namespace=False)
         b = sglang_fskv.FskvHiCacheStorage(cfg, {})
         b.register_mem_pool_host(HostPool())
-        self.assertEqual(b.batch_exists(["a", "b"]), 0)
-        self.assertEqual(b.batch_get_v1(["a"], slots([0])), [False])
-        self.assertEqual(b.batch_set_v1(["a"], slots([0])), [False])
-        self.assertIsNone(b.get("a", bytearray(16)))
-        self.assertGreaterEqual(b.get_stats()["errors"], 3)
+        with self.assertLogs("sglang_fskv", "WARNING") as logs:
+            self.assertEqual(b.batch_exists(["a", "b"]), 0)
+            self.assertEqual(b.batch_get_v1(["a"], slots([0])), [False])
+            self.assertEqual(b.batch_set_v1(["a"], slots([0])), [False])
+            self.assertIsNone(b.get("a", bytearray(16)))
+            self.assertGreaterEqual(b.get_stats()["errors"], 4)
+        # One line per failed call, naming the call.
+        self.assertTrue(any("batch_exists failed" in m for m in logs.output), logs.output)
+        self.assertTrue(any("batch_get_v1 failed" in m for m in logs.output), logs.output)
         with self.assertRaises(ValueError):
             sglang_fskv.FskvHiCacheStorage(types.SimpleNamespace(extra_config={}), {})
 
@@ -386,10 +390,13 @@ class LmcacheConnectorTest(unittest.TestCase):
             c = self.make(cpu, asyncio.get_running_loop())
             try:
                 self.admin.put(self.NS, Key("bad").to_string(), b"not an lmcache value" * 10)
-                self.assertIsNone(await c.get(Key("bad")))
                 bad_len = lmcache_fskv.encode_header((2, 8), "bfloat16", 1) + b"x" * 10  # header says 32 bytes
                 self.admin.put(self.NS, Key("short").to_string(), bad_len)
-                self.assertIsNone(await c.get(Key("short")))
+                with self.assertLogs("lmcache_fskv", "WARNING") as logs:
+                    self.assertIsNone(await c.get(Key("bad")))
+                    self.assertIsNone(await c.get(Key("short")))
+                self.assertIn("not an LMCache value", logs.output[0])
+                self.assertIn("header says 32", logs.output[1])
                 for h in ("a", "b"):
                     await c.put(Key(h), MemoryObj((4,), data=b"12345678"))
                 got = await c.batched_get([Key("a"), Key("b")])

@@ -112,6 +112,7 @@ class SglangRealTest(unittest.TestCase):
     def test_generic_path_with_flat_pages(self):
         pool = TorchHostPool()
         b = self.make(pool, v1=False)
+        b.clear()  # puts are create-only: start without this rank's pages
         page = torch.randn(pool.get_dummy_flat_data_page().numel()).to(pool.dtype)
         self.assertTrue(b.set("flat-1", page))
         target = pool.get_dummy_flat_data_page()
