@@ -6,8 +6,10 @@ Real: torch (CPU), SGLang's `HiCacheStorage` base class and
 from the `dynamic` extra config exactly as `--hicache-storage-backend dynamic`
 does, the gateway. Stand-in: the host KV pool (`TorchHostPool`: torch tensors
 in a page-first layout, answering `get_page_buffer_meta` with the tensors'
-data pointers as SGLang's host pools do): SGLang's real host pools are built
-from a device KV pool, which needs a GPU.
+data pointers as SGLang's host pools do): importing SGLang's real host pool
+(`sglang.srt.mem_cache.pool_host.mha`) pulls in the model configs and
+torchvision (tried 2026-12-01: `MHATokenToKVPoolHost` stops at
+`import torchvision`), far beyond the storage interface this test is about.
 
 Environment: KV_URL, KV_TOKEN; FSKV_SGLANG_UNAVAILABLE (set by the script when
 SGLang could not be installed: the tests print SKIPPED with that reason).
