@@ -241,7 +241,9 @@ impl Allocator {
         // synced may be gone (the pool record would then name blocks of a
         // missing file). Growth is rare (once per `blocks_per_grow` blocks).
         file.sync_all().map_err(|e| ChunkError::io("fsync after fallocate", e))?;
-        File::open(&pool.dir).and_then(|d| d.sync_all()).map_err(|e| ChunkError::io(format!("fsync of the directory {:?}", pool.dir), e))?;
+        File::open(&pool.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| ChunkError::io(format!("fsync of the directory {:?}", pool.dir), e))?;
         self.fallocate_calls.fetch_add(1, Ordering::Relaxed);
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
