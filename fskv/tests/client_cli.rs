@@ -4,7 +4,6 @@
 mod common;
 
 use common::{free_base_port, fskv_ok as fskv, start_up, stop_up};
-use std::process::Command;
 
 #[test]
 fn admin_status_and_put_get_round_trip_against_up() {

@@ -245,6 +245,7 @@ fn nobody_can_neither_read_nor_overwrite_a_root_file() {
         let started = Instant::now();
         let out = as_nobody(&args);
         assert!(!out.status.success(), "{args:?} succeeded as nobody: {}", String::from_utf8_lossy(&out.stdout));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cluster key"), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         eprintln!("{args:?} as nobody failed after {:?}: {}", started.elapsed(), String::from_utf8_lossy(&out.stderr).trim());
     }
     // Nothing was read, nothing was changed.

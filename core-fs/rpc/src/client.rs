@@ -299,7 +299,8 @@ impl RpcClient {
             .instrument(span.clone()),
         );
         let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer).trusting_frame_sizes();
-        let reader = tokio::spawn(read_loop(reader, shared.clone()).instrument(span)).abort_handle();
+        let keyless = config.cluster_key.is_none();
+        let reader = tokio::spawn(read_loop(reader, shared.clone(), keyless).instrument(span)).abort_handle();
         Ok(Arc::new(Conn { shared, tx, permits: Arc::new(Semaphore::new(max_in_flight)), reader }))
     }
 }
@@ -352,10 +353,12 @@ async fn client_handshake(
 
 /// Delivers responses to pending calls until the connection ends, then
 /// fails whatever is still pending.
-async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>) {
+async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>, keyless: bool) {
+    let mut replies = 0u64;
     let reason = loop {
         match reader.next().await {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Response => {
+                replies += 1;
                 let waiter = shared.pending.lock().remove(&frame.header.request_id);
                 // No waiter: the call already timed out or was dropped.
                 if let Some(tx) = waiter {
@@ -366,6 +369,14 @@ async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>) {
             Ok(None) => break "connection closed by peer".to_string(),
             Err(e) => break e.to_string(),
         }
+    };
+    // A server that requires the cluster key closes a connection without
+    // one at its first frame (`crate::auth`): say so instead of only
+    // "connection closed".
+    let reason = if keyless && replies == 0 {
+        format!("{reason} (before any reply: if the server requires the cluster key, this client has none — pass --cluster-key-file)")
+    } else {
+        reason
     };
     shared.fail(&reason);
 }

@@ -68,6 +68,7 @@ async fn a_client_without_the_key_is_refused_before_any_handler() {
     let err = who(&client(None, "client"), server.local_addr()).await.unwrap_err();
     // The server closes at the frame magic; the call fails, not hangs.
     assert_eq!(err.code(), ErrorCode::ConnectionFailed, "{err}");
+    assert!(err.to_string().contains("this client has none"), "the error names the likely cause: {err}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert_eq!(metric(&server, "bad_magic"), 1);
 }
