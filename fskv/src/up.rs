@@ -6,7 +6,9 @@
 //! KV engine (P+12). It waits until every chain is serving, writes
 //! `DIR/endpoints.json`, and runs until Ctrl-C or SIGTERM, then stops the
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
-//! brings back all data. With `--mount PATH` it then starts `fskv mount` on
+//! brings back all data. `DIR/cluster.key` (created 0600 on the first start,
+//! reused after) is the key every process authenticates its RPC connections
+//! with; the children find it in `DIR/effective-config.toml` (`[security]`). With `--mount PATH` it then starts `fskv mount` on
 //! PATH as another supervised child (stopped, and so unmounted, first).
 //!
 //! Once the cluster is ready it starts the front (`fskv front`, supervised
@@ -170,6 +172,17 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     for addr in all.into_iter().chain(&ports.storage).chain(&public) {
         ensure_free(addr)?;
     }
+    // Service identity (docs/security.md): every child authenticates its RPC
+    // connections with this key; they find it in the effective config.
+    let (key_file, key) = if config.security.cluster_key_file.as_os_str().is_empty() {
+        crate::identity::load_or_create(&data_dir)?
+    } else {
+        let file = config.security.cluster_key_file.clone();
+        let key = fskv_rpc::auth::ClusterKey::load(&file).map_err(anyhow::Error::msg)?;
+        (file, Arc::new(key))
+    };
+    crate::identity::install_key(Some(key), "client");
+    let config = &Config { security: crate::config::SecurityConfig { cluster_key_file: key_file }, ..config.clone() };
     let credentials = load_or_create_credentials(&data_dir)?;
     let exe = std::env::current_exe().context("cannot find the fskv executable")?;
     // Children read the same configuration as this process.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const MIB: usize = 1 << 20;
 
 fn fskv(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
+    let out = common::fskv_cmd().args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
     assert!(out.status.success(), "fskv {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     out
 }
@@ -59,7 +59,7 @@ enum Mounted {
 
 /// Starts `fskv mount` and waits (bounded) for its "mounted" line.
 fn start_mount(mgmtd: &str, meta: &str, path: &Path) -> Mounted {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
+    let mut child = common::fskv_cmd()
         .args(["mount", "--mgmtd", mgmtd, "--meta", meta])
         .arg(path)
         .env("FSKV_LOG", "warn")
