@@ -205,7 +205,9 @@ cmd_start() {
     if ip netns list | grep -q "^$BRIDGE_NS\b"; then die "already running (namespace $BRIDGE_NS exists); $SELF stop first"; fi
     rm -rf "$DIR"
     mkdir -p "$DIR/run" "$DIR/logs" "$DIR/data"
-    printf '{"access_key": "netnsaccess", "secret_key": "netnssecretkey0123456789"}\n' >"$DIR/credentials.json"
+    # A random secret, 0600 from its first byte (the gateways read it; users take it from this file).
+    (umask 077 && printf '{"access_key": "NETNS%s", "secret_key": "%s"}\n' "$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')" \
+        "$(od -An -tx1 -N20 /dev/urandom | tr -d ' \n')" >"$DIR/credentials.json")
     if [ ! -s "$FSKV_CLUSTER_KEY_FILE" ]; then
         (umask 077 && set -o noclobber && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$FSKV_CLUSTER_KEY_FILE")
     fi

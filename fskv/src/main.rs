@@ -114,8 +114,10 @@ fn main() -> std::process::ExitCode {
         Command::Meta(a) => Some((format!("meta:{}", a.node_id()), Need::Required)),
         Command::Mount(_) => Some(("fuse".into(), Need::Optional)),
         Command::Gateway(_) | Command::Front(_) => Some(("gateway".into(), Need::Optional)),
-        // `up` creates its key; benches that start clusters install theirs.
-        Command::Up(_) | Command::Bench(_) => None,
+        // `up` creates its key; benches that start clusters install theirs;
+        // `config` prints or checks a configuration and talks to nobody (a key
+        // named there need not exist on the machine that checks it).
+        Command::Up(_) | Command::Bench(_) | Command::Config(_) => None,
         _ => Some(("client".into(), Need::Optional)),
     };
     match who {
