@@ -8,7 +8,7 @@
 //! | S3: another tenant's bucket | GET, PUT, DELETE, HEAD, ListObjects, DeleteBucket → 403 `AccessDenied`; the object is unchanged; ListBuckets shows only one's own buckets; CreateBucket of another's name → 409 `BucketAlreadyExists`, of one's own → 409 `BucketAlreadyOwnedByYou` |
 //! | KV: another tenant's namespace | GET/PUT/DELETE of a key, PUT/GET/DELETE of the namespace → 403 `AccessDenied`; the value is unchanged; `GET /v1/ns` lists one's own only |
 //! | MQ (SQS): another tenant's queue | GetQueueUrl, SendMessage, ReceiveMessage, DeleteQueue → 403 `AccessDenied`; ListQueues shows one's own only; the queue still holds its message |
-//! | files on the filesystem | `/s3` 0711; a tenant's bucket directory owned by the tenant's uid/gid, 0700; objects 0600; `/.fskv-admin` root's 0700, `users.json` 0600 |
+//! | files on the filesystem | `/s3` and `/kv` 0711, `/kv/.fskv-kv` 0700; a tenant's bucket directory owned by the tenant's uid/gid, 0700; objects 0600; `/.fskv-admin` root's 0700, `users.json` 0600 |
 //! | revocation | after `fskv admin user revoke`, the key is refused (403 `InvalidAccessKeyId`) within the poll interval (1 s) plus slack |
 
 mod common;
@@ -303,6 +303,11 @@ async fn scenario(data: &Path, base: u16) {
     let objdir = meta.lookup(adminb.id, "dir").await.expect("/s3/adminb/dir");
     assert_eq!(objdir.acl.mode & 0o7777, 0o700, "a key prefix directory's mode");
     let kv_root = meta.lookup(InodeId::ROOT, "kv").await.expect("/kv");
+    assert_eq!(kv_root.acl.mode & 0o7777, 0o711, "/kv mode");
+    let kv_system = meta.lookup(kv_root.id, ".fskv-kv").await.expect("/kv/.fskv-kv");
+    assert_eq!(kv_system.acl.mode & 0o7777, 0o700, "/kv/.fskv-kv mode");
+    let adminns = meta.lookup(kv_root.id, "adminns").await.expect("/kv/adminns");
+    assert_eq!((adminns.acl.uid, adminns.acl.mode & 0o7777), (0, 0o700), "the admin's namespace");
     let alicens = meta.lookup(kv_root.id, "alicens").await.expect("/kv/alicens");
     assert_eq!((alicens.acl.uid, alicens.acl.mode & 0o7777), (acme_uid, 0o700), "alice's namespace");
     let mq_root = meta.lookup(InodeId::ROOT, "mq").await.expect("/mq");

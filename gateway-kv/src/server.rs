@@ -92,22 +92,22 @@ async fn dispatch(
         NativeOp::Health => None,
         _ => Some(caller(kv, principal)?),
     };
-    match (&op, owner) {
-        (
-            NativeOp::GetNamespace { ns }
-            | NativeOp::DeleteNamespace { ns }
-            | NativeOp::Get { ns, .. }
-            | NativeOp::Head { ns, .. }
-            | NativeOp::Put { ns, .. }
-            | NativeOp::Delete { ns, .. }
-            | NativeOp::Watch { ns, .. }
-            | NativeOp::Scan { ns }
-            | NativeOp::WatchPrefix { ns }
-            | NativeOp::DeletePrefix { ns }
-            | NativeOp::Batch { ns, .. },
-            Some(owner),
-        ) => authorize(kv, ns, owner).await?,
-        _ => {}
+    if let (
+        NativeOp::GetNamespace { ns }
+        | NativeOp::DeleteNamespace { ns }
+        | NativeOp::Get { ns, .. }
+        | NativeOp::Head { ns, .. }
+        | NativeOp::Put { ns, .. }
+        | NativeOp::Delete { ns, .. }
+        | NativeOp::Watch { ns, .. }
+        | NativeOp::Scan { ns }
+        | NativeOp::WatchPrefix { ns }
+        | NativeOp::DeletePrefix { ns }
+        | NativeOp::Batch { ns, .. },
+        Some(owner),
+    ) = (&op, owner)
+    {
+        authorize(kv, ns, owner).await?;
     }
     let owner = owner.unwrap_or(fskv_gateway::TenantIds::DEFAULT);
     match op {

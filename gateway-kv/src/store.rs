@@ -31,6 +31,9 @@ pub const DIR_MODE: u32 = 0o755;
 /// Mode of a namespace's directory: only its tenant's uid (and root) gets
 /// in, so other local users see nothing of it through the FUSE mount.
 pub const NAMESPACE_DIR_MODE: u32 = 0o700;
+/// Mode of the KV root: a tenant's local user reaches its namespace through
+/// the mount; nobody lists the namespaces.
+pub const ROOT_MODE: u32 = 0o711;
 /// How long a namespace's directory id and settings are cached.
 pub const NAMESPACE_CACHE_TTL_MS: u64 = 2_000;
 /// How long a continuation directory's id is cached.
@@ -93,7 +96,45 @@ impl Store {
             checkpoint: mkdir_p(&fs, system, "checkpoint").await?,
             stats: mkdir_p(&fs, system, "stats").await?,
         };
-        Ok(Store { fs, root: cur, system: dirs, namespaces: Arc::default(), dirs: Arc::default() })
+        let store = Store { fs, root: cur, system: dirs, namespaces: Arc::default(), dirs: Arc::default() };
+        store.tighten_modes(system).await;
+        Ok(store)
+    }
+
+    /// Keeps other local users out (the FUSE mount is `allow_other`): the
+    /// root [`ROOT_MODE`] (traversable, not listable), the gateway's own
+    /// directory (access logs name keys) and every namespace made before
+    /// tenants (group or other bits set) [`NAMESPACE_DIR_MODE`]. Failures
+    /// are logged; only what differs is changed.
+    async fn tighten_modes(&self, system: InodeId) {
+        let meta = self.fs.meta();
+        let set = |mode| fskv_proto::meta::SetAttr { mode: Some(mode), ..Default::default() };
+        for (dir, mode) in [(self.root, ROOT_MODE), (system, NAMESPACE_DIR_MODE)] {
+            match meta.stat(dir).await {
+                Ok(i) if i.acl.mode & 0o7777 != mode => {
+                    if let Err(e) = meta.setattr(dir, set(mode)).await {
+                        tracing::warn!(error = %e, "cannot set the mode of a KV directory");
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut after = String::new();
+        loop {
+            let Ok((entries, more)) = meta.readdir(self.root, &after, 1024, true).await else { return };
+            for e in &entries {
+                let Some(a) = &e.attr else { continue };
+                if e.kind == InodeKind::Directory && keys::is_namespace_name(&e.name) && a.acl.mode & 0o077 != 0 {
+                    if let Err(err) = meta.setattr(e.inode, set(NAMESPACE_DIR_MODE)).await {
+                        tracing::warn!(namespace = %e.name, error = %err, "cannot tighten a namespace's mode");
+                    }
+                }
+            }
+            match entries.last() {
+                Some(last) if more => after = last.name.clone(),
+                _ => return,
+            }
+        }
     }
 
     // ----- namespaces -----
@@ -184,7 +225,10 @@ impl Store {
             let (entries, more) =
                 self.fs.meta().readdir(self.root, &after, 1024, true).await.map_err(|e| meta_err(e, "namespaces", KvError::NoSuchKey))?;
             for e in &entries {
-                let mine = owner_uid.is_none_or(|uid| e.attr.as_ref().is_some_and(|a| a.acl.uid == uid));
+                let mine = match owner_uid {
+                    None => true,
+                    Some(uid) => e.attr.as_ref().is_some_and(|a| a.acl.uid == uid),
+                };
                 if e.kind == InodeKind::Directory && keys::is_namespace_name(&e.name) && mine {
                     out.push(e.name.clone());
                 }

@@ -145,7 +145,10 @@ impl Store {
     /// Whether the caller's tenant owns a bucket directory (its owner uid
     /// is the tenant's; a store without a caller owns everything).
     pub fn owns(&self, bucket_dir: &Inode) -> bool {
-        self.caller.as_ref().is_none_or(|c| bucket_dir.acl.uid == c.ids.uid)
+        match &self.caller {
+            None => true,
+            Some(c) => bucket_dir.acl.uid == c.ids.uid,
+        }
     }
 
     pub async fn bucket(&self, name: &str) -> Result<Inode, S3Error> {
