@@ -9,6 +9,7 @@
 //! | KV: another tenant's namespace | GET/PUT/DELETE of a key, PUT/GET/DELETE of the namespace → 403 `AccessDenied`; the value is unchanged; `GET /v1/ns` lists one's own only |
 //! | MQ (SQS): another tenant's queue | GetQueueUrl, SendMessage, ReceiveMessage, DeleteQueue → 403 `AccessDenied`; ListQueues shows one's own only; the queue still holds its message |
 //! | files on the filesystem | `/s3` and `/kv` 0711, `/kv/.fskv-kv` 0700; a tenant's bucket directory owned by the tenant's uid/gid, 0700; objects 0600; `/.fskv-admin` root's 0700, `users.json` 0600 |
+//! | the mount (`fskv up --mount`, when FUSE is there; else reported skipped) | the bucket's uid/gid/mode and an object's mode through FUSE; `nobody` can read no object, list no bucket, `/s3`, a namespace, `/mq` or `users.json`; the tenant's uid lists its bucket |
 //! | revocation | after `fskv admin user revoke`, the key is refused (403 `InvalidAccessKeyId`) within the poll interval (1 s) plus slack |
 
 mod common;
@@ -141,13 +142,50 @@ fn tenants_own_buckets_namespaces_and_queues() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let base = free_base_port();
-    let up = UpGuard { child: Some(start_up_with(&data, base, &[])), mount: None };
+    // The mount part needs FUSE; without it the rest still runs (the
+    // owners and modes are then checked through meta only).
+    let mnt =
+        common::fuse_or_skip("tenants_own_buckets_namespaces_and_queues (files seen through the mount)").then(|| dir.path().join("mnt"));
+    let extra: Vec<&str> = match &mnt {
+        Some(m) => vec!["--mount", m.to_str().unwrap()],
+        None => vec![],
+    };
+    let up = UpGuard { child: Some(start_up_with(&data, base, &extra)), mount: mnt.clone() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(scenario(&data, base));
+    rt.block_on(scenario(&data, base, mnt.as_deref()));
     up.stop();
 }
 
-async fn scenario(data: &Path, base: u16) {
+/// What other local users see of the gateways' files through the mount
+/// (`allow_other`): `nobody` gets into no bucket and lists no bucket names;
+/// the tenant's local user gets into its own bucket.
+fn check_mount(mnt: &Path, acme_uid: u32) {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let aliceb = std::fs::metadata(mnt.join("s3/aliceb")).expect("stat the bucket through the mount");
+    assert_eq!((aliceb.uid(), aliceb.gid(), aliceb.mode() & 0o7777), (acme_uid, acme_uid, 0o700), "alice's bucket on the mount");
+    let obj = std::fs::metadata(mnt.join("s3/adminb/dir/obj")).expect("stat an object through the mount");
+    assert_eq!(obj.mode() & 0o7777, 0o600, "an object on the mount");
+    let run_as = |uid: u32, script: String| Command::new("sh").args(["-c", &script]).uid(uid).gid(uid).output().unwrap();
+    let nobody = 65534;
+    for script in [
+        format!("cat {}", mnt.join("s3/adminb/dir/obj").display()),
+        format!("cat {}", mnt.join("s3/aliceb/k").display()),
+        format!("ls {}", mnt.join("s3/aliceb").display()),
+        format!("ls {}", mnt.join("s3").display()),
+        format!("ls {}", mnt.join("kv/alicens").display()),
+        format!("ls {}", mnt.join("mq").display()),
+        format!("cat {}", mnt.join(".fskv-admin/users.json").display()),
+    ] {
+        let out = run_as(nobody, script.clone());
+        assert!(!out.status.success(), "nobody ran `{script}`: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = run_as(acme_uid, format!("ls {}", mnt.join("s3/aliceb").display()));
+    assert!(out.status.success(), "the tenant's local user lists its bucket: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains('k'), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+async fn scenario(data: &Path, base: u16, mnt: Option<&Path>) {
     let e: serde_json::Value = serde_json::from_slice(&std::fs::read(data.join("endpoints.json")).unwrap()).unwrap();
     let port = |off: u16| format!("127.0.0.1:{}", base + off);
     let (s3, kv, sqs, mgmtd) = (port(0), port(1), port(2), port(11));
@@ -316,6 +354,11 @@ async fn scenario(data: &Path, base: u16) {
     assert_eq!((admin_dir.acl.uid, admin_dir.acl.mode & 0o7777), (0, 0o700), "/.fskv-admin");
     let users_file = meta.lookup(admin_dir.id, "users.json").await.expect("users.json");
     assert_eq!((users_file.acl.uid, users_file.acl.mode & 0o7777), (0, 0o600), "users.json");
+
+    if let Some(m) = mnt {
+        let m = m.to_path_buf();
+        tokio::task::spawn_blocking(move || check_mount(&m, acme_uid)).await.expect("mount checks");
+    }
 
     // ---- Revocation: refused within the bound.
     run_ok(&["admin", "user", "revoke", "alice"]);
