@@ -20,6 +20,7 @@ mod storage_cmd;
 mod supervisor;
 mod transfer;
 mod up;
+mod users;
 mod usrbio_bench;
 
 use clap::{Parser, Subcommand};
