@@ -115,7 +115,7 @@ impl Http {
 }
 
 fn fskv(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv")
+    common::fskv_cmd().args(args).env("FSKV_LOG", "warn").output().expect("run fskv")
 }
 
 fn fskv_ok(args: &[&str]) -> String {
