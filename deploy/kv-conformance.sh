@@ -16,13 +16,8 @@ trap cleanup EXIT
 base=$(fskv_free_base_port 17300)
 ./target/debug/fskv up --data "$work/data" --base-port "$base" >"$work/up.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 900); do
-    if grep -q "fskv up: serving" "$work/up.log" 2>/dev/null; then break; fi
-    if ! kill -0 "$pid" 2>/dev/null; then break; fi
-    sleep 0.2
-done
-if ! grep -q "fskv up: serving" "$work/up.log"; then
-    echo "kv-conformance: fskv up did not become ready:"; tail -20 "$work/up.log"
+if ! fskv_wait_up "$pid" "$work/up.log"; then
+    echo "kv-conformance: fskv up did not become ready (log above)"
     echo "kv conformance: 0 passed, 1 failed, 0 skipped"
     exit 1
 fi

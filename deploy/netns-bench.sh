@@ -21,6 +21,8 @@ ROUNDS="${1:-5}"
 export FSKV_BIN="${FSKV_BIN:-$ROOT/target/release/fskv}"
 export FSKV_NETNS_PREFIX="${FSKV_NETNS_PREFIX:-fskvb}"
 export FSKV_NETNS_DIR="${FSKV_NETNS_DIR:-/tmp/fskv-netns-bench}"
+# The cluster key netns-cluster.sh creates (docs/security.md); our own fskv commands need it too.
+export FSKV_CLUSTER_KEY_FILE="${FSKV_CLUSTER_KEY_FILE:-$FSKV_NETNS_DIR/cluster.key}"
 export FSKV_NETNS_T_MS="${FSKV_NETNS_T_MS:-6000}"
 export FSKV_NETNS_LEASE_MS="${FSKV_NETNS_LEASE_MS:-1500}"
 export FSKV_LOG=warn

@@ -47,6 +47,11 @@ T_MS="${FSKV_NETNS_T_MS:-6000}"
 LEASE_MS="${FSKV_NETNS_LEASE_MS:-1500}"
 RESTART_DELAY_S="${FSKV_NETNS_RESTART_DELAY_S:-1}"
 BRIDGE_NS="$PREFIX-br"
+# Service identity (docs/security.md): every process authenticates its RPC
+# connections with one cluster key: FSKV_CLUSTER_KEY_FILE if set, else
+# $DIR/cluster.key, created by `start` (umask 077: 0600 from the first byte).
+if [ -z "${FSKV_CLUSTER_KEY_FILE:-}" ]; then FSKV_CLUSTER_KEY_FILE="$DIR/cluster.key"; fi
+export FSKV_CLUSTER_KEY_FILE
 
 HOSTS="etcd1:11 etcd2:12 etcd3:13 mgmtd1:21 mgmtd2:22 meta1:31 meta2:32 stor1:41 stor2:42 stor3:43 stor4:44 s3:51 client:100"
 # Start order (each group waits for the previous to be ready).
@@ -200,7 +205,12 @@ cmd_start() {
     if ip netns list | grep -q "^$BRIDGE_NS\b"; then die "already running (namespace $BRIDGE_NS exists); $SELF stop first"; fi
     rm -rf "$DIR"
     mkdir -p "$DIR/run" "$DIR/logs" "$DIR/data"
-    printf '{"access_key": "netnsaccess", "secret_key": "netnssecretkey0123456789"}\n' >"$DIR/credentials.json"
+    # A random secret, 0600 from its first byte (the gateways read it; users take it from this file).
+    (umask 077 && printf '{"access_key": "NETNS%s", "secret_key": "%s"}\n' "$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')" \
+        "$(od -An -tx1 -N20 /dev/urandom | tr -d ' \n')" >"$DIR/credentials.json")
+    if [ ! -s "$FSKV_CLUSTER_KEY_FILE" ]; then
+        (umask 077 && set -o noclobber && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$FSKV_CLUSTER_KEY_FILE")
+    fi
     make_hosts
     say "hosts up on $NET.0/24 (bridge in namespace $BRIDGE_NS); state in $DIR"
     local h

@@ -62,7 +62,7 @@ if command -v openssl >/dev/null; then
     # P+6 / P+8 are the KV gateway reader and its Consul API; P+9 is unused.
     tls_port=$((base + 9))
     ./target/debug/fskv gateway s3 --role writer --listen "127.0.0.1:$tls_port" --mgmtd "127.0.0.1:$((base + 11))" \
-        --meta "127.0.0.1:$((base + 12))" --credentials "$work/data/credentials.json" \
+        --cluster-key-file "$work/data/cluster.key" --meta "127.0.0.1:$((base + 12))" --credentials "$work/data/credentials.json" \
         --tls-cert "$work/tls.pem" --tls-key "$work/tls.key" >"$work/tls-gateway.log" 2>&1 &
     tls_pid=$!
     for _ in $(seq 1 100); do

@@ -84,6 +84,12 @@ set +e
 mq_status=$?
 set -e
 
+echo "test: security conformance (attacks on every public port: slow-loris, oversized and unauthenticated requests, SigV2, presigned expiry, path tricks) on a fresh fskv up"
+set +e
+./deploy/security-conformance.sh 2>&1 | tail -40
+sec_status=${PIPESTATUS[0]}
+set -e
+
 echo "test: pjdfstest (POSIX file system suite) on a FUSE mount of a fresh fskv up, against conformance/pjdfstest/expected-failures.txt"
 pjd_log=$(mktemp)
 trap 'rm -f "$log" "$skip_log" "$pjd_log"' EXIT
@@ -111,6 +117,9 @@ if [ "$status" -eq 0 ] && [ "$kv_status" -ne 0 ]; then
 fi
 if [ "$status" -eq 0 ] && [ "$mq_status" -ne 0 ]; then
     status=$mq_status
+fi
+if [ "$status" -eq 0 ] && [ "$sec_status" -ne 0 ]; then
+    status=$sec_status
 fi
 if [ "$status" -eq 0 ] && [ "$pjd_status" -ne 0 ]; then
     status=$pjd_status

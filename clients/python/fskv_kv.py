@@ -288,12 +288,40 @@ class KvClient:
         res = self._batch_decode(ns, OP_GET, "get", items)
         return [v if s == Status.OK else None for (s, _, _, _, v) in res["items"]]
 
-    def batch_get_into(self, ns, keys, buffers):
+    def batch_get_into(self, ns, keys, buffers, prefix=False):
         """Reads each value straight into ``buffers[i]``; returns the lengths
-        (-1 for a missing key). A buffer too small raises ValueError."""
+        (-1 for a missing key). A buffer too small raises ValueError.
+        ``prefix=True``: the gateway stops at the first missing key (later
+        keys answer -1 without being read)."""
         items = [(_key(k), None, 0, None, None) for k in keys]
-        res = self._batch_decode(ns, OP_GET, "get", items, into=[memoryview(b).cast("B") for b in buffers])
+        flags = FLAG_PREFIX if prefix else 0
+        res = self._batch_decode(ns, OP_GET, "get", items, flags, into=[memoryview(b).cast("B") for b in buffers])
         return [n if s == Status.OK else -1 for (s, _, _, _, n) in res["items"]]
+
+    def batch_get_alloc(self, ns, keys, alloc, head_bytes=0):
+        """Reads values whose destination is known only once their first bytes
+        (a header the writer put in front) have arrived. For each present key,
+        the first ``min(head_bytes, length)`` bytes are read, then
+        ``alloc(i, head, rest_len)`` is called: it returns a buffer of at least
+        ``rest_len`` bytes that the rest is read into (straight, no copy), or
+        None to drop the value. Returns, per key, alloc's buffer's owner as
+        returned by ``alloc`` (see below), None for a missing or dropped key.
+
+        ``alloc`` may return ``(owner, buffer)``: ``owner`` is what the result
+        list holds (e.g. an engine's memory object), ``buffer`` what is filled."""
+        items = [(_key(k), None, 0, None, None) for k in keys]
+        conn, resp = self._batch(ns, OP_GET, "get", items)
+        try:
+            if resp.status != 200:
+                data = resp.read()
+                self._done(conn, resp)
+                raise _error(resp.status, data)
+            out = _decode_response(resp, None, alloc=(alloc, head_bytes))
+        except Exception:
+            conn.close()
+            raise
+        self._done(conn, resp)
+        return [v if s == Status.OK else None for (s, _, _, _, v) in out["items"]]
 
     def batch_put(self, ns, pairs, if_absent=False, ttl_ms=None):
         """Writes ``[(key, value), ...]`` atomically per key; returns the statuses
@@ -374,6 +402,29 @@ def _read_exact(resp, n):
     return bytes(buf)
 
 
+def _read_alloc(resp, alloc, i, value_len):
+    fn, head_bytes = alloc
+    head = _read_exact(resp, min(head_bytes, value_len))
+    rest = value_len - len(head)
+    got = fn(i, head, rest)
+    owner, buf = got if isinstance(got, tuple) else (got, got)
+    if owner is None:
+        _skip(resp, rest)
+        return None
+    view = memoryview(buf).cast("B")
+    if len(view) < rest:
+        raise ValueError("buffer %d too small: the value has %d bytes after its header" % (i, rest))
+    _readinto_exact(resp, view[:rest])
+    return owner
+
+
+def _skip(resp, n):
+    scratch = memoryview(bytearray(min(n, 1 << 20) or 1))
+    while n > 0:
+        _readinto_exact(resp, scratch[: min(n, len(scratch))])
+        n -= min(n, len(scratch))
+
+
 def _encode_request(op, flags, lease_ms, items):
     """items: (key, value, item_flags, if_match, ttl_ms)."""
     parts = [_HEADER.pack(b"FKVB", 1, op, flags, len(items), lease_ms)]
@@ -395,9 +446,10 @@ def _encode_request(op, flags, lease_ms, items):
     return b"".join(parts)
 
 
-def _decode_response(resp, into):
+def _decode_response(resp, into, alloc=None):
     """Reads a framed response from ``resp`` incrementally. With ``into``,
-    item i's value goes into ``into[i]`` and its length is returned in place of bytes."""
+    item i's value goes into ``into[i]`` and its length is returned in place of bytes.
+    With ``alloc`` = (function, head_bytes): see ``KvClient.batch_get_alloc``."""
     magic, version, op, _, count, _ = _HEADER.unpack(_read_exact(resp, _HEADER.size))
     if magic != b"FKVR" or version != 1:
         raise ConnectionError("not a batch response")
@@ -405,7 +457,9 @@ def _decode_response(resp, into):
     for i in range(count):
         status, _, key_len, inode, ver, index, value_len = _ITEM_HEAD.unpack(_read_exact(resp, _ITEM_HEAD.size))
         key = _read_exact(resp, key_len) if key_len else b""
-        if into is not None and value_len:
+        if alloc is not None:
+            value = _read_alloc(resp, alloc, i, value_len) if value_len else None
+        elif into is not None and value_len:
             if value_len > len(into[i]):
                 raise ValueError("buffer %d too small: the value has %d bytes" % (i, value_len))
             _readinto_exact(resp, into[i][:value_len])

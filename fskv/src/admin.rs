@@ -31,8 +31,74 @@ pub enum AdminCommand {
     Fsck(FsckArgs),
     /// Print a service's Prometheus metrics (OpenMetrics text), fetched with
     /// `GET /metrics` on its RPC port (mgmtd, meta, storage; `fskv up`:
-    /// P+11, P+12, P+13..).
+    /// P+11, P+12, P+13..), or on the FUSE mount's `--metrics-listen`
+    /// address (`fskv up --mount`: P+16).
     Metrics(MetricsArgs),
+    /// Gateway users (S3, KV, MQ keys) in the cluster's user store: create, list, revoke.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Tenants of the user store: each owns buckets, namespaces and topics, and maps to a local uid/gid.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+}
+
+/// How `fskv admin user|tenant` reaches the cluster.
+#[derive(Args)]
+pub struct StoreArgs {
+    /// mgmtd address(es), `host:port`; repeat or separate with commas.
+    #[arg(long, required = true, value_delimiter = ',')]
+    mgmtd: Vec<String>,
+    /// Meta server address(es); optional (the ones registered with mgmtd are used).
+    #[arg(long, value_delimiter = ',')]
+    meta: Vec<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum UserCommand {
+    /// Create a user with a new access key and secret, printed once (keep them: they are not shown again).
+    Create {
+        /// User name: 1-64 of a-z 0-9 . _ - (starting with a letter or digit).
+        name: String,
+        /// The tenant the user acts for.
+        #[arg(long, default_value = fskv_gateway::auth::DEFAULT_TENANT)]
+        tenant: String,
+        /// Also make a bearer token (KV/MQ native APIs), printed once.
+        #[arg(long)]
+        bearer_token: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List users (never their secrets).
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Revoke a user: its key and token are refused by every gateway within its poll interval (1 s by default).
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant; its files are written as --uid (gid = uid; default: the first free from 20000).
+    Create {
+        name: String,
+        #[arg(long)]
+        uid: Option<u32>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List tenants with their uid/gid.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
 }
 
 #[derive(Args)]
@@ -126,6 +192,8 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
             Ok(())
         }
         AdminCommand::Status(a) => status(a).await,
+        AdminCommand::User(c) => user(c).await,
+        AdminCommand::Tenant(c) => tenant(c).await,
         AdminCommand::Metrics(a) => {
             let text = fskv_rpc::http::scrape(&a.addr, std::time::Duration::from_millis(a.timeout_ms)).await?;
             print!("{text}");
@@ -399,4 +467,101 @@ fn wire_name(state: &impl serde::Serialize) -> String {
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+async fn user_store(a: &StoreArgs) -> anyhow::Result<(crate::users::ClusterUsers, fskv_client::FsClient)> {
+    let fs = fskv_client::FsClient::connect(a.mgmtd.clone(), a.meta.clone(), fskv_client::file::FsClientConfig::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to mgmtd {:?}: {e}", a.mgmtd))?;
+    Ok((crate::users::ClusterUsers::new(fs.clone()), fs))
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+async fn user(cmd: UserCommand) -> anyhow::Result<()> {
+    match cmd {
+        UserCommand::Create { name, tenant, bearer_token, store } => {
+            let (users, fs) = user_store(&store).await?;
+            let r = users.edit(|db| Ok(db.create_user(&name, &tenant, bearer_token, now_ns())?)).await;
+            fs.shutdown();
+            let (creds, token) = r?;
+            if store.json {
+                let v = serde_json::json!({"user": name, "tenant": tenant, "access_key": creds.access_key,
+                    "secret_key": creds.secret_key, "bearer_token": token});
+                println!("{v}");
+            } else {
+                println!("user {name} (tenant {tenant}) created; the secret is shown only now");
+                println!("access_key: {}", creds.access_key);
+                println!("secret_key: {}", creds.secret_key);
+                if let Some(t) = token {
+                    println!("bearer_token: {t}");
+                }
+            }
+            Ok(())
+        }
+        UserCommand::List { store } => {
+            let (users, fs) = user_store(&store).await?;
+            let r = users.load().await;
+            fs.shutdown();
+            let list = match r? {
+                Some((_, db)) => db.list_users(),
+                None => Vec::new(),
+            };
+            if store.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<24} {:<16} {:<22} {:<6} {:<5}", "USER", "TENANT", "ACCESS KEY", "TOKEN", "ADMIN");
+                for u in list {
+                    println!("{:<24} {:<16} {:<22} {:<6} {:<5}", u.name, u.tenant, u.access_key, u.has_bearer_token, u.admin);
+                }
+            }
+            Ok(())
+        }
+        UserCommand::Revoke { name, store } => {
+            let (users, fs) = user_store(&store).await?;
+            let r = users.edit(|db| Ok(db.revoke_user(&name)?)).await;
+            fs.shutdown();
+            let u = r?;
+            println!("user {name} (tenant {}, access key {}) revoked", u.tenant, u.access_key);
+            Ok(())
+        }
+    }
+}
+
+async fn tenant(cmd: TenantCommand) -> anyhow::Result<()> {
+    match cmd {
+        TenantCommand::Create { name, uid, store } => {
+            let (users, fs) = user_store(&store).await?;
+            let r = users.edit(|db| Ok(db.create_tenant(&name, uid)?)).await;
+            fs.shutdown();
+            let t = r?;
+            if store.json {
+                println!("{}", serde_json::json!({"tenant": name, "uid": t.uid, "gid": t.gid}));
+            } else {
+                println!("tenant {name} created (uid {}, gid {})", t.uid, t.gid);
+            }
+            Ok(())
+        }
+        TenantCommand::List { store } => {
+            let (users, fs) = user_store(&store).await?;
+            let r = users.load().await;
+            fs.shutdown();
+            let tenants: Vec<(String, u32, u32)> = match r? {
+                Some((_, db)) => db.tenants.iter().map(|(n, t)| (n.clone(), t.uid, t.gid)).collect(),
+                None => Vec::new(),
+            };
+            if store.json {
+                let v: Vec<_> = tenants.iter().map(|(n, u, g)| serde_json::json!({"tenant": n, "uid": u, "gid": g})).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                println!("{:<24} {:>10} {:>10}", "TENANT", "UID", "GID");
+                for (n, u, g) in tenants {
+                    println!("{n:<24} {u:>10} {g:>10}");
+                }
+            }
+            Ok(())
+        }
+    }
 }

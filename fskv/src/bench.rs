@@ -60,6 +60,9 @@ pub struct RpcArgs {
     /// Skip the iperf3 baseline.
     #[arg(long)]
     no_iperf3: bool,
+    /// Also measure service identity's cost: connect latency and throughput with and without the cluster-key handshake, interleaved.
+    #[arg(long)]
+    auth: bool,
 }
 
 #[derive(Args)]
@@ -100,6 +103,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
                 concurrent_callers: a.callers.max(1),
                 connections_per_addr: config.rpc.connections_per_peer,
                 run_iperf3: !a.no_iperf3,
+                auth_comparison: a.auth,
                 ..Default::default()
             };
             eprintln!("bench rpc: {} s per measurement, 1 and {} callers ...", opts.seconds, opts.concurrent_callers);

@@ -64,6 +64,18 @@ frame_read_timeout_ms = 60000
 # Servers: a connection with nothing in flight and no frame for this long is
 # closed (clients reconnect on their next call).
 idle_timeout_ms = 600000
+# Client and server: the authentication handshake that starts every
+# connection (see [security]) must finish within this.
+handshake_timeout_ms = 5000
+
+[security]
+# The cluster key (64 hex digits; 0600): every RPC connection between
+# processes is authenticated with it (docs/security.md). `fskv up` creates
+# DIR/cluster.key and sets this in the configuration it passes to its
+# children. Empty: the flag --cluster-key-file, the environment variable
+# FSKV_CLUSTER_KEY_FILE, else DIR/cluster.key of a command that knows its
+# data directory.
+cluster_key_file = ""
 
 [gateway]
 # HTTP limits of every gateway process (`fskv gateway s3`; `fskv up` passes
@@ -178,6 +190,7 @@ pub struct Config {
     pub log: LogConfig,
     pub kv: KvConfig,
     pub rpc: RpcConfig,
+    pub security: SecurityConfig,
     pub gateway: fskv_gateway::HttpLimits,
     pub front: fskv_front::FrontConfig,
     pub up: UpConfig,
@@ -264,6 +277,15 @@ pub struct RpcConfig {
     pub max_in_flight_bytes: u64,
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
+    pub handshake_timeout_ms: u64,
+}
+
+/// `[security]`: where the cluster key is (docs/security.md).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Empty: not set here.
+    pub cluster_key_file: PathBuf,
 }
 
 impl RpcConfig {
@@ -279,6 +301,7 @@ impl RpcConfig {
             max_in_flight_bytes: usize::try_from(self.max_in_flight_bytes).unwrap_or(usize::MAX),
             frame_read_timeout_ms: self.frame_read_timeout_ms,
             idle_timeout_ms: self.idle_timeout_ms,
+            handshake_timeout_ms: self.handshake_timeout_ms,
         }
     }
 }
@@ -295,6 +318,7 @@ impl Default for RpcConfig {
             max_in_flight_bytes: 1 << 30,
             frame_read_timeout_ms: 60_000,
             idle_timeout_ms: 600_000,
+            handshake_timeout_ms: 5_000,
         }
     }
 }
@@ -339,6 +363,7 @@ impl Config {
         );
         anyhow::ensure!(self.rpc.frame_read_timeout_ms >= 100, "rpc.frame_read_timeout_ms must be at least 100");
         anyhow::ensure!(self.rpc.idle_timeout_ms >= 1000, "rpc.idle_timeout_ms must be at least 1000");
+        anyhow::ensure!(self.rpc.handshake_timeout_ms >= 100, "rpc.handshake_timeout_ms must be at least 100");
         self.gateway.validate().map_err(anyhow::Error::msg)?;
         self.front.validate(self.gateway.idle_timeout_ms).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.up.base_port <= 65535 - 20, "up.base_port leaves no room for the internal ports above it");

@@ -13,6 +13,11 @@
 //! | owner alive | error naming the owner's role and pid |
 //! | the lock file cannot be created or locked (permissions, no flock) | error naming the file |
 //!
+//! Taking the lock also restricts the directory to its owner (mode 0700):
+//! block files, RocksDB, logs, keys and credentials live below it, and no
+//! other local user may read them, whatever the umask of the process that
+//! created them.
+//!
 //! The kernel drops a `flock` when its process dies, so a crashed owner
 //! never blocks a restart; the file is opened close-on-exec, so children
 //! of `fskv up` do not inherit its lock.
@@ -35,6 +40,9 @@ pub struct DirLock {
 impl DirLock {
     /// Takes `dir`'s lock for `role` (e.g. "fskv up", "storage node-2").
     pub fn acquire(dir: &Path, role: &str) -> anyhow::Result<DirLock> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot restrict the data directory {} to its owner (mode 0700)", dir.display()))?;
         let path = dir.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -74,7 +82,11 @@ mod tests {
     #[test]
     fn a_second_owner_is_refused_with_the_first_ones_name_and_the_lock_frees_on_drop() {
         let dir = tempfile::tempdir().expect("tempdir");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let first = DirLock::acquire(dir.path(), "fskv up").expect("first owner");
+        let mode = std::fs::metadata(dir.path()).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the owner restricts the data directory to itself");
         // flock locks belong to the open file description: a second open in
         // the same process conflicts like another process would.
         let err = DirLock::acquire(dir.path(), "storage node-1").expect_err("second owner must be refused");

@@ -95,6 +95,8 @@ struct Procs {
     exe: PathBuf,
     dir: PathBuf,
     children: BTreeMap<String, Child>,
+    /// The cluster key every process gets (env `FSKV_CLUSTER_KEY_FILE`).
+    key_file: Option<PathBuf>,
 }
 
 impl Drop for Procs {
@@ -109,13 +111,12 @@ impl Drop for Procs {
 impl Procs {
     fn spawn(&mut self, name: &str, args: Vec<String>) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{name}.log")))?;
-        let child = Command::new(&self.exe)
-            .args(args)
-            .env("FSKV_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("spawning {name}"))?;
+        let mut cmd = Command::new(&self.exe);
+        if let Some(key) = &self.key_file {
+            cmd.env("FSKV_CLUSTER_KEY_FILE", key);
+        }
+        let child =
+            cmd.args(args).env("FSKV_LOG", "warn").stdout(Stdio::null()).stderr(log).spawn().with_context(|| format!("spawning {name}"))?;
         self.children.insert(name.to_string(), child);
         Ok(())
     }
@@ -187,7 +188,11 @@ pub async fn run(a: FailoverBenchArgs) -> anyhow::Result<()> {
 }
 
 async fn failover(a: &FailoverBenchArgs, dir: &Path, raw_write: f64) -> anyhow::Result<FailoverReport> {
-    let mut procs = Procs { exe: std::env::current_exe()?, dir: dir.to_path_buf(), children: BTreeMap::new() };
+    let mut procs = Procs { exe: std::env::current_exe()?, dir: dir.to_path_buf(), children: BTreeMap::new(), key_file: None };
+    // One cluster key for the bench's processes and its own clients.
+    let (key_file, key) = crate::identity::load_or_create(dir)?;
+    crate::identity::install_key(Some(key), "client");
+    procs.key_file = Some(key_file);
     let mport = free_port()?;
     let maddr = format!("127.0.0.1:{mport}");
     let t = a.heartbeat_timeout_ms;

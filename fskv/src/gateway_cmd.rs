@@ -43,16 +43,38 @@ pub struct ClusterArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// How often the user store (/.fskv-admin/users.json) is polled for changes: the bound on how long
+    /// a revoked key keeps working.
+    #[arg(long, default_value_t = fskv_gateway::auth::users::DEFAULT_POLL_INTERVAL_MS)]
+    users_poll_ms: u64,
+}
+
+/// The keys of the user store, kept fresh while alive (dropping it stops the poll).
+pub struct Users {
+    pub keys: Arc<KeyStore>,
+    _stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl ClusterArgs {
-    /// The key store and a client of the cluster.
-    async fn connect(&self) -> anyhow::Result<(Arc<KeyStore>, FsClient)> {
-        let keys = Arc::new(KeyStore::load(&self.credentials)?);
+    /// The key store (the cluster's user store, made from the credentials
+    /// file on the first start; polled every `--users-poll-ms`) and a client
+    /// of the cluster.
+    async fn connect(&self) -> anyhow::Result<(Users, FsClient)> {
+        anyhow::ensure!((10..=60_000).contains(&self.users_poll_ms), "--users-poll-ms {}: between 10 and 60000", self.users_poll_ms);
+        let bootstrap =
+            KeyStore::parse(&std::fs::read(&self.credentials).with_context(|| format!("reading {}", self.credentials.display()))?)
+                .with_context(|| format!("{}", self.credentials.display()))?;
         let client = FsClient::connect(self.mgmtd.clone(), self.meta.clone(), FsClientConfig::default())
             .await
             .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", self.mgmtd, self.meta))?;
-        Ok((keys, client))
+        let source = Arc::new(crate::users::ClusterUsers::new(client.clone()));
+        let (stamp, db) = source.bootstrap(&bootstrap).await.context("loading the user store")?;
+        let keys = Arc::new(KeyStore::new(Vec::new())?);
+        db.install(&keys)?;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let every = std::time::Duration::from_millis(self.users_poll_ms);
+        tokio::spawn(fskv_gateway::auth::users::watch(source, Arc::clone(&keys), Some(stamp), every, stop_rx));
+        Ok((Users { keys, _stop: stop }, client))
     }
 
     /// (certificate, key) when serving HTTPS.
@@ -150,8 +172,8 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
         GatewayCommand::Mq(args) => return run_mq(args, config).await,
     };
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let (keys, client) = args.cluster.connect().await?;
-    let mut cfg = GatewayConfig::new(args.listen, role, keys);
+    let (users, client) = args.cluster.connect().await?;
+    let mut cfg = GatewayConfig::new(args.listen, role, Arc::clone(&users.keys));
     cfg.root_path = args.root;
     cfg.region = args.cluster.region.clone();
     cfg.writer_endpoint = args.writer_endpoint;
@@ -165,14 +187,15 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     crate::storage_cmd::wait_for_signal().await;
     handle.stop().await;
+    drop(users);
     client.shutdown();
     Ok(())
 }
 
 async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
     let role: fskv_gateway_kv::config::Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let (keys, client) = args.cluster.connect().await?;
-    let mut cfg = fskv_gateway_kv::KvConfig::new(args.listen, role, keys);
+    let (users, client) = args.cluster.connect().await?;
+    let mut cfg = fskv_gateway_kv::KvConfig::new(args.listen, role, Arc::clone(&users.keys));
     cfg.consul_listen = args.consul_listen;
     cfg.consul_only = args.consul_only;
     cfg.consul_namespace = args.consul_namespace;
@@ -198,14 +221,15 @@ async fn run_kv(args: KvArgs, config: &Config) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     crate::storage_cmd::wait_for_signal().await;
     handle.stop().await;
+    drop(users);
     client.shutdown();
     Ok(())
 }
 
 async fn run_mq(args: MqArgs, config: &Config) -> anyhow::Result<()> {
     let role: Role = args.role.parse().map_err(anyhow::Error::msg)?;
-    let (keys, client) = args.cluster.connect().await?;
-    let mut cfg = fskv_gateway_mq::MqConfig::new(args.listen, role, keys);
+    let (users, client) = args.cluster.connect().await?;
+    let mut cfg = fskv_gateway_mq::MqConfig::new(args.listen, role, Arc::clone(&users.keys));
     cfg.root_path = args.root;
     cfg.region = args.cluster.region.clone();
     cfg.writer_endpoint = args.writer_endpoint;
@@ -227,6 +251,7 @@ async fn run_mq(args: MqArgs, config: &Config) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     crate::storage_cmd::wait_for_signal().await;
     handle.stop().await;
+    drop(users);
     client.shutdown();
     Ok(())
 }

@@ -10,6 +10,7 @@ mod front_bench;
 mod front_cmd;
 mod fsck_chunks;
 mod gateway_cmd;
+mod identity;
 mod kv_gateway_bench;
 mod meta_cmd;
 mod mgmtd_cmd;
@@ -19,6 +20,7 @@ mod storage_cmd;
 mod supervisor;
 mod transfer;
 mod up;
+mod users;
 mod usrbio_bench;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +32,12 @@ struct Cli {
     /// TOML configuration file (see `fskv config default` for every option and its default).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// The cluster key (docs/security.md); default: [security] cluster_key_file, else DATA_DIR/cluster.key.
+    #[arg(long, global = true, value_name = "FILE", env = "FSKV_CLUSTER_KEY_FILE")]
+    cluster_key_file: Option<PathBuf>,
+    /// Run without RPC authentication, even if a key is found (tests and development only; logged as a warning).
+    #[arg(long, global = true)]
+    insecure_no_auth: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -88,7 +96,7 @@ fn init_logging(level: &str) {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let config = match config::Config::load(cli.config.as_deref()) {
+    let mut config = match config::Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("fskv: {e:#}");
@@ -98,6 +106,38 @@ fn main() -> std::process::ExitCode {
     init_logging(&config.log.level);
     // Every RPC client and server of this process follows [rpc].
     fskv_rpc::settings::install(config.rpc.settings());
+    // Every RPC client and server of this process authenticates with the
+    // cluster key (identity.rs: where it comes from, who needs it).
+    use identity::Need;
+    let who = match &cli.command {
+        Command::Mgmtd(_) => Some(("mgmtd".to_string(), Need::Required)),
+        Command::Storage(a) => Some((format!("node:{}", a.node_id()), Need::Required)),
+        Command::Meta(a) => Some((format!("meta:{}", a.node_id()), Need::Required)),
+        Command::Mount(_) => Some(("fuse".into(), Need::Optional)),
+        Command::Gateway(_) | Command::Front(_) => Some(("gateway".into(), Need::Optional)),
+        // `up` creates its key; benches that start clusters install theirs;
+        // `config` prints or checks a configuration and talks to nobody (a key
+        // named there need not exist on the machine that checks it).
+        Command::Up(_) | Command::Bench(_) | Command::Config(_) => None,
+        _ => Some(("client".into(), Need::Optional)),
+    };
+    match who {
+        Some((principal, need)) => {
+            if let Err(e) = identity::install(cli.cluster_key_file.as_deref(), cli.insecure_no_auth, &config, &principal, need) {
+                eprintln!("fskv: {e:#}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+        None => {
+            if let Some(file) = identity::explicit_key_file(cli.cluster_key_file.as_deref(), &config) {
+                config.security.cluster_key_file = file;
+            }
+            if cli.insecure_no_auth {
+                eprintln!("fskv: --insecure-no-auth applies to services and clients, not to `up` or benches");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -45,6 +45,13 @@ pub struct MetaArgs {
     advertise: Option<String>,
 }
 
+impl MetaArgs {
+    /// The node id this process claims as its principal (`identity.rs`).
+    pub fn node_id(&self) -> u32 {
+        self.node_id
+    }
+}
+
 /// The storage backend and the chain table, from mgmtd's routing info.
 async fn storage_from_mgmtd(
     addrs: Vec<String>,

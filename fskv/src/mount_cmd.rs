@@ -42,6 +42,10 @@ pub struct MountArgs {
     /// across power loss; meta fsyncs them within 100 ms anyway.
     #[arg(long, env = "FSKV_MOUNT_SYNCED_METADATA")]
     synced_metadata: bool,
+    /// Serve the mount's Prometheus metrics (`GET /metrics`: per-operation
+    /// counts and latencies, docs/metrics.md) on this address.
+    #[arg(long)]
+    metrics_listen: Option<String>,
     /// The directory to mount on.
     path: PathBuf,
 }
@@ -62,6 +66,18 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
     if args.no_usrbio {
         cfg.usrbio = None;
     }
+    let _metrics_server = match &args.metrics_listen {
+        Some(addr) => {
+            let registry = fskv_rpc::MetricsRegistry::new();
+            cfg.metrics = Some(registry.clone());
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {addr} (--metrics-listen)"))?;
+            let timeout = std::time::Duration::from_millis(fskv_rpc::settings::current().frame_read_timeout_ms);
+            Some(AbortOnDrop(tokio::spawn(fskv_rpc::http::serve_metrics(listener, registry, timeout))))
+        }
+        None => None,
+    };
     let path = args.path.clone();
     let on_mounted = move || {
         println!("mounted {}; SIGTERM or Ctrl-C unmounts", path.display());
@@ -70,4 +86,13 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
     let result = fskv_fuse::serve(client.clone(), &args.path, cfg, on_mounted, crate::storage_cmd::wait_for_signal()).await;
     client.shutdown();
     result.with_context(|| format!("mount at {}", args.path.display()))
+}
+
+/// Stops the metrics listener when the mount ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -79,6 +79,13 @@ pub struct StorageArgs {
 }
 
 impl StorageArgs {
+    /// The node id this process claims as its principal (`identity.rs`).
+    pub fn node_id(&self) -> u32 {
+        self.node_id
+    }
+}
+
+impl StorageArgs {
     fn service_config(&self, node: NodeId) -> StorageConfig {
         let mut config = StorageConfig::new(node);
         config.scrub_bytes_per_sec = self.scrub_mib_per_sec.saturating_mul(1 << 20);

@@ -6,7 +6,9 @@
 //! KV engine (P+12). It waits until every chain is serving, writes
 //! `DIR/endpoints.json`, and runs until Ctrl-C or SIGTERM, then stops the
 //! children (meta, storage, mgmtd) cleanly. Restarting with the same `DIR`
-//! brings back all data. With `--mount PATH` it then starts `fskv mount` on
+//! brings back all data. `DIR/cluster.key` (created 0600 on the first start,
+//! reused after) is the key every process authenticates its RPC connections
+//! with; the children find it in `DIR/effective-config.toml` (`[security]`). With `--mount PATH` it then starts `fskv mount` on
 //! PATH as another supervised child (stopped, and so unmounted, first).
 //!
 //! Once the cluster is ready it starts the front (`fskv front`, supervised
@@ -42,7 +44,7 @@ pub struct UpArgs {
     /// Data directory (all state of the cluster). Default: up.data_dir of the config (./data).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Base port: S3 on P, KV on P+1, MQ/SQS on P+2, Consul on P+3 (read-only P+5..P+8), front admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15.
+    /// Base port: S3 on P, KV on P+1, MQ/SQS on P+2, Consul on P+3 (read-only P+5..P+8), front admin P+10; mgmtd P+11, meta P+12, storage P+13..P+15; with --mount, the mount's metrics on P+16.
     #[arg(long)]
     base_port: Option<u16>,
     /// Do not restart a child process that dies.
@@ -103,6 +105,8 @@ struct Endpoints {
     front: Option<String>,
     /// Where `--mount` mounted the filesystem.
     mount: Option<String>,
+    /// The mount's Prometheus metrics (`GET /metrics`), with `--mount`.
+    mount_metrics: Option<String>,
     access_key: String,
     secret_key: String,
     /// `Authorization: Bearer <token>` (KV native API) / `X-Consul-Token`.
@@ -168,6 +172,17 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     for addr in all.into_iter().chain(&ports.storage).chain(&public) {
         ensure_free(addr)?;
     }
+    // Service identity (docs/security.md): every child authenticates its RPC
+    // connections with this key; they find it in the effective config.
+    let (key_file, key) = if config.security.cluster_key_file.as_os_str().is_empty() {
+        crate::identity::load_or_create(&data_dir)?
+    } else {
+        let file = config.security.cluster_key_file.clone();
+        let key = fskv_rpc::auth::ClusterKey::load(&file).map_err(anyhow::Error::msg)?;
+        (file, Arc::new(key))
+    };
+    crate::identity::install_key(Some(key), "client");
+    let config = &Config { security: crate::config::SecurityConfig { cluster_key_file: key_file }, ..config.clone() };
     let credentials = load_or_create_credentials(&data_dir)?;
     let exe = std::env::current_exe().context("cannot find the fskv executable")?;
     // Children read the same configuration as this process.
@@ -218,6 +233,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         sqs: url("mq", false),
         front: Some(format!("http://{}", ports.front_admin)),
         mount: args.mount.as_ref().map(|p| p.display().to_string()),
+        mount_metrics: args.mount.as_ref().map(|_| format!("http://127.0.0.1:{}/metrics", ports.base + MOUNT_METRICS_PORT_OFFSET)),
         access_key: credentials.access_key.clone(),
         secret_key: credentials.secret_key.clone(),
         bearer_token: credentials.bearer_token.clone(),
@@ -299,6 +315,9 @@ async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> a
     Ok(supervisor)
 }
 
+/// `--mount`: the FUSE mount's `GET /metrics` listens on P+16.
+const MOUNT_METRICS_PORT_OFFSET: u16 = 16;
+
 /// Bound on the wait for `fskv mount` to show up in /proc/mounts.
 const MOUNT_READY_TIMEOUT_MS: u64 = 30_000;
 
@@ -308,7 +327,8 @@ async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restar
     std::fs::create_dir_all(path).with_context(|| format!("cannot create mount point {}", path.display()))?;
     let path = path.canonicalize()?;
     // No --meta: the mount finds meta through mgmtd's routing info.
-    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), path.display().to_string()];
+    let metrics = format!("127.0.0.1:{}", ports.base + MOUNT_METRICS_PORT_OFFSET);
+    let args = vec!["mount".into(), "--mgmtd".into(), ports.mgmtd.clone(), "--metrics-listen".into(), metrics, path.display().to_string()];
     let opts = child_options(data, restart);
     let supervisor = Supervisor::start(vec![child("mount", exe, args)], opts).await?;
     let start = Instant::now();
@@ -490,14 +510,52 @@ fn load_or_create_credentials(data: &Path) -> anyhow::Result<Credentials> {
         },
     };
     write_atomically(&path, &serde_json::to_vec_pretty(&creds)?)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     Ok(creds)
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Replaces `path` with `bytes` through a temp file created with mode 0600
+/// (`create_new`: never a moment where another local user could open it;
+/// the umask can only narrow it), synced before the rename. Every file `up`
+/// writes into the data directory goes through here: the credentials, the
+/// endpoints (which carry the secret key) and the effective config.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    // A leftover of a crash between create and rename.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).with_context(|| format!("cannot remove {}", tmp.display())),
+        _ => {}
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn files_written_into_the_data_directory_are_private_and_replace_a_stale_temp() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("endpoints.json");
+        // A world-readable leftover temp file of a crash must not leak into the result.
+        std::fs::write(path.with_extension("tmp"), b"stale").expect("stale temp");
+        std::fs::set_permissions(path.with_extension("tmp"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        write_atomically(&path, b"{\"secret_key\": \"s\"}").expect("write");
+        assert_eq!(std::fs::read(&path).expect("read"), b"{\"secret_key\": \"s\"}");
+        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+        assert!(!path.with_extension("tmp").exists());
+        write_atomically(&path, b"second").expect("rewrite");
+        assert_eq!(std::fs::read(&path).expect("read"), b"second");
+        assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+    }
 }

@@ -181,7 +181,12 @@ impl UpProcess {
         let mnt = data.with_extension("mnt");
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&mnt)?;
+        // One cluster key for every cluster of the bench and its own clients.
+        let (key_file, key) = crate::identity::load_or_create(dir)?;
+        crate::identity::install_key(Some(key), "client");
         let mut child = Command::new(exe)
+            .arg("--cluster-key-file")
+            .arg(&key_file)
             .args(["up", "--replicas", &replicas.to_string(), "--base-port", &base.to_string(), "--data"])
             .arg(&data)
             .arg("--mount")

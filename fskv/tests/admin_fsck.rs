@@ -6,10 +6,10 @@
 mod common;
 
 use common::{free_base_port, fskv_ok as ok, start_up, stop_up};
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn fskv(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv")
+    common::fskv_cmd().args(args).env("FSKV_LOG", "warn").output().expect("run fskv")
 }
 
 #[test]

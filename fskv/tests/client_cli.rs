@@ -4,7 +4,6 @@
 mod common;
 
 use common::{free_base_port, fskv_ok as fskv, start_up, stop_up};
-use std::process::Command;
 
 #[test]
 fn admin_status_and_put_get_round_trip_against_up() {
@@ -52,10 +51,7 @@ fn admin_status_and_put_get_round_trip_against_up() {
     assert!(got == data, "downloaded bytes differ");
 
     // A missing remote file is an error that names it.
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv"))
-        .args(["get", "--mgmtd", &mgmtd, "--meta", &meta, "/nope", back.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = common::fskv_cmd().args(["get", "--mgmtd", &mgmtd, "--meta", &meta, "/nope", back.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nope"), "{}", String::from_utf8_lossy(&out.stderr));
     stop_up(up);

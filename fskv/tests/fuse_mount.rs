@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const MIB: usize = 1 << 20;
 
 fn fskv(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
+    let out = common::fskv_cmd().args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
     assert!(out.status.success(), "fskv {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     out
 }
@@ -59,7 +59,7 @@ enum Mounted {
 
 /// Starts `fskv mount` and waits (bounded) for its "mounted" line.
 fn start_mount(mgmtd: &str, meta: &str, path: &Path) -> Mounted {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
+    let mut child = common::fskv_cmd()
         .args(["mount", "--mgmtd", mgmtd, "--meta", meta])
         .arg(path)
         .env("FSKV_LOG", "warn")
@@ -365,6 +365,12 @@ fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
     let data = pattern(MIB + 3, 5);
     fs::write(mnt.join("f"), &data).unwrap();
     assert!(fs::read(mnt.join("f")).unwrap() == data);
+    // The mount's metrics (P+16) count what it just served.
+    let scraped = fskv(&["admin", "metrics", "--addr", &format!("127.0.0.1:{}", base + 16)]);
+    let text = String::from_utf8_lossy(&scraped.stdout);
+    for series in ["fskv_fuse_ops_total{op=\"create\"}", "fskv_fuse_op_duration_seconds_count{op=\"read\"}", "fskv_fuse_ops_in_flight"] {
+        assert!(text.contains(series), "no {series} in the mount's metrics:\n{text}");
+    }
     let meta = format!("127.0.0.1:{}", base + 12);
     let mgmtd = format!("127.0.0.1:{}", base + 11);
     let out = dir.path().join("f.out");

@@ -64,7 +64,7 @@ struct Mount {
 impl Mount {
     fn start(mgmtd: &str, path: &Path) -> Mount {
         fs::create_dir_all(path).expect("mount point");
-        let child = Command::new(env!("CARGO_BIN_EXE_fskv"))
+        let child = common::fskv_cmd()
             .args(["mount", "--mgmtd", mgmtd])
             .arg(path)
             .env("FSKV_LOG", "warn")

@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 fn start_meta(data: &std::path::Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
-        .args(["meta", "--listen", "127.0.0.1:0", "--data"])
+        // The test's in-process client holds no key: a service without authentication.
+        .args(["meta", "--insecure-no-auth", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -54,7 +54,9 @@ impl Procs {
 
     fn spawn(&mut self, name: &str, args: &[String]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("{name}.log"))).unwrap();
+        // The test's in-process clients hold no key: services without authentication.
         let child = Command::new(env!("CARGO_BIN_EXE_fskv"))
+            .arg("--insecure-no-auth")
             .args(args)
             .env("FSKV_LOG", "info")
             .stdout(Stdio::null())

@@ -62,6 +62,8 @@ impl Cluster {
     fn cmd(&self, args: &[&str]) -> std::process::Output {
         Command::new(&self.script)
             .args(args)
+            // One key for the script's processes and this test's clients.
+            .env("FSKV_CLUSTER_KEY_FILE", common::key_file())
             .env("FSKV_BIN", env!("CARGO_BIN_EXE_fskv"))
             .env("FSKV_NETNS_DIR", &self.dir)
             .env("FSKV_NETNS_PREFIX", &self.prefix)
@@ -594,7 +596,7 @@ async fn etcd_leader() -> Option<u64> {
 
 /// `fskv admin fsck` (run inside the client namespace: this thread is there).
 fn fsck_clean(cluster: &Cluster) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv"))
+    let out = common::fskv_cmd()
         .args(["admin", "fsck", "--mgmtd", &mgmtd_addrs().join(",")])
         .env("FSKV_LOG", "warn")
         .output()

@@ -59,7 +59,8 @@ impl Cluster {
         let n = &mut self.nodes[i];
         let log = std::fs::File::create(self.dir.join(format!("node-{}.log", n.id))).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_fskv"))
-            .args(["storage", "--listen", &format!("127.0.0.1:{}", n.port), "--node-id", &n.id.to_string()])
+            // The test's in-process clients hold no key: services without authentication.
+            .args(["storage", "--insecure-no-auth", "--listen", &format!("127.0.0.1:{}", n.port), "--node-id", &n.id.to_string()])
             .arg("--data")
             .arg(&n.data)
             .arg("--routing")

@@ -144,7 +144,7 @@ fn second_owners_are_refused(data: &std::path::Path, up_pid: u32) {
     let other_base = free_base_port().to_string();
     let mgmtd_dir = data.join("mgmtd").display().to_string();
     let up_args = ["up", "--base-port", &other_base, "--data", data.to_str().unwrap()];
-    let mgmtd_args = ["mgmtd", "--data", &mgmtd_dir, "--nodes", "3", "--targets-per-node", "4", "--replicas", "3"];
+    let mgmtd_args = ["mgmtd", "--insecure-no-auth", "--data", &mgmtd_dir, "--nodes", "3", "--targets-per-node", "4", "--replicas", "3"];
     for (args, owner) in [(&up_args[..], format!("fskv up (pid {up_pid})")), (&mgmtd_args[..], "mgmtd (pid ".to_string())] {
         let mut child = std::process::Command::new(exe)
             .args(args)

@@ -9,6 +9,7 @@
 //! | `InvalidFrame` | 400 | `InvalidBatchFrame` |
 //! | `InvalidRange` | 400 | `InvalidRange` |
 //! | `NoSuchNamespace` | 404 | `NoSuchNamespace` |
+//! | `AccessDenied` | 403 | `AccessDenied` (a namespace of another tenant) |
 //! | `NoSuchKey`, `NoSuchKeyAt` | 404 | `NoSuchKey` (`NoSuchKeyAt`: a watch's answer, with `X-Kv-Index`) |
 //! | `MethodNotAllowed` | 405 | `MethodNotAllowed` |
 //! | `KeyConflict` | 409 | `KeyConflict` (a name made outside the gateway is in the way) |
@@ -47,6 +48,9 @@ pub enum KvError {
     InvalidFrame(String),
     #[error("{0}")]
     InvalidRange(String),
+    /// A namespace of another tenant (every operation on it).
+    #[error("{0}")]
+    AccessDenied(String),
     #[error("no namespace {0:?}: create it with PUT /v1/ns/{0}")]
     NoSuchNamespace(String),
     #[error("no such key")]
@@ -114,6 +118,7 @@ impl KvError {
             KvError::InvalidFrame(_) => (S::BAD_REQUEST, "InvalidBatchFrame"),
             KvError::InvalidRange(_) => (S::BAD_REQUEST, "InvalidRange"),
             KvError::NoSuchNamespace(_) => (S::NOT_FOUND, "NoSuchNamespace"),
+            KvError::AccessDenied(_) => (S::FORBIDDEN, "AccessDenied"),
             KvError::NoSuchKey | KvError::NoSuchKeyAt { .. } => (S::NOT_FOUND, "NoSuchKey"),
             KvError::MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             KvError::KeyConflict(_) => (S::CONFLICT, "KeyConflict"),

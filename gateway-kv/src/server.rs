@@ -47,7 +47,7 @@ impl Protocol for KvHttp {
 
     async fn handle(&self, req: Request<RequestBody>, cx: RequestContext) -> Response<KvBody> {
         let (parts, body) = req.into_parts();
-        match dispatch(&self.kv, &parts, body).await {
+        match dispatch(&self.kv, &parts, body, cx.principal.as_ref()).await {
             Ok(r) => r,
             Err(e) => e.response(&cx.request_id).map(KvBody::full),
         }
@@ -58,16 +58,65 @@ impl Protocol for KvHttp {
     }
 }
 
-async fn dispatch(kv: &Kv, parts: &Parts, body: RequestBody) -> Result<Response<KvBody>, KvError> {
+/// The uid/gid of the tenant a request acts for (every native route but
+/// `Health` is authenticated by the shared layer).
+fn caller(kv: &Kv, principal: Option<&fskv_gateway::Principal>) -> Result<fskv_gateway::TenantIds, KvError> {
+    let p = principal.ok_or_else(|| KvError::AccessDenied("the request is not authenticated".into()))?;
+    kv.cfg.keys.tenant(&p.tenant).ok_or_else(|| KvError::AccessDenied("the key's tenant is not known to this gateway".into()))
+}
+
+/// Ownership: a namespace is its directory's owner uid's (the tenant's).
+///
+/// | operation | another tenant's namespace |
+/// |---|---|
+/// | `GET /v1/ns` | not listed |
+/// | `PUT /v1/ns/{ns}` | 403 `AccessDenied` (a new namespace is the caller's) |
+/// | every other operation on `{ns}` | 403 `AccessDenied`, nothing read or changed |
+async fn authorize(kv: &Kv, ns: &str, owner: fskv_gateway::TenantIds) -> Result<(), KvError> {
+    let n = kv.store.namespace(ns).await?;
+    if n.owner_uid != owner.uid {
+        return Err(KvError::AccessDenied(format!("namespace {ns:?} belongs to another tenant")));
+    }
+    Ok(())
+}
+
+async fn dispatch(
+    kv: &Kv,
+    parts: &Parts,
+    body: RequestBody,
+    principal: Option<&fskv_gateway::Principal>,
+) -> Result<Response<KvBody>, KvError> {
     let query = Query::parse(parts.uri.query());
     let op = route::parse_native(&parts.method, parts.uri.path(), &query)?;
+    let owner = match &op {
+        NativeOp::Health => None,
+        _ => Some(caller(kv, principal)?),
+    };
+    if let (
+        NativeOp::GetNamespace { ns }
+        | NativeOp::DeleteNamespace { ns }
+        | NativeOp::Get { ns, .. }
+        | NativeOp::Head { ns, .. }
+        | NativeOp::Put { ns, .. }
+        | NativeOp::Delete { ns, .. }
+        | NativeOp::Watch { ns, .. }
+        | NativeOp::Scan { ns }
+        | NativeOp::WatchPrefix { ns }
+        | NativeOp::DeletePrefix { ns }
+        | NativeOp::Batch { ns, .. },
+        Some(owner),
+    ) = (&op, owner)
+    {
+        authorize(kv, ns, owner).await?;
+    }
+    let owner = owner.unwrap_or(fskv_gateway::TenantIds::DEFAULT);
     match op {
         NativeOp::Health => {
             Ok(crate::ops::json(http::StatusCode::OK, &serde_json::json!({ "status": "ok", "role": kv.cfg.role.as_str() })))
         }
-        NativeOp::ListNamespaces => kv.list_namespaces().await,
+        NativeOp::ListNamespaces => kv.list_namespaces(owner).await,
         NativeOp::GetNamespace { ns } => kv.get_namespace(&ns).await,
-        NativeOp::PutNamespace { ns } => kv.put_namespace(&ns, body).await,
+        NativeOp::PutNamespace { ns } => kv.put_namespace(&ns, body, owner).await,
         NativeOp::DeleteNamespace { ns } => kv.delete_namespace(&ns).await,
         NativeOp::Get { ns, key } => kv.get(&ns, &key, parts, false).await,
         NativeOp::Head { ns, key } => kv.get(&ns, &key, parts, true).await,
@@ -131,7 +180,10 @@ pub async fn start(cfg: KvConfig, fs: FsClient) -> Result<KvHandle, String> {
     if cfg.role == Role::Writer {
         // The Consul namespace exists before the first Consul request.
         if kv.store.namespace(&cfg.consul_namespace).await.is_err() {
-            kv.store.put_namespace(&cfg.consul_namespace, &Default::default()).await.map_err(|e| e.to_string())?;
+            kv.store
+                .put_namespace(&cfg.consul_namespace, &Default::default(), fskv_gateway::TenantIds::DEFAULT)
+                .await
+                .map_err(|e| e.to_string())?;
         }
     }
     let auth = Arc::new(Authenticator::new(Arc::clone(&cfg.keys), cfg.region.clone(), &["kv"], true));

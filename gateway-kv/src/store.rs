@@ -17,6 +17,7 @@ use crate::error::{KvError, Result};
 use crate::keys::{self, KeyPath};
 use crate::record::{self, Record, XATTR_RECORD};
 use fskv_client::FsClient;
+use fskv_gateway::TenantIds;
 use fskv_proto::meta::{Expected, Inode, InodeKind, MetaOp, MetaReply, PublishAttrs, XattrFlag};
 use fskv_types::{ErrorCode, InodeId};
 use parking_lot::Mutex;
@@ -27,6 +28,12 @@ use std::time::{Duration, Instant};
 pub const SYSTEM_DIR: &str = ".fskv-kv";
 pub const XATTR_NAMESPACE: &str = "user.kv.ns";
 pub const DIR_MODE: u32 = 0o755;
+/// Mode of a namespace's directory: only its tenant's uid (and root) gets
+/// in, so other local users see nothing of it through the FUSE mount.
+pub const NAMESPACE_DIR_MODE: u32 = 0o700;
+/// Mode of the KV root: a tenant's local user reaches its namespace through
+/// the mount; nobody lists the namespaces.
+pub const ROOT_MODE: u32 = 0o711;
 /// How long a namespace's directory id and settings are cached.
 pub const NAMESPACE_CACHE_TTL_MS: u64 = 2_000;
 /// How long a continuation directory's id is cached.
@@ -39,6 +46,9 @@ pub struct Namespace {
     pub name: String,
     pub dir: InodeId,
     pub config: NamespaceConfig,
+    /// Owner uid of the namespace's directory: the uid of the tenant that
+    /// owns it (root, 0, for tenant `default` and everything made before tenants).
+    pub owner_uid: u32,
 }
 
 /// The gateway's directories under `ROOT/.fskv-kv`.
@@ -86,7 +96,45 @@ impl Store {
             checkpoint: mkdir_p(&fs, system, "checkpoint").await?,
             stats: mkdir_p(&fs, system, "stats").await?,
         };
-        Ok(Store { fs, root: cur, system: dirs, namespaces: Arc::default(), dirs: Arc::default() })
+        let store = Store { fs, root: cur, system: dirs, namespaces: Arc::default(), dirs: Arc::default() };
+        store.tighten_modes(system).await;
+        Ok(store)
+    }
+
+    /// Keeps other local users out (the FUSE mount is `allow_other`): the
+    /// root [`ROOT_MODE`] (traversable, not listable), the gateway's own
+    /// directory (access logs name keys) and every namespace made before
+    /// tenants (group or other bits set) [`NAMESPACE_DIR_MODE`]. Failures
+    /// are logged; only what differs is changed.
+    async fn tighten_modes(&self, system: InodeId) {
+        let meta = self.fs.meta();
+        let set = |mode| fskv_proto::meta::SetAttr { mode: Some(mode), ..Default::default() };
+        for (dir, mode) in [(self.root, ROOT_MODE), (system, NAMESPACE_DIR_MODE)] {
+            match meta.stat(dir).await {
+                Ok(i) if i.acl.mode & 0o7777 != mode => {
+                    if let Err(e) = meta.setattr(dir, set(mode)).await {
+                        tracing::warn!(error = %e, "cannot set the mode of a KV directory");
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut after = String::new();
+        loop {
+            let Ok((entries, more)) = meta.readdir(self.root, &after, 1024, true).await else { return };
+            for e in &entries {
+                let Some(a) = &e.attr else { continue };
+                if e.kind == InodeKind::Directory && keys::is_namespace_name(&e.name) && a.acl.mode & 0o077 != 0 {
+                    if let Err(err) = meta.setattr(e.inode, set(NAMESPACE_DIR_MODE)).await {
+                        tracing::warn!(namespace = %e.name, error = %err, "cannot tighten a namespace's mode");
+                    }
+                }
+            }
+            match entries.last() {
+                Some(last) if more => after = last.name.clone(),
+                _ => return,
+            }
+        }
     }
 
     // ----- namespaces -----
@@ -120,7 +168,7 @@ impl Store {
             Err(e) if e.code() == ErrorCode::NotFound => NamespaceConfig::default(),
             Err(e) => return Err(meta_err(e, name, no_such())),
         };
-        Ok(Namespace { name: name.into(), dir: dir.id, config })
+        Ok(Namespace { name: name.into(), dir: dir.id, config, owner_uid: dir.acl.uid })
     }
 
     pub fn forget_namespace(&self, name: &str) {
@@ -128,18 +176,31 @@ impl Store {
         self.dirs.lock().clear();
     }
 
-    /// Creates the namespace if missing and sets its settings.
-    pub async fn put_namespace(&self, name: &str, config: &NamespaceConfig) -> Result<(Arc<Namespace>, bool)> {
+    /// Creates the namespace if missing (owned by `owner`: its directory is
+    /// made 0700 and given to the tenant's uid/gid) and sets its settings.
+    /// An existing namespace of another owner is refused (403).
+    pub async fn put_namespace(&self, name: &str, config: &NamespaceConfig, owner: TenantIds) -> Result<(Arc<Namespace>, bool)> {
         if !keys::is_namespace_name(name) {
             return Err(KvError::InvalidNamespace(name.into()));
         }
-        let (dir, created) = match self.fs.meta().mkdir(self.root, name, DIR_MODE).await {
+        let (dir, created) = match self.fs.meta().mkdir(self.root, name, NAMESPACE_DIR_MODE).await {
+            Ok(i) if i.acl.uid != owner.uid || i.acl.gid != owner.gid => {
+                let attr = fskv_proto::meta::SetAttr { uid: Some(owner.uid), gid: Some(owner.gid), ..Default::default() };
+                if let Err(e) = self.fs.meta().setattr(i.id, attr).await {
+                    let _ = self.fs.meta().rmdir(self.root, name).await;
+                    return Err(meta_err(e, name, KvError::NoSuchNamespace(name.into())));
+                }
+                (i.id, true)
+            }
             Ok(i) => (i.id, true),
             Err(e) if e.code() == ErrorCode::AlreadyExists => {
                 let i =
                     self.fs.meta().lookup(self.root, name).await.map_err(|e| meta_err(e, name, KvError::NoSuchNamespace(name.into())))?;
                 if i.dir().is_none() {
                     return Err(KvError::KeyConflict(format!("{name} exists under the KV root and is not a directory")));
+                }
+                if i.acl.uid != owner.uid {
+                    return Err(KvError::AccessDenied(format!("namespace {name:?} belongs to another tenant")));
                 }
                 (i.id, false)
             }
@@ -151,19 +212,24 @@ impl Store {
             .set_xattr(dir, XATTR_NAMESPACE, &json, XattrFlag::Any)
             .await
             .map_err(|e| meta_err(e, name, KvError::NoSuchNamespace(name.into())))?;
-        let ns = Arc::new(Namespace { name: name.into(), dir, config: config.clone() });
+        let ns = Arc::new(Namespace { name: name.into(), dir, config: config.clone(), owner_uid: owner.uid });
         self.namespaces.lock().insert(name.into(), (Arc::clone(&ns), Instant::now()));
         Ok((ns, created))
     }
 
-    pub async fn list_namespaces(&self) -> Result<Vec<String>> {
+    /// The namespaces whose directory `owner_uid` owns (all with `None`).
+    pub async fn list_namespaces(&self, owner_uid: Option<u32>) -> Result<Vec<String>> {
         let mut out = Vec::new();
         let mut after = String::new();
         loop {
             let (entries, more) =
-                self.fs.meta().readdir(self.root, &after, 1024, false).await.map_err(|e| meta_err(e, "namespaces", KvError::NoSuchKey))?;
+                self.fs.meta().readdir(self.root, &after, 1024, true).await.map_err(|e| meta_err(e, "namespaces", KvError::NoSuchKey))?;
             for e in &entries {
-                if e.kind == InodeKind::Directory && keys::is_namespace_name(&e.name) {
+                let mine = match owner_uid {
+                    None => true,
+                    Some(uid) => e.attr.as_ref().is_some_and(|a| a.acl.uid == uid),
+                };
+                if e.kind == InodeKind::Directory && keys::is_namespace_name(&e.name) && mine {
                     out.push(e.name.clone());
                 }
             }

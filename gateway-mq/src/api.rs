@@ -126,13 +126,35 @@ struct TopicBody {
 }
 
 impl Mq {
+    /// Serves a native request of `tenant`. Ownership (the tenant recorded
+    /// in `topic.json` at creation; `default` when none is):
+    ///
+    /// | operation | on another tenant's topic |
+    /// |---|---|
+    /// | `ListTopics` | not listed |
+    /// | `CreateTopic` | 409 `TopicAlreadyExists` (as for one's own: names are global) |
+    /// | every other operation naming the topic (describe, update, delete, produce, fetch, offsets, takeover, queues) | 403 `AccessDenied`, nothing read or changed |
     pub async fn native(&self, op: NativeOp, parts: &Parts, body: RequestBody, tenant: &str) -> Result<Response<Bytes>> {
         use NativeOp::*;
         let ctl = self.cfg.limits.max_control_bytes;
+        match &op {
+            DescribeTopic(t) | UpdateTopic(t) | DeleteTopic(t) | ProduceByKey(t) => self.store.topic(t).await?.check_owner(tenant)?,
+            Produce(t, _) | Fetch(t, _) | Offsets(t, _) | Takeover(t, _) => self.store.topic(t).await?.check_owner(tenant)?,
+            PutQueue(t, _) | DeleteQueue(t, _) | QueueStats(t, _) | Receive(t, _) | Ack(t, _) | Nack(t, _) | ChangeVisibility(t, _) => {
+                self.store.topic(t).await?.check_owner(tenant)?
+            }
+            _ => {}
+        }
         match op {
             Health => Ok(ok(json!({"status": "ok", "role": self.cfg.role.as_str()}))),
             ListTopics => {
-                let names = self.store.list_topics().await?;
+                let mut names = Vec::new();
+                for name in self.store.list_topics().await? {
+                    match self.store.topic(&name).await {
+                        Ok(m) if m.owner() == tenant => names.push(name),
+                        _ => {}
+                    }
+                }
                 Ok(ok(json!({ "topics": names })))
             }
             CreateTopic(t) => {

@@ -18,6 +18,7 @@
 //! | `InvalidReceipt` | 400 `InvalidReceipt` | `ReceiptHandleIsInvalid` (404) |
 //! | `NotInFlight` | 409 `MessageNotInFlight` | `MessageNotInflight` (`AWS.SimpleQueueService.MessageNotInflight`) |
 //! | `NotFound` | 404 `NotFound` | `InvalidAddress` |
+//! | `AccessDenied` | 403 `AccessDenied` (a topic / queue of another tenant) | `AccessDenied` (403) |
 //! | `MethodNotAllowed` | 405 `MethodNotAllowed` | — |
 //! | `Unavailable` | 503 `Unavailable` | `ServiceUnavailable` (503) |
 //! | `Conflict` | 409 `Conflict` | `RequestThrottled` |
@@ -69,6 +70,9 @@ pub enum MqError {
     NotInFlight(String),
     #[error("{0} not found")]
     NotFound(String),
+    /// A topic or queue of another tenant (every operation on it).
+    #[error("{0}")]
+    AccessDenied(String),
     #[error("method {0} is not allowed here")]
     MethodNotAllowed(String),
     #[error("temporarily unavailable: {0}")]
@@ -110,6 +114,7 @@ impl MqError {
             InvalidReceipt(_) => (S::BAD_REQUEST, "InvalidReceipt"),
             NotInFlight(_) => (S::CONFLICT, "MessageNotInFlight"),
             NotFound(_) => (S::NOT_FOUND, "NotFound"),
+            AccessDenied(_) => (S::FORBIDDEN, "AccessDenied"),
             MethodNotAllowed(_) => (S::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Unavailable(_) => (S::SERVICE_UNAVAILABLE, "Unavailable"),
             Conflict(_) => (S::CONFLICT, "Conflict"),
@@ -138,6 +143,7 @@ impl MqError {
             InvalidReceipt(_) => ("ReceiptHandleIsInvalid", "ReceiptHandleIsInvalid", S::NOT_FOUND),
             NotInFlight(_) => ("MessageNotInflight", "AWS.SimpleQueueService.MessageNotInflight", S::BAD_REQUEST),
             NotFound(_) => ("InvalidAddress", "InvalidAddress", S::NOT_FOUND),
+            AccessDenied(_) => ("AccessDenied", "AccessDenied", S::FORBIDDEN),
             NotPartitionWriter { .. } | Fenced(_) | Conflict(_) => ("RequestThrottled", "RequestThrottled", S::SERVICE_UNAVAILABLE),
             Unavailable(_) => ("ServiceUnavailable", "ServiceUnavailable", S::SERVICE_UNAVAILABLE),
             Corrupt(_) | Internal(_) => ("InternalError", "InternalError", S::INTERNAL_SERVER_ERROR),

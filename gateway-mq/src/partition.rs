@@ -1587,6 +1587,7 @@ pub fn clone_err(e: &MqError) -> MqError {
         InvalidReceipt(s) => InvalidReceipt(s.clone()),
         NotInFlight(s) => NotInFlight(s.clone()),
         NotFound(s) => NotFound(s.clone()),
+        AccessDenied(s) => AccessDenied(s.clone()),
         MethodNotAllowed(s) => MethodNotAllowed(s.clone()),
         Unavailable(s) => Unavailable(s.clone()),
         Conflict(s) => Conflict(s.clone()),

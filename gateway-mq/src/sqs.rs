@@ -514,10 +514,18 @@ impl Sqs<'_> {
             return Err(no_queue());
         }
         match self.mq.store.topic(name).await {
-            Ok(m) if m.sqs.is_some() => Ok(m),
+            Ok(m) if m.sqs.is_some() => {
+                m.check_owner(self.tenant())?;
+                Ok(m)
+            }
             Ok(_) | Err(MqError::TopicNotFound(_)) => Err(no_queue()),
             Err(e) => Err(e),
         }
+    }
+
+    /// The tenant the request acts for (SQS routes are authenticated).
+    fn tenant(&self) -> &str {
+        self.cx.principal.as_ref().map_or("", |p| p.tenant.as_str())
     }
 
     /// The queue a request's `QueueUrl` names, read from the store now (not
@@ -539,7 +547,10 @@ impl Sqs<'_> {
             return Err(no_queue());
         }
         match self.mq.store.topic_versioned(name).await {
-            Ok(m) if m.value.sqs.is_some() => Ok(std::sync::Arc::new(m.value)),
+            Ok(m) if m.value.sqs.is_some() => {
+                m.value.check_owner(self.tenant())?;
+                Ok(std::sync::Arc::new(m.value))
+            }
             Ok(_) | Err(MqError::TopicNotFound(_)) => Err(no_queue()),
             Err(e) => Err(e),
         }
@@ -612,6 +623,7 @@ impl Sqs<'_> {
             Err(MqError::TopicExists(_)) => {
                 // Same attributes: the existing queue's URL; different: QueueNameExists.
                 let cur = self.mq.store.topic(name).await?;
+                cur.check_owner(self.tenant())?;
                 let Some(cur_attrs) = &cur.sqs else {
                     return Err(err(
                         "QueueNameExists",
@@ -739,7 +751,7 @@ impl Sqs<'_> {
                 continue;
             }
             match self.mq.store.topic(&name).await {
-                Ok(m) if m.sqs.is_some() => {}
+                Ok(m) if m.sqs.is_some() && m.owner() == self.tenant() => {}
                 _ => continue,
             }
             if max.is_some_and(|m| urls.len() >= m) {

@@ -127,6 +127,27 @@ pub struct Seal {
     pub max_ts: i64,
 }
 
+impl TopicMeta {
+    /// The tenant owning the topic: the one recorded at creation, `default`
+    /// for topics made before tenants (none recorded).
+    pub fn owner(&self) -> &str {
+        if self.tenant.is_empty() {
+            fskv_gateway::auth::DEFAULT_TENANT
+        } else {
+            &self.tenant
+        }
+    }
+
+    /// `Ok` when `tenant` owns the topic, else 403 `AccessDenied`.
+    pub fn check_owner(&self, tenant: &str) -> Result<()> {
+        if self.owner() == tenant {
+            Ok(())
+        } else {
+            Err(MqError::AccessDenied(format!("topic {:?} belongs to another tenant", self.name)))
+        }
+    }
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
@@ -166,6 +187,9 @@ pub struct Store {
     caches: Arc<Mutex<Caches>>,
 }
 
+/// Mode of the MQ root directory (root's).
+pub const ROOT_MODE: u32 = 0o700;
+
 impl Store {
     /// Resolves (creating, if `create`) the root and its `topics`/`groups`.
     pub async fn open(fs: FsClient, root_path: &str, create: bool) -> std::result::Result<Store, String> {
@@ -175,6 +199,20 @@ impl Store {
         }
         let topics = dir_at(&fs, cur, "topics", create).await.map_err(|e| format!("{root_path}/topics: {e}"))?;
         let groups = dir_at(&fs, cur, "groups", create).await.map_err(|e| format!("{root_path}/groups: {e}"))?;
+        if create {
+            // Topics are owned in `topic.json`, not by uid: only root (the
+            // gateway) gets into the MQ root, so no local user reads logs
+            // through the FUSE mount.
+            match fs.meta().stat(cur).await {
+                Ok(i) if i.acl.mode & 0o7777 != ROOT_MODE => {
+                    let attr = fskv_proto::meta::SetAttr { mode: Some(ROOT_MODE), ..Default::default() };
+                    if let Err(e) = fs.meta().setattr(cur, attr).await {
+                        tracing::warn!(error = %e, "cannot set the mode of the MQ root directory");
+                    }
+                }
+                _ => {}
+            }
+        }
         Ok(Store { fs, root: cur, topics, groups, caches: Arc::default() })
     }
 

@@ -44,6 +44,11 @@ pub fn no_such_key(key: &str) -> S3Error {
     S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}"))
 }
 
+/// A bucket of another tenant (every operation on it).
+pub fn access_denied(bucket: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::AccessDenied, format!("bucket {bucket:?} belongs to another tenant"))
+}
+
 pub fn no_such_bucket(bucket: &str) -> S3Error {
     S3Error::with_message(S3ErrorCode::NoSuchBucket, format!("no bucket {bucket:?}"))
 }

@@ -7,14 +7,22 @@
 //! |---|---|---|
 //! | GET, HEAD, OPTIONS | read | bodiless |
 //! | POST `?select` (SelectObjectContent) | read | control |
-//! | PUT object, UploadPart, POST form upload | mutation | data |
+//! | PUT object, UploadPart | mutation | data |
+//! | POST form upload (PostObject) | mutation | control, and signed in the header ([`AuthPolicy::Required`]) |
 //! | CopyObject, UploadPartCopy, CreateMultipartUpload, DELETE | mutation | bodiless |
 //! | every other PUT / POST (XML documents: DeleteObjects, CompleteMultipartUpload, tagging, bucket configuration) | mutation | control |
 //! | any other method | mutation | bodiless |
 //!
 //! Signatures are verified by s3s (chunk signatures included), so every
-//! route is `AuthPolicy::Delegated`: the shared layer refuses SigV2, bad
-//! credential scopes and over-long presigned URLs before s3s runs.
+//! route but one is `AuthPolicy::Delegated`: the shared layer refuses SigV2,
+//! bad credential scopes and over-long presigned URLs before s3s runs. The
+//! exception is the browser form upload: s3s reads a form (up to its 5 GiB
+//! file limit) *before* it can check the signature inside it, so an
+//! anonymous client could make the gateway buffer gigabytes. Browser POST
+//! policies are not supported here, so a form POST must carry a SigV4
+//! header that the shared layer verifies from the head, and its body is a
+//! control body (`max_body_bytes_control`); an unsigned one is refused
+//! before a byte of its body is read.
 
 use fskv_gateway::{Access, AuthPolicy, BodyClass, Route};
 use http::request::Parts;
@@ -23,7 +31,8 @@ use http::Method;
 /// The route of an S3 request.
 pub fn classify(parts: &Parts) -> Route {
     let (name, access, body) = operation(&parts.method, parts.uri.path(), parts.uri.query().unwrap_or(""), &parts.headers);
-    Route { name, access, body, auth: AuthPolicy::Delegated }
+    let auth = if name == "PostObject" { AuthPolicy::Required } else { AuthPolicy::Delegated };
+    Route { name, access, body, auth }
 }
 
 /// Query parameter names (subresources) present, percent-decoding not
@@ -95,7 +104,7 @@ fn operation(method: &Method, path: &str, query: &str, headers: &http::HeaderMap
         (&Method::DELETE, Level::Bucket) if query.is_empty() => ("DeleteBucket", Mutation, Bodiless),
         (&Method::DELETE, Level::Bucket) => ("DeleteBucketConfig", Mutation, Bodiless),
         (&Method::POST, Level::Bucket) if q("delete") => ("DeleteObjects", Mutation, Control),
-        (&Method::POST, Level::Bucket) if form => ("PostObject", Mutation, Data),
+        (&Method::POST, Level::Bucket) if form => ("PostObject", Mutation, Control),
         (&Method::PUT, Level::Object) if q("uploadId") && copy => ("UploadPartCopy", Mutation, Bodiless),
         (&Method::PUT, Level::Object) if q("uploadId") => ("UploadPart", Mutation, Data),
         (&Method::PUT, Level::Object) if q("tagging") => ("PutObjectTagging", Mutation, Control),
@@ -159,7 +168,7 @@ mod tests {
             ("PUT", "/b", &[], "CreateBucket", Mutation, Control),
             ("DELETE", "/b", &[], "DeleteBucket", Mutation, Bodiless),
             ("POST", "/b?delete", &[], "DeleteObjects", Mutation, Control),
-            ("POST", "/b", &[("content-type", "multipart/form-data; boundary=x")], "PostObject", Mutation, Data),
+            ("POST", "/b", &[("content-type", "multipart/form-data; boundary=x")], "PostObject", Mutation, Control),
             ("PUT", "/b/k", &[], "PutObject", Mutation, Data),
             ("PUT", "/b/k", &[("x-amz-copy-source", "/a/b")], "CopyObject", Mutation, Bodiless),
             ("PUT", "/b/k?partNumber=1&uploadId=u", &[], "UploadPart", Mutation, Data),
@@ -176,7 +185,8 @@ mod tests {
         for (m, uri, h, name, access, body) in cases {
             let r = route(m, uri, h);
             assert_eq!((r.name, r.access, r.body), (*name, *access, *body), "{m} {uri}");
-            assert_eq!(r.auth, AuthPolicy::Delegated);
+            let auth = if *name == "PostObject" { AuthPolicy::Required } else { AuthPolicy::Delegated };
+            assert_eq!(r.auth, auth, "{m} {uri}: only a form upload is authenticated by the shared layer from its head");
         }
     }
 

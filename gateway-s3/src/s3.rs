@@ -29,52 +29,62 @@ fn owner_acl() -> (Option<Owner>, Option<Grants>) {
 #[async_trait::async_trait]
 impl S3 for Gateway {
     async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
-        self.store.bucket(&req.input.bucket).await?;
+        let this = self.for_request(&req)?;
+        this.store.bucket(&req.input.bucket).await?;
         let (owner, grants) = owner_acl();
         ok(GetBucketAclOutput { owner, grants })
     }
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
+        let this = self.for_request(&req)?;
         let input = HeadObjectInput { bucket: req.input.bucket.clone(), key: req.input.key.clone(), ..HeadObjectInput::default() };
-        self.head(&input).await?;
+        this.head(&input).await?;
         let (owner, grants) = owner_acl();
         ok(GetObjectAclOutput { owner, grants, ..GetObjectAclOutput::default() })
     }
 
     async fn get_bucket_policy(&self, req: S3Request<GetBucketPolicyInput>) -> S3Result<S3Response<GetBucketPolicyOutput>> {
-        self.store.bucket(&req.input.bucket).await?;
+        let this = self.for_request(&req)?;
+        this.store.bucket(&req.input.bucket).await?;
         Err(s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchBucketPolicy, "buckets have no policies here"))
     }
 
     async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
-        self.store.bucket(&req.input.bucket).await?;
+        let this = self.for_request(&req)?;
+        this.store.bucket(&req.input.bucket).await?;
         Err(s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchCORSConfiguration, "buckets have no CORS configuration here"))
     }
 
-    async fn list_buckets(&self, _req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
-        ok(Gateway::list_buckets(self).await?)
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        let this = self.for_request(&req)?;
+        ok(Gateway::list_buckets(&this).await?)
     }
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
-        Gateway::create_bucket(self, &req.input.bucket).await?;
+        let this = self.for_request(&req)?;
+        Gateway::create_bucket(&this, &req.input.bucket).await?;
         ok(CreateBucketOutput { location: Some(format!("/{}", req.input.bucket)) })
     }
 
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
-        Gateway::delete_bucket(self, &req.input.bucket).await?;
+        let this = self.for_request(&req)?;
+        Gateway::delete_bucket(&this, &req.input.bucket).await?;
         ok(DeleteBucketOutput::default())
     }
 
     async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
-        Gateway::head_bucket(self, &req.input.bucket).await?;
-        ok(HeadBucketOutput { bucket_region: Some(self.cfg.region.clone()), ..HeadBucketOutput::default() })
+        let this = self.for_request(&req)?;
+        Gateway::head_bucket(&this, &req.input.bucket).await?;
+        ok(HeadBucketOutput { bucket_region: Some(this.cfg.region.clone()), ..HeadBucketOutput::default() })
     }
 
     async fn get_bucket_location(&self, req: S3Request<GetBucketLocationInput>) -> S3Result<S3Response<GetBucketLocationOutput>> {
-        ok(self.bucket_location(&req.input.bucket).await?)
+        let this = self.for_request(&req)?;
+        ok(this.bucket_location(&req.input.bucket).await?)
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let this = self.for_request(&req)?;
         let S3Request { input, headers, trailing_headers, .. } = req;
         let tags = match &input.tagging {
             Some(t) => Some(objmeta::parse_tagging_header(t).map_err(error::invalid_argument)?),
@@ -89,40 +99,44 @@ impl S3 for Gateway {
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
         };
-        let meta = self.put(args, input.body, &headers, trailing_headers.as_ref()).await?;
+        let meta = this.put(args, input.body, &headers, trailing_headers.as_ref()).await?;
         let mut out = PutObjectOutput { e_tag: Some(ETag::Strong(meta.etag.clone())), ..PutObjectOutput::default() };
         crate::set_checksums!(out, &meta.checksums);
         ok(out)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
-        ok(self.get(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.get(&req.input).await?)
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
-        ok(self.head(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.head(&req.input).await?)
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
-        self.delete(&req.input.bucket, &req.input.key).await?;
+        let this = self.for_request(&req)?;
+        this.delete(&req.input.bucket, &req.input.key).await?;
         ok(DeleteObjectOutput::default())
     }
 
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let this = self.for_request(&req)?;
         let objects = &req.input.delete.objects;
-        if objects.len() > self.cfg.limits.max_delete_keys {
+        if objects.len() > this.cfg.limits.max_delete_keys {
             return Err(error::invalid_argument(format!(
                 "{} keys in one DeleteObjects (at most {})",
                 objects.len(),
-                self.cfg.limits.max_delete_keys
+                this.cfg.limits.max_delete_keys
             )));
         }
-        self.store.bucket(&req.input.bucket).await?;
+        this.store.bucket(&req.input.bucket).await?;
         let quiet = req.input.delete.quiet.unwrap_or(false);
         let mut deleted = Vec::new();
         let mut errors = Vec::new();
         for o in objects {
-            match self.delete(&req.input.bucket, &o.key).await {
+            match this.delete(&req.input.bucket, &o.key).await {
                 Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(o.key.clone()), ..DeletedObject::default() }),
                 Ok(()) => {}
                 Err(e) => errors.push(Error {
@@ -137,68 +151,82 @@ impl S3 for Gateway {
     }
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
-        ok(self.copy(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.copy(&req.input).await?)
     }
 
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
-        ok(self.list_v1(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.list_v1(&req.input).await?)
     }
 
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
-        ok(self.list_v2(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.list_v2(&req.input).await?)
     }
 
     async fn list_object_versions(&self, req: S3Request<ListObjectVersionsInput>) -> S3Result<S3Response<ListObjectVersionsOutput>> {
-        ok(self.list_versions(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.list_versions(&req.input).await?)
     }
 
     async fn create_multipart_upload(
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        ok(self.create_upload(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.create_upload(&req.input).await?)
     }
 
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let this = self.for_request(&req)?;
         let S3Request { input, headers, trailing_headers, .. } = req;
-        ok(Gateway::upload_part(self, input, &headers, trailing_headers.as_ref()).await?)
+        ok(Gateway::upload_part(&this, input, &headers, trailing_headers.as_ref()).await?)
     }
 
     async fn upload_part_copy(&self, req: S3Request<UploadPartCopyInput>) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        ok(Gateway::upload_part_copy(self, &req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(Gateway::upload_part_copy(&this, &req.input).await?)
     }
 
     async fn complete_multipart_upload(
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        ok(self.complete_upload(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.complete_upload(&req.input).await?)
     }
 
     async fn abort_multipart_upload(&self, req: S3Request<AbortMultipartUploadInput>) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        self.abort_upload(&req.input).await?;
+        let this = self.for_request(&req)?;
+        this.abort_upload(&req.input).await?;
         ok(AbortMultipartUploadOutput::default())
     }
 
     async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
-        ok(Gateway::list_parts(self, &req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(Gateway::list_parts(&this, &req.input).await?)
     }
 
     async fn list_multipart_uploads(&self, req: S3Request<ListMultipartUploadsInput>) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
-        ok(self.list_uploads(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.list_uploads(&req.input).await?)
     }
 
     async fn get_object_tagging(&self, req: S3Request<GetObjectTaggingInput>) -> S3Result<S3Response<GetObjectTaggingOutput>> {
-        ok(self.get_tagging(&req.input).await?)
+        let this = self.for_request(&req)?;
+        ok(this.get_tagging(&req.input).await?)
     }
 
     async fn put_object_tagging(&self, req: S3Request<PutObjectTaggingInput>) -> S3Result<S3Response<PutObjectTaggingOutput>> {
-        self.put_tagging(&req.input).await?;
+        let this = self.for_request(&req)?;
+        this.put_tagging(&req.input).await?;
         ok(PutObjectTaggingOutput::default())
     }
 
     async fn delete_object_tagging(&self, req: S3Request<DeleteObjectTaggingInput>) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
-        self.delete_tagging(&req.input).await?;
+        let this = self.for_request(&req)?;
+        this.delete_tagging(&req.input).await?;
         ok(DeleteObjectTaggingOutput::default())
     }
 }

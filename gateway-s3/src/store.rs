@@ -16,10 +16,22 @@ use std::time::{Duration, Instant};
 /// Name of the directory under the root that stages multipart uploads
 /// (not a valid bucket name, so never listed as one).
 pub const UPLOADS_DIR: &str = ".fskv-uploads";
-/// Mode of directories the gateway makes.
-pub const DIR_MODE: u32 = 0o755;
+/// Mode of directories the gateway makes (buckets included): only their
+/// owner (the bucket's tenant uid for a bucket, root below it) gets in, so
+/// other local users see nothing through the FUSE mount (`allow_other`).
+pub const DIR_MODE: u32 = 0o700;
 /// Mode of files the gateway makes.
-pub const FILE_MODE: u32 = 0o644;
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of the root directory of the buckets: traversable (a tenant's local
+/// user reaches its own bucket through the mount), not listable.
+pub const ROOT_MODE: u32 = 0o711;
+
+/// Who a request acts for: its tenant, whose uid owns the tenant's buckets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub tenant: String,
+    pub ids: fskv_gateway::TenantIds,
+}
 
 /// What a key names.
 pub enum Found {
@@ -66,6 +78,9 @@ pub struct Store {
     /// The directory whose subdirectories are the buckets.
     pub root: InodeId,
     pub dirs: Arc<DirCache>,
+    /// The tenant of the request this store serves; `None` for the
+    /// gateway's own work (upload expiry), which sees every bucket.
+    pub caller: Option<Caller>,
 }
 
 impl Store {
@@ -84,7 +99,56 @@ impl Store {
                 Err(e) => return Err(format!("{root_path}: {e}")),
             };
         }
-        Ok(Store { fs, root: cur, dirs: Arc::new(DirCache { map: parking_lot::Mutex::new(HashMap::new()) }) })
+        let store = Store { fs, root: cur, dirs: Arc::new(DirCache { map: parking_lot::Mutex::new(HashMap::new()) }), caller: None };
+        if create {
+            store.tighten_modes().await;
+        }
+        Ok(store)
+    }
+
+    /// The same store acting for `caller`.
+    pub fn for_caller(&self, caller: Caller) -> Store {
+        Store { caller: Some(caller), ..self.clone() }
+    }
+
+    /// Puts the root to [`ROOT_MODE`] and every bucket made before tenants
+    /// (group or other bits set) to [`DIR_MODE`]; failures are logged.
+    async fn tighten_modes(&self) {
+        let meta = self.fs.meta();
+        let set = |mode| fskv_proto::meta::SetAttr { mode: Some(mode), ..Default::default() };
+        match meta.stat(self.root).await {
+            Ok(i) if i.acl.mode & 0o7777 != ROOT_MODE => {
+                if let Err(e) = meta.setattr(self.root, set(ROOT_MODE)).await {
+                    tracing::warn!(error = %e, "cannot set the mode of the buckets' root directory");
+                }
+            }
+            _ => {}
+        }
+        let mut cursor = String::new();
+        loop {
+            let Ok((entries, more)) = meta.readdir(self.root, &cursor, 1000, true).await else { return };
+            for e in &entries {
+                let Some(a) = &e.attr else { continue };
+                if e.kind == InodeKind::Directory && paths::is_bucket_name(&e.name) && a.acl.mode & 0o077 != 0 {
+                    if let Err(err) = meta.setattr(e.inode, set(DIR_MODE)).await {
+                        tracing::warn!(bucket = %e.name, error = %err, "cannot tighten a bucket's mode");
+                    }
+                }
+            }
+            match entries.last() {
+                Some(last) if more => cursor = last.name.clone(),
+                _ => return,
+            }
+        }
+    }
+
+    /// Whether the caller's tenant owns a bucket directory (its owner uid
+    /// is the tenant's; a store without a caller owns everything).
+    pub fn owns(&self, bucket_dir: &Inode) -> bool {
+        match &self.caller {
+            None => true,
+            Some(c) => bucket_dir.acl.uid == c.ids.uid,
+        }
     }
 
     pub async fn bucket(&self, name: &str) -> Result<Inode, S3Error> {
@@ -92,14 +156,15 @@ impl Store {
             return Err(error::no_such_bucket(name));
         }
         match self.fs.meta().lookup(self.root, name).await {
-            Ok(i) if i.dir().is_some() => Ok(i),
+            Ok(i) if i.dir().is_some() && self.owns(&i) => Ok(i),
+            Ok(i) if i.dir().is_some() => Err(error::access_denied(name)),
             Ok(_) => Err(error::no_such_bucket(name)),
             Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_bucket(name)),
             Err(e) => Err(error::from_meta(e, name)),
         }
     }
 
-    /// Buckets, by name, with their creation times (ns).
+    /// The caller's buckets, by name, with their creation times (ns).
     pub async fn list_buckets(&self) -> Result<Vec<(String, u64)>, S3Error> {
         let mut out = Vec::new();
         let mut cursor = String::new();
@@ -107,7 +172,8 @@ impl Store {
             let (entries, more) =
                 self.fs.meta().readdir(self.root, &cursor, 1000, true).await.map_err(|e| error::from_meta(e, "buckets"))?;
             for e in &entries {
-                if e.kind == InodeKind::Directory && paths::is_bucket_name(&e.name) {
+                let mine = e.attr.as_ref().is_some_and(|a| self.owns(a));
+                if e.kind == InodeKind::Directory && paths::is_bucket_name(&e.name) && mine {
                     out.push((e.name.clone(), e.attr.as_ref().map_or(0, |a| a.ctime_ns.min(a.mtime_ns))));
                 }
             }

@@ -26,7 +26,7 @@ pub mod route;
 pub mod server;
 pub mod tls;
 
-pub use auth::{AccessKey, Authenticator, KeyStore, Principal, SigV4Verifier};
+pub use auth::{AccessKey, Authenticator, KeyStore, Principal, SigV4Verifier, TenantIds};
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{BodyClass, HttpLimits, MetricsEndpoint, Role, ServerConfig, TlsFiles};
 pub use error::{AuthError, ErrorReply, GatewayError};

@@ -33,6 +33,7 @@ const STATFS_FREE_INODES: u64 = 1 << 32;
 /// State shared by every request of one mount.
 pub(crate) struct Shared {
     pub client: FsClient,
+    pub metrics: Arc<crate::metrics::FuseMetrics>,
     pub handles: HandleTable,
     pub cache_stamps: CacheStamps,
     pub cfg: MountConfig,
@@ -156,8 +157,17 @@ impl FskvFs {
         Ctx { client: self.shared.client.with_user(user), shared: self.shared.clone() }
     }
 
-    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, span: tracing::Span, fut: F) {
-        self.rt.spawn(fut.instrument(span));
+    /// Runs the work of operation `op` on tokio (it replies from the task),
+    /// timed into the mount's metrics.
+    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, op: &'static str, span: tracing::Span, fut: F) {
+        let timer = crate::metrics::OpTimer::start(&self.shared.metrics, op);
+        self.rt.spawn(
+            async move {
+                fut.await;
+                drop(timer);
+            }
+            .instrument(span),
+        );
     }
 
     /// The USRBIO server, when `parent`/`name` or `ino` is in the virtual
@@ -606,7 +616,7 @@ impl Filesystem for FskvFs {
             return self.reply_virt_entry(reply, u.lookup(parent.0, name));
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("lookup", parent = parent.0), async move {
+        self.spawn("lookup", tracing::debug_span!("lookup", parent = parent.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().lookup(ino(parent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
@@ -623,7 +633,7 @@ impl Filesystem for FskvFs {
             };
         }
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("getattr", inode = i.0), async move {
+        self.spawn("getattr", tracing::debug_span!("getattr", inode = i.0), async move {
             let r = ctx.meta().stat(ino(i)).await.map_err(FsError::from);
             ctx.reply_attr(reply, r);
         });
@@ -653,7 +663,7 @@ impl Filesystem for FskvFs {
         let ctx = self.ctx(req);
         let args =
             SetAttrArgs { mode, uid, gid, size, atime_ns: atime.map(to_time_ns), mtime_ns: mtime.map(to_time_ns), fh: fh.map(|f| f.0) };
-        self.spawn(tracing::debug_span!("setattr", inode = i.0), async move {
+        self.spawn("setattr", tracing::debug_span!("setattr", inode = i.0), async move {
             let r = ctx.setattr(ino(i), args).await;
             ctx.reply_attr(reply, r);
         });
@@ -667,7 +677,7 @@ impl Filesystem for FskvFs {
             };
         }
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("readlink", inode = i.0), async move {
+        self.spawn("readlink", tracing::debug_span!("readlink", inode = i.0), async move {
             match ctx.meta().readlink(ino(i)).await {
                 Ok(t) => reply.data(t.as_bytes()),
                 Err(e) => reply.error(FsError::from(e).0),
@@ -683,7 +693,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EINVAL);
         };
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("mknod", parent = parent.0), async move {
+        self.spawn("mknod", tracing::debug_span!("mknod", parent = parent.0), async move {
             let perm = mode & !umask & 0o7777;
             let r = match (name, special) {
                 (Ok(n), None) => ctx.meta().create(ino(parent), &n, perm, true).await.map_err(FsError::from),
@@ -699,7 +709,7 @@ impl Filesystem for FskvFs {
             return reply.error(if is_reserved(parent, name) { Errno::EEXIST } else { Errno::EPERM });
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("mkdir", parent = parent.0), async move {
+        self.spawn("mkdir", tracing::debug_span!("mkdir", parent = parent.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().mkdir(ino(parent), &n, mode & !umask & 0o7777).await.map_err(FsError::from),
                 Err(e) => Err(e),
@@ -716,7 +726,7 @@ impl Filesystem for FskvFs {
             };
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("unlink", parent = parent.0), async move {
+        self.spawn("unlink", tracing::debug_span!("unlink", parent = parent.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().unlink(ino(parent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
@@ -730,7 +740,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EPERM);
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("rmdir", parent = parent.0), async move {
+        self.spawn("rmdir", tracing::debug_span!("rmdir", parent = parent.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().rmdir(ino(parent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
@@ -748,7 +758,7 @@ impl Filesystem for FskvFs {
             return self.reply_virt_entry(reply, r);
         }
         let (ctx, name, target) = (self.ctx(req), name_str(link_name), name_str(target.as_os_str()));
-        self.spawn(tracing::debug_span!("symlink", parent = parent.0), async move {
+        self.spawn("symlink", tracing::debug_span!("symlink", parent = parent.0), async move {
             let r = match (name, target) {
                 (Ok(n), Ok(t)) => ctx.meta().symlink(ino(parent), &n, &t).await.map_err(FsError::from),
                 (Err(e), _) | (_, Err(e)) => Err(e),
@@ -771,7 +781,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EPERM);
         }
         let (ctx, name, newname) = (self.ctx(req), name_str(name), name_str(newname));
-        self.spawn(tracing::debug_span!("rename", parent = parent.0, newparent = newparent.0), async move {
+        self.spawn("rename", tracing::debug_span!("rename", parent = parent.0, newparent = newparent.0), async move {
             let r = match (name, newname) {
                 (Ok(n), Ok(nn)) => ctx.rename(ino(parent), &n, ino(newparent), &nn, flags).await,
                 (Err(e), _) | (_, Err(e)) => Err(e),
@@ -785,7 +795,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EPERM);
         }
         let (ctx, name) = (self.ctx(req), name_str(newname));
-        self.spawn(tracing::debug_span!("link", inode = i.0, newparent = newparent.0), async move {
+        self.spawn("link", tracing::debug_span!("link", inode = i.0, newparent = newparent.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().link(ino(i), ino(newparent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
@@ -799,7 +809,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EPERM);
         }
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("open", inode = i.0), async move {
+        self.spawn("open", tracing::debug_span!("open", inode = i.0), async move {
             match ctx.open(ino(i), flags).await {
                 Ok((fh, cache)) => reply.opened(Fh(fh), cache),
                 Err(e) => reply.error(e.0),
@@ -819,7 +829,7 @@ impl Filesystem for FskvFs {
         reply: ReplyData,
     ) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("read", inode = i.0, offset, size), async move {
+        self.spawn("read", tracing::debug_span!("read", inode = i.0, offset, size), async move {
             match ctx.read(fh.0, offset, size).await {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(e.0),
@@ -846,11 +856,14 @@ impl Filesystem for FskvFs {
                 let len = data.len() as u32;
                 let _rt = self.rt.enter();
                 match wb.try_write(&file, offset, data) {
-                    crate::writeback::TryWrite::Done => return reply.written(len),
+                    crate::writeback::TryWrite::Done => {
+                        self.shared.metrics.buffered_write(u64::from(len));
+                        return reply.written(len);
+                    }
                     crate::writeback::TryWrite::Failed(e) => return reply.error(e),
                     crate::writeback::TryWrite::BufferedOverBudget => {
                         let wb = wb.clone();
-                        return self.spawn(tracing::debug_span!("write_wait", inode = i.0), async move {
+                        return self.spawn("write_wait", tracing::debug_span!("write_wait", inode = i.0), async move {
                             wb.wait_for_room().await;
                             reply.written(len);
                         });
@@ -860,7 +873,7 @@ impl Filesystem for FskvFs {
             }
         }
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("write", inode = i.0, offset, len = data.len()), async move {
+        self.spawn("write", tracing::debug_span!("write", inode = i.0, offset, len = data.len()), async move {
             match ctx.write(fh.0, offset, data).await {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(e.0),
@@ -870,7 +883,7 @@ impl Filesystem for FskvFs {
 
     fn flush(&self, req: &Request, i: INodeNo, fh: Fh, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("flush", inode = i.0), async move {
+        self.spawn("flush", tracing::debug_span!("flush", inode = i.0), async move {
             let r = ctx.flush(fh.0).await;
             reply_empty(reply, r);
         });
@@ -887,7 +900,7 @@ impl Filesystem for FskvFs {
         reply: ReplyEmpty,
     ) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("release", inode = i.0), async move {
+        self.spawn("release", tracing::debug_span!("release", inode = i.0), async move {
             let r = ctx.release(fh.0).await;
             if let Err(e) = &r {
                 tracing::warn!(error = ?e, "close failed");
@@ -898,7 +911,7 @@ impl Filesystem for FskvFs {
 
     fn fsync(&self, req: &Request, i: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("fsync", inode = i.0), async move {
+        self.spawn("fsync", tracing::debug_span!("fsync", inode = i.0), async move {
             let r = ctx.fsync(fh.0).await;
             reply_empty(reply, r);
         });
@@ -906,7 +919,7 @@ impl Filesystem for FskvFs {
 
     fn opendir(&self, req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("opendir", inode = i.0), async move {
+        self.spawn("opendir", tracing::debug_span!("opendir", inode = i.0), async move {
             match ctx.opendir(ino(i)).await {
                 Ok(fh) => reply.opened(Fh(fh), FopenFlags::empty()),
                 Err(e) => reply.error(e.0),
@@ -916,14 +929,14 @@ impl Filesystem for FskvFs {
 
     fn readdir(&self, req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("readdir", inode = i.0, offset), async move {
+        self.spawn("readdir", tracing::debug_span!("readdir", inode = i.0, offset), async move {
             ctx.readdir(fh.0, offset, reply).await;
         });
     }
 
     fn readdirplus(&self, req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: fuser::ReplyDirectoryPlus) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("readdirplus", inode = i.0, offset), async move {
+        self.spawn("readdirplus", tracing::debug_span!("readdirplus", inode = i.0, offset), async move {
             ctx.readdirplus(fh.0, offset, reply).await;
         });
     }
@@ -937,7 +950,7 @@ impl Filesystem for FskvFs {
         // Namespace changes are committed relaxed: the barrier makes every
         // change acknowledged so far durable.
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("fsyncdir", inode = i.0), async move {
+        self.spawn("fsyncdir", tracing::debug_span!("fsyncdir", inode = i.0), async move {
             let r = ctx.sync_meta().await;
             reply_empty(reply, r);
         });
@@ -945,7 +958,7 @@ impl Filesystem for FskvFs {
 
     fn statfs(&self, req: &Request, _i: INodeNo, reply: ReplyStatfs) {
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("statfs"), async move { ctx.statfs(reply).await });
+        self.spawn("statfs", tracing::debug_span!("statfs"), async move { ctx.statfs(reply).await });
     }
 
     fn setxattr(&self, req: &Request, i: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
@@ -957,7 +970,7 @@ impl Filesystem for FskvFs {
         }
         self.shared.absent_xattrs.forget(ino(i));
         let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
-        self.spawn(tracing::debug_span!("setxattr", inode = i.0), async move {
+        self.spawn("setxattr", tracing::debug_span!("setxattr", inode = i.0), async move {
             let r = match name {
                 Ok(n) => ctx.setxattr(ino(i), &n, value, flags).await,
                 Err(e) => Err(e),
@@ -978,7 +991,7 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::ENODATA);
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("getxattr", inode = i.0), async move {
+        self.spawn("getxattr", tracing::debug_span!("getxattr", inode = i.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().get_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
                 Err(e) => Err(e),
@@ -995,7 +1008,7 @@ impl Filesystem for FskvFs {
             return reply_xattr(reply, size, Ok(Vec::new()));
         }
         let ctx = self.ctx(req);
-        self.spawn(tracing::debug_span!("listxattr", inode = i.0), async move {
+        self.spawn("listxattr", tracing::debug_span!("listxattr", inode = i.0), async move {
             let r = ctx.meta().list_xattr(ino(i)).await.map_err(FsError::from).map(|names| {
                 let mut out = Vec::new();
                 for n in names {
@@ -1014,7 +1027,7 @@ impl Filesystem for FskvFs {
         }
         self.shared.absent_xattrs.forget(ino(i));
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("removexattr", inode = i.0), async move {
+        self.spawn("removexattr", tracing::debug_span!("removexattr", inode = i.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().remove_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
                 Err(e) => Err(e),
@@ -1072,7 +1085,7 @@ impl Filesystem for FskvFs {
             return reply.error(if is_reserved(parent, name) { Errno::EEXIST } else { Errno::EPERM });
         }
         let (ctx, name) = (self.ctx(req), name_str(name));
-        self.spawn(tracing::debug_span!("create", parent = parent.0), async move {
+        self.spawn("create", tracing::debug_span!("create", parent = parent.0), async move {
             let r = match name {
                 Ok(n) => ctx.create(ino(parent), &n, mode & !umask, flags).await,
                 Err(e) => Err(e),

@@ -7,6 +7,7 @@
 //! * [`handles`]: open file / directory handles keyed by the kernel's `fh`.
 //! * [`attr`]: inode → `FileAttr`.
 //! * [`writeback`]: write-behind buffering of small writes per open file.
+//! * [`metrics`]: per-operation counts and latencies (Prometheus).
 //! * [`usrbio`]: USRBIO — the virtual directory `3fs-virt/iovs/`, iov, ring
 //!   and file registration, the ring dispatcher, cleanup after a program dies.
 //!
@@ -17,6 +18,7 @@ pub mod attr;
 pub mod errno;
 pub mod fs;
 pub mod handles;
+pub mod metrics;
 pub mod usrbio;
 pub mod writeback;
 
@@ -69,6 +71,9 @@ pub struct MountConfig {
     /// before meta fsyncs them; fsync(2) / fsyncdir(2) are the barrier.
     /// Off: every change is fsync'ed before its reply.
     pub relaxed_metadata: bool,
+    /// Where the mount registers its metrics ([`metrics`]); `None`: a
+    /// private registry nobody reads.
+    pub metrics: Option<Arc<fskv_rpc::MetricsRegistry>>,
 }
 
 impl Default for MountConfig {
@@ -91,6 +96,7 @@ impl Default for MountConfig {
             max_flushes_in_flight_per_file: 4,
             max_dirty_bytes_total: 256 << 20,
             relaxed_metadata: true,
+            metrics: None,
         }
     }
 }
@@ -114,7 +120,9 @@ where
 {
     let rt = tokio::runtime::Handle::current();
     let client = if cfg.relaxed_metadata { client.with_relaxed_metadata() } else { client };
+    let registry = cfg.metrics.clone().unwrap_or_else(fskv_rpc::MetricsRegistry::new);
     let shared = Arc::new(fs::Shared {
+        metrics: metrics::FuseMetrics::register(&registry),
         client,
         handles: handles::HandleTable::new(cfg.max_open_handles),
         cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),

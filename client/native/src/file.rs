@@ -68,11 +68,22 @@ pub struct FsClientConfig {
     pub relaxed_reads: bool,
     /// Mode of files created by `open` with `create`.
     pub create_mode: u32,
+    /// Period of the lease renewal (`RenewTemp`) of a [`FsClient::create_temp`]
+    /// handle while it lives (0 = off). Keep it well below meta's
+    /// `temp_inode_ttl_ms` (1 h by default): a temp inode whose lease lapses
+    /// is reclaimed, and its publish then fails with `NotFound`.
+    pub temp_lease_renew_interval_ms: u64,
 }
 
 impl Default for FsClientConfig {
     fn default() -> Self {
-        FsClientConfig { max_inflight_chunks: 16, length_report_interval_ms: 5_000, relaxed_reads: false, create_mode: DEFAULT_FILE_MODE }
+        FsClientConfig {
+            max_inflight_chunks: 16,
+            length_report_interval_ms: 5_000,
+            relaxed_reads: false,
+            create_mode: DEFAULT_FILE_MODE,
+            temp_lease_renew_interval_ms: 60_000,
+        }
     }
 }
 
@@ -337,7 +348,15 @@ impl FsClient {
             path: path.clone(),
             cause,
         })?;
-        FileHandle::new(self.clone(), path, inode, 0, OpenFlags { read: true, write: true, create: true, exclusive: true, truncate: false })
+        let handle = FileHandle::new(
+            self.clone(),
+            path,
+            inode,
+            0,
+            OpenFlags { read: true, write: true, create: true, exclusive: true, truncate: false },
+        )?;
+        handle.start_temp_lease();
+        Ok(handle)
     }
 
     /// A read handle on `inode` as a lookup or stat returned it, without a
@@ -1060,6 +1079,20 @@ impl FileHandle {
         *slot = Some(tokio::spawn(report_loop(weak, Duration::from_millis(interval_ms))));
     }
 
+    /// Starts renewing the temp lease of a [`FsClient::create_temp`] handle
+    /// (in the slot a length reporter would use: a temp handle has none).
+    /// The task stops when the handle is dropped, or once meta no longer
+    /// knows the inode as a temp one (published, or reclaimed).
+    fn start_temp_lease(&self) {
+        let interval_ms = self.shared.client.config.temp_lease_renew_interval_ms;
+        let mut slot = self.reporter.lock();
+        if interval_ms == 0 || slot.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.shared);
+        *slot = Some(tokio::spawn(temp_lease_loop(weak, Duration::from_millis(interval_ms))));
+    }
+
     /// Waits for this handle's in-flight writes and reports the written end
     /// to meta (`ReportLength`: the length only grows; a concurrent truncate
     /// wins). The session stays open; `close` makes the length exact.
@@ -1181,6 +1214,23 @@ async fn report_length(shared: &Shared) -> Result<()> {
         st.length = st.length.max(inode.size_bytes());
     }
     Ok(())
+}
+
+async fn temp_lease_loop(weak: Weak<Shared>, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(shared) = weak.upgrade() else { return };
+        match shared.client.meta.renew_temp(shared.inode).await {
+            Ok(()) => {}
+            Err(e) if e.code() == fskv_types::ErrorCode::NotFound => {
+                tracing::debug!(inode = %shared.inode, "temp lease ended (published or reclaimed)");
+                return;
+            }
+            Err(e) => tracing::warn!(inode = %shared.inode, error = %e, "temp lease renewal failed; will retry"),
+        }
+    }
 }
 
 async fn report_loop(weak: Weak<Shared>, period: Duration) {

@@ -390,6 +390,11 @@ impl MetaClient {
         self.inode(MetaOp::CreateUnlinked { parent, mode }, "create_unlinked").await
     }
 
+    /// Renews the lease of an unpublished temp inode (see [`MetaOp::RenewTemp`]).
+    pub async fn renew_temp(&self, inode: InodeId) -> Result<()> {
+        self.done(MetaOp::RenewTemp { inode }, "renew_temp").await
+    }
+
     pub async fn write_inline(&self, inode: InodeId, offset: u64, data: &[u8]) -> Result<Inode> {
         self.inode(MetaOp::WriteInline { inode, offset, data: data.to_vec() }, "write_inline").await
     }

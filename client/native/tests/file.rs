@@ -39,8 +39,19 @@ impl Env {
         Env::start_layout(config, lagging_routing, STRIPE, 3).await
     }
 
-    /// `stripe` chains of `replicas` targets over three nodes.
     async fn start_layout(config: FsClientConfig, lagging_routing: bool, stripe: u32, replicas: usize) -> Env {
+        Env::start_meta(config, lagging_routing, stripe, replicas, |_| {}).await
+    }
+
+    /// `stripe` chains of `replicas` targets over three nodes.
+    /// As `start_layout`, with meta's configuration adjusted by `tweak`.
+    async fn start_meta(
+        config: FsClientConfig,
+        lagging_routing: bool,
+        stripe: u32,
+        replicas: usize,
+        tweak: impl FnOnce(&mut MetaConfig),
+    ) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
         // Chain c: targets c*10+1.. on the three nodes, heads rotated.
         let chains = common::chain_placement(stripe, replicas);
@@ -54,6 +65,8 @@ impl Env {
             root_layout: LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: CHUNK as u32, stripe_size: stripe },
             ..MetaConfig::default()
         };
+        let mut cfg = cfg;
+        tweak(&mut cfg);
         let svc =
             MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), backend as Arc<dyn StorageBackend>, cfg).await.expect("meta service");
         let server = svc.serve("127.0.0.1:0").await.expect("serve meta");
@@ -372,5 +385,38 @@ async fn read_many_into_matches_read_at_holes_and_eof() {
     let err = wo.read_into(0, &mut buf).await.expect_err("write-only handle");
     assert_eq!(err.code(), ErrorCode::PermissionDenied);
     wo.close().await.expect("close");
+    env.stop().await;
+}
+
+/// A temp file written slowly (far longer than meta's temp TTL) keeps its
+/// data: the handle renews its lease while GC runs every 50 ms. A temp
+/// handle that stops renewing (dropped without publish) is reclaimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_temp_upload_keeps_its_lease_and_an_abandoned_one_is_reclaimed() {
+    let ttl_ms = 300;
+    let config = FsClientConfig { temp_lease_renew_interval_ms: 50, ..Default::default() };
+    let env = Env::start_meta(config, false, STRIPE, 3, |m| {
+        m.temp_inode_ttl_ms = ttl_ms;
+        m.gc_interval_ms = 50;
+    })
+    .await;
+    let data = pattern(7, 3 * CHUNK as usize + 11);
+    let slow = env.fs.create_temp(InodeId::ROOT, 0o600).await.expect("create temp");
+    let abandoned = env.fs.create_temp(InodeId::ROOT, 0o600).await.expect("create temp");
+    let abandoned_id = abandoned.inode();
+    abandoned.write_at(0, Bytes::from(data.clone())).await.expect("write abandoned");
+    drop(abandoned);
+    // Four TTLs of a slow upload, one piece at a time.
+    for (i, piece) in data.chunks(data.len() / 4 + 1).enumerate() {
+        tokio::time::sleep(std::time::Duration::from_millis(ttl_ms)).await;
+        let off = (i * (data.len() / 4 + 1)) as u64;
+        slow.write_at(off, Bytes::from(piece.to_vec())).await.expect("slow write");
+    }
+    env.fs.publish(&slow, InodeId::ROOT, "slow", None, Default::default()).await.expect("publish after a slow upload");
+    let r = env.fs.open("/slow", OpenFlags::read_only()).await.expect("open");
+    assert_eq!(r.read_at(0, data.len() as u64).await.expect("read"), data);
+    let gone = env.fs.meta().stat(abandoned_id).await.expect_err("the abandoned temp inode is reclaimed");
+    assert_eq!(gone.code(), ErrorCode::NotFound);
+    assert!(env.chains_with_chunks(abandoned_id).is_empty(), "its chunks are removed");
     env.stop().await;
 }

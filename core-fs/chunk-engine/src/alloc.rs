@@ -106,6 +106,9 @@ pub struct Allocator {
     /// The next block-file operation of this kind fails with this errno.
     #[cfg(feature = "fault-injection")]
     fault: Mutex<Option<(IoOp, i32)>>,
+    /// Unsynced block-file writes, for simulated power cuts.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) power: crate::power::PowerLog,
 }
 
 /// A kind of block-file operation (disk-fault injection, fail-stop).
@@ -132,6 +135,8 @@ impl Allocator {
             io_failed: AtomicBool::new(false),
             #[cfg(feature = "fault-injection")]
             fault: Mutex::new(None),
+            #[cfg(feature = "fault-injection")]
+            power: crate::power::PowerLog::default(),
         })
     }
 
@@ -230,8 +235,15 @@ impl Allocator {
                 ChunkError::io(what, e)
             }
         })?;
-        // The new file size must be durable before the record that relies on it.
+        // The new file size must be durable before the record that relies on
+        // it, and so must the file's directory entry: the first growth into a
+        // file creates it, and after a power cut a file whose entry was never
+        // synced may be gone (the pool record would then name blocks of a
+        // missing file). Growth is rare (once per `blocks_per_grow` blocks).
         file.sync_all().map_err(|e| ChunkError::io("fsync after fallocate", e))?;
+        File::open(&pool.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| ChunkError::io(format!("fsync of the directory {:?}", pool.dir), e))?;
         self.fallocate_calls.fetch_add(1, Ordering::Relaxed);
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
@@ -286,13 +298,25 @@ impl Allocator {
     pub fn write_at(&self, class: SizeClass, idx: u64, offset_bytes: u64, data: &[u8]) -> Result<()> {
         assert!(offset_bytes + data.len() as u64 <= class.block_bytes(), "write past the block end");
         let (file, base) = self.file_of(class, idx)?;
+        #[cfg(feature = "fault-injection")]
+        if self.power.is_enabled() {
+            let mut old = vec![0u8; data.len()];
+            let r = file.read_exact_at(&mut old, base + offset_bytes).and_then(|()| self.power.record(file, base + offset_bytes, old));
+            self.checked(r, || "recording a write for the power-loss model".to_string())?;
+        }
         let r = self.injected(IoOp::Write).and_then(|()| file.write_all_at(data, base + offset_bytes));
         self.checked(r, || format!("writing block {idx} of class {}", class.raw()))
     }
 
     pub fn sync_block(&self, class: SizeClass, idx: u64) -> Result<()> {
         let (file, _) = self.file_of(class, idx)?;
+        #[cfg(feature = "fault-injection")]
+        let mark = self.power.mark(file);
         let r = self.injected(IoOp::Sync).and_then(|()| file.sync_data());
+        #[cfg(feature = "fault-injection")]
+        if r.is_ok() {
+            self.power.synced(file, mark);
+        }
         self.checked(r, || "fdatasync of a block file".to_string())
     }
 

@@ -152,7 +152,10 @@ pub struct ReadResult {
 pub enum CrashPoint {
     /// In update: a block is allocated, nothing written.
     UpdateAfterAllocate,
-    /// In update: data written to the block, metadata not.
+    /// In update: data written to the block, not yet synced (lost or torn
+    /// by a power cut, kept by a process crash), metadata not written.
+    UpdateBeforeDataSync,
+    /// In update: data written to the block and synced, metadata not.
     UpdateAfterDataWrite,
     /// In update: metadata batch written, in-memory state not updated.
     UpdateAfterMetaWrite,
@@ -713,6 +716,7 @@ impl ChunkEngine {
         check_data_crc(chunk, data_crc, tail_crc)?;
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
         handle.write_at(base_len, tail)?;
+        self.crash_at(CrashPoint::UpdateBeforeDataSync)?;
         self.sync_data(handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
         let data = VersionData { block: base.block, len_bytes: new_len as u32, crc, tag, page_crcs };
@@ -778,6 +782,7 @@ impl ChunkEngine {
         let handle = block.0.as_ref().map(Arc::clone).ok_or(ChunkError::Poisoned)?;
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
         handle.write_at(0, buf)?;
+        self.crash_at(CrashPoint::UpdateBeforeDataSync)?;
         self.sync_data(&handle)?;
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
         let data =
@@ -1142,6 +1147,33 @@ impl ChunkEngine {
     /// storage service reports its target offline.
     pub fn is_failed(&self) -> bool {
         self.poisoned.load(Ordering::SeqCst) || self.alloc.io_failed()
+    }
+
+    /// Starts the power-loss model: from now on every write to a block file
+    /// or the journal is remembered until its file is synced, so that
+    /// [`ChunkEngine::power_cut`] can undo it. Call right after open.
+    /// Feature `fault-injection` (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub fn enable_power_loss_model(&self) {
+        self.alloc.power.enable();
+        self.journal.power.enable();
+    }
+
+    /// A simulated power cut (see [`crate::power`]): every block-file and
+    /// journal sector written since its file's last sync is rolled back to a
+    /// random point of its history (seeded). The engine must then be dropped
+    /// without shutdown ([`ChunkEngine::simulate_crash`]) and reopened.
+    #[cfg(feature = "fault-injection")]
+    pub fn power_cut(&self, seed: u64) -> Result<crate::power::PowerCutStats> {
+        let a = self.alloc.power.cut(seed).map_err(|e| ChunkError::io("power cut of the block files", e))?;
+        let j = self.journal.power.cut(seed ^ 0x9E37_79B9_7F4A_7C15).map_err(|e| ChunkError::io("power cut of the journal", e))?;
+        self.poisoned.store(true, Ordering::SeqCst);
+        Ok(crate::power::PowerCutStats {
+            files: a.files + j.files,
+            writes: a.writes + j.writes,
+            sectors_lost: a.sectors_lost + j.sectors_lost,
+            sectors_kept: a.sectors_kept + j.sectors_kept,
+        })
     }
 
     /// Disk-fault injection: the next block-file operation of kind `op`

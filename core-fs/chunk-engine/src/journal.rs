@@ -292,6 +292,9 @@ pub(crate) struct Journal {
     /// durable for all waiters (group commit).
     synced_lsn: Mutex<u64>,
     old_path: std::path::PathBuf,
+    /// Records copied into the mapping but not synced, for simulated power cuts.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) power: crate::power::PowerLog,
 }
 
 impl Journal {
@@ -350,8 +353,16 @@ impl Journal {
             checkpointing: [false; REGIONS],
             stats: JournalStats::default(),
         };
-        let journal =
-            Journal { state: Mutex::new(state), head_lsn: AtomicU64::new(max_lsn), sync, file, synced_lsn: Mutex::new(max_lsn), old_path };
+        let journal = Journal {
+            state: Mutex::new(state),
+            head_lsn: AtomicU64::new(max_lsn),
+            sync,
+            file,
+            synced_lsn: Mutex::new(max_lsn),
+            old_path,
+            #[cfg(feature = "fault-injection")]
+            power: crate::power::PowerLog::default(),
+        };
         Ok((journal, records))
     }
 
@@ -405,6 +416,11 @@ impl Journal {
         }
         delta.lsn = st.next_lsn;
         let start = st.active * st.region_bytes + st.offset;
+        #[cfg(feature = "fault-injection")]
+        if self.power.is_enabled() {
+            let old = st.map.bytes_mut()[start..start + len].to_vec();
+            self.power.record(&self.file, start as u64, old).map_err(|e| ChunkError::io("recording a journal write", e))?;
+        }
         delta.encode_into(&mut st.map.bytes_mut()[start..start + len]);
         st.offset += len;
         st.next_lsn += 1;
@@ -431,7 +447,11 @@ impl Journal {
         // Every record up to the head is completely copied (the head moves
         // after the copy, under the state lock).
         let upto = self.head_lsn();
+        #[cfg(feature = "fault-injection")]
+        let mark = self.power.mark(&self.file);
         self.file.sync_data().map_err(|e| ChunkError::io("fdatasync of the append journal", e))?;
+        #[cfg(feature = "fault-injection")]
+        self.power.synced(&self.file, mark);
         *synced = upto;
         Ok(())
     }

@@ -17,6 +17,9 @@ pub mod error;
 pub mod journal;
 pub mod layout;
 pub mod meta;
+/// The power-loss model (feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
+pub mod power;
 
 pub use alloc::{IoOp, PoolStats};
 pub use engine::{ChunkEngine, CrashPoint, EngineConfig, ReadMode, ReadResult, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest};

@@ -9,8 +9,12 @@
 //!   [`TREE_ENTRIES_PER_TXN`] entries in one transaction: child directories
 //!   get nlink 0 and their own `Tree` entry, other children lose a link
 //!   (→ `File` entry or deleted). An empty tree directory is deleted.
-//! * `Temp`: an unpublished `CreateUnlinked` inode; after `temp_inode_ttl_ms`
-//!   it is reclaimed like a `File`.
+//! * `Temp`: an unpublished `CreateUnlinked` inode, leased by its writer
+//!   (`RenewTemp` restarts the TTL). After `temp_inode_ttl_ms` without a
+//!   renewal GC *claims* it — one transaction that re-checks the lease and
+//!   turns the entry into a `File` entry — and only then removes chunks, so
+//!   a publish racing GC either wins (GC drops the entry) or fails with
+//!   `NotFound`; it never returns success for data GC removes.
 //!
 //! Idempotency records older than `idempotency_ttl_ms` are cleared too.
 
@@ -55,8 +59,15 @@ pub async fn run_once(engine: &Arc<dyn KvEngine>, storage: &dyn StorageBackend, 
         let entry: GcValue = decode(&k, &v)?;
         match entry.kind {
             GcKind::Tree => drain_tree(engine, id, &mut stats).await?,
-            GcKind::Temp if now.saturating_sub(entry.queued_ns) < cfg.temp_inode_ttl_ms * 1_000_000 => stats.deferred += 1,
-            GcKind::Temp | GcKind::File => reclaim_file(engine, storage, cfg, id, &mut stats).await?,
+            GcKind::Temp if now.saturating_sub(entry.queued_ns) < cfg.temp_inode_ttl_ms.saturating_mul(1_000_000) => stats.deferred += 1,
+            GcKind::Temp => {
+                if claim_temp(engine, cfg, id, now).await? {
+                    reclaim_file(engine, storage, cfg, id, &mut stats).await?
+                } else {
+                    stats.deferred += 1;
+                }
+            }
+            GcKind::File => reclaim_file(engine, storage, cfg, id, &mut stats).await?,
         }
     }
     stats.idempotency_expired = expire_idempotency(engine, cfg, now).await?;
@@ -106,6 +117,36 @@ where
             other => return other,
         }
     }
+}
+
+/// Claims an expired temp inode for reclamation (see the module doc):
+/// `true` when it is now a `File` entry, `false` when it was renewed since
+/// the pass read it (deferred) or published (entry dropped).
+async fn claim_temp(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig, id: InodeId, now: u64) -> MetaResult<bool> {
+    let ttl_ns = cfg.temp_inode_ttl_ms.saturating_mul(1_000_000);
+    with_txn(engine, |txn| {
+        Box::pin(async move {
+            let Some(raw) = txn.get(&gc_key(id)).await? else { return Ok(false) };
+            let entry: GcValue = decode(&gc_key(id), &raw)?;
+            match entry.kind {
+                GcKind::Temp if now.saturating_sub(entry.queued_ns) < ttl_ns => return Ok(false),
+                GcKind::Temp => {}
+                GcKind::File => return Ok(true),
+                GcKind::Tree => return Ok(false),
+            }
+            match load_inode_opt(txn, id).await? {
+                Some(i) if i.nlink == 0 => {
+                    queue_gc(txn, id, GcKind::File, entry.queued_ns)?;
+                    Ok(true)
+                }
+                _ => {
+                    txn.clear(&gc_key(id))?;
+                    Ok(false)
+                }
+            }
+        })
+    })
+    .await
 }
 
 async fn reclaim_file(

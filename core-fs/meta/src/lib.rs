@@ -16,6 +16,7 @@ pub mod alloc;
 /// `fskv bench meta` (feature `bench`).
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod caller;
 pub mod chain_storage;
 pub mod error;
 pub mod fsck;

@@ -396,6 +396,7 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         MetaOp::CreateUnlinked { parent, mode } => create_unlinked(txn, ctx, *parent, *mode).await.map(MetaReply::Inode),
         MetaOp::WriteInline { inode, offset, data } => write_inline(txn, ctx, *inode, *offset, data).await.map(MetaReply::Inode),
         MetaOp::ReadInline { inode, offset, len } => read_inline(txn, ctx, *inode, *offset, *len).await.map(MetaReply::Data),
+        MetaOp::RenewTemp { inode } => renew_temp(txn, ctx, *inode).await.map(|()| MetaReply::Done),
         MetaOp::Replace { parent, name, inode, expected, attrs } => {
             replace(txn, ctx, *parent, name, *inode, expected.as_ref(), attrs).await.map(MetaReply::Inode)
         }
@@ -982,6 +983,32 @@ pub async fn create_unlinked(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent:
     Ok(inode)
 }
 
+/// The temp lease of an unpublished inode: its `Temp` GC entry. GC claims
+/// an expired one by turning the entry into a `File` entry in a transaction
+/// before it removes any chunk, so after the claim neither a renewal nor a
+/// publish can succeed (both read the entry and conflict with the claim).
+///
+/// | entry of `id` | `RenewTemp` | `Replace` (publish) |
+/// |---|---|---|
+/// | `Temp` | queued time := now (the TTL counts again) | publishes, clears the entry |
+/// | `File` (claimed by GC) or none | `NotFound` | `NotFound` |
+async fn temp_lease(txn: &mut dyn Transaction, id: InodeId) -> MetaResult<GcValue> {
+    let claimed = || MetaError::NotFound(format!("{id} is not a live temp inode (its lease expired and GC reclaims it)"));
+    let raw = txn.get(&gc_key(id)).await?.ok_or_else(claimed)?;
+    let entry: GcValue = decode(&gc_key(id), &raw)?;
+    if entry.kind != GcKind::Temp {
+        return Err(claimed());
+    }
+    Ok(entry)
+}
+
+pub async fn renew_temp(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId) -> MetaResult<()> {
+    let inode = load_inode(txn, id).await?;
+    perm::check(&inode, ctx.user, WRITE)?;
+    temp_lease(txn, id).await?;
+    queue_gc(txn, id, GcKind::Temp, ctx.prep.now_ns)
+}
+
 pub async fn write_inline(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, offset: u64, data: &[u8]) -> MetaResult<Inode> {
     let mut inode = load_inode(txn, id).await?;
     perm::check(&inode, ctx.user, WRITE)?;
@@ -1119,6 +1146,7 @@ pub async fn replace(
     if inode.nlink != 0 || inode.file().is_none() {
         return Err(MetaError::InvalidArgument(format!("{id} is not an unpublished file")));
     }
+    temp_lease(txn, id).await?;
     let current = check_expected(txn, parent, name, expected).await?;
     publish(txn, ctx, &dir, name, current, &inode).await?;
     inode.nlink = 1;

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use fskv_kv::{KvEngine, Transaction};
 use fskv_proto::meta::*;
 use fskv_proto::meta::{MetaBatchCall, MetaCall, MetaFsckCall};
-use fskv_rpc::{MetricsRegistry, Router, Server, ServerConfig, Status, TcpTransport};
+use fskv_rpc::{MetricsRegistry, RequestContext, Router, Server, ServerConfig, Status, TcpTransport};
 use fskv_types::InodeId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -103,6 +103,7 @@ pub fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::ReadInline { .. } => "read_inline",
         MetaOp::Replace { .. } => "replace",
         MetaOp::CreateWritePublish { .. } => "create_write_publish",
+        MetaOp::RenewTemp { .. } => "renew_temp",
     }
 }
 
@@ -308,13 +309,20 @@ impl MetaService {
                 let svc = checker.clone();
                 async move { svc.fsck(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
             })
-            .route::<MetaCall, _, _>(move |_ctx, req: MetaRequest, _payload| {
+            .route::<MetaCall, _, _>(move |ctx: RequestContext, mut req: MetaRequest, _payload| {
                 let svc = one.clone();
-                async move { svc.execute(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+                async move {
+                    // Who the request acts as: crate::caller's table.
+                    req.user = crate::caller::acting_user(ctx.principal.as_ref(), req.user).map_err(Status::from)?;
+                    svc.execute(req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+                }
             })
-            .route::<MetaBatchCall, _, _>(move |_ctx, req: MetaBatchRequest, _payload| {
+            .route::<MetaBatchCall, _, _>(move |ctx: RequestContext, mut req: MetaBatchRequest, _payload| {
                 let svc = many.clone();
                 async move {
+                    for r in &mut req.requests {
+                        r.user = crate::caller::acting_user(ctx.principal.as_ref(), std::mem::take(&mut r.user)).map_err(Status::from)?;
+                    }
                     if req.requests.len() > MAX_BATCH_OPS {
                         return Err(Status::new(
                             fskv_types::ErrorCode::InvalidArgument,

@@ -795,3 +795,91 @@ async fn overwrite_deletes_the_old_inodes_xattrs() {
     assert_eq!(count(id).await, 0);
     assert_eq!(count(v2.id).await, 2, "a neighbour's keys are untouched");
 }
+
+/// Fake storage whose `remove_chunks` stops until the test lets it go: GC
+/// is held exactly between its claim of a temp inode and the removal of the
+/// inode, the window in which a publish used to succeed for removed data.
+struct PausingStorage {
+    inner: fskv_meta::FakeStorage,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl fskv_meta::StorageBackend for PausingStorage {
+    fn knows_lengths(&self) -> bool {
+        true
+    }
+    async fn last_chunk(
+        &self,
+        i: InodeId,
+        c: fskv_types::ChainId,
+    ) -> Result<Option<fskv_meta::storage::LastChunk>, fskv_meta::storage::StorageError> {
+        self.inner.last_chunk(i, c).await
+    }
+    async fn remove_chunks(&self, i: InodeId, l: &FileLayout) -> Result<u64, fskv_meta::storage::StorageError> {
+        self.entered.notify_one();
+        self.release.notified().await;
+        self.inner.remove_chunks(i, l).await
+    }
+    async fn truncate_chunks(&self, i: InodeId, l: &FileLayout, len: u64) -> Result<(), fskv_meta::storage::StorageError> {
+        self.inner.truncate_chunks(i, l, len).await
+    }
+    async fn capacity_bytes(&self) -> (u64, u64) {
+        self.inner.capacity_bytes().await
+    }
+}
+
+#[tokio::test]
+async fn a_leased_temp_inode_survives_gc_and_a_publish_racing_its_reclaim_fails() {
+    let ttl_ms = 200;
+    let cfg = fskv_meta::MetaConfig { temp_inode_ttl_ms: ttl_ms, ..common::test_config() };
+    let storage = std::sync::Arc::new(PausingStorage {
+        inner: fskv_meta::FakeStorage::new(),
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let engine: std::sync::Arc<dyn fskv_kv::KvEngine> = std::sync::Arc::new(fskv_kv::MemoryEngine::new());
+    let svc = fskv_meta::MetaService::open(engine, storage.clone(), cfg).await.unwrap();
+    let fs = Fs::over(svc);
+
+    // A slow upload: the writer renews its lease more often than the TTL, so
+    // GC passes well past the TTL since creation leave it alone.
+    let slow = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    storage.inner.write_file(slow.id, &slow.file().unwrap().layout, 100_000);
+    let written = storage.inner.chunk_count(slow.id);
+    assert!(written > 0);
+    for _ in 0..4 {
+        tokio::time::sleep(std::time::Duration::from_millis(ttl_ms / 2)).await;
+        assert_eq!(fs.op(MetaOp::RenewTemp { inode: slow.id }).await.unwrap(), MetaReply::Done);
+        let stats = fs.svc.run_gc_once().await.unwrap();
+        assert_eq!(stats.files_removed, 0, "a renewed temp inode must not be reclaimed");
+    }
+    fs.inode(MetaOp::Replace { parent: ROOT, name: "slow".into(), inode: slow.id, expected: None, attrs: Default::default() })
+        .await
+        .expect("publish after a long, leased upload");
+    assert_eq!(storage.inner.chunk_count(slow.id), written, "the published data is intact");
+
+    // An abandoned temp inode: GC claims it; a publish arriving while GC is
+    // removing its chunks must fail, not report success for removed data.
+    let abandoned = fs.inode(MetaOp::CreateUnlinked { parent: ROOT, mode: 0o644 }).await.unwrap();
+    storage.inner.write_file(abandoned.id, &abandoned.file().unwrap().layout, 100_000);
+    tokio::time::sleep(std::time::Duration::from_millis(ttl_ms + 20)).await;
+    let gc = {
+        let svc = fs.svc.clone();
+        tokio::spawn(async move { svc.run_gc_once().await })
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), storage.entered.notified()).await.expect("GC reaches remove_chunks");
+    let publish = fs
+        .inode(MetaOp::Replace { parent: ROOT, name: "late".into(), inode: abandoned.id, expected: None, attrs: Default::default() })
+        .await;
+    assert_eq!(code(publish), ErrorCode::NotFound, "a publish after GC's claim is refused");
+    assert_eq!(code(fs.op(MetaOp::RenewTemp { inode: abandoned.id }).await), ErrorCode::NotFound, "so is a renewal");
+    storage.release.notify_one();
+    let stats = gc.await.unwrap().unwrap();
+    assert_eq!(stats.files_removed, 1);
+    assert_eq!(code(fs.lookup(ROOT, "late").await), ErrorCode::NotFound, "nothing was published");
+    assert_eq!(code(fs.stat(abandoned.id).await), ErrorCode::NotFound);
+    assert_eq!(storage.inner.chunk_count(abandoned.id), 0);
+    fs.fsck_clean().await;
+}

@@ -18,6 +18,10 @@ pub enum MgmtdError {
     Corrupt { key: String, detail: String },
     #[error("lost the primary lease")]
     LeaseLost,
+    /// A heartbeat over a connection authenticated as another principal
+    /// (`service.rs`, "Who may heartbeat").
+    #[error("a heartbeat for {claimed} from a connection authenticated as {principal}")]
+    WrongPrincipal { claimed: String, principal: String },
 }
 
 impl MgmtdError {
@@ -31,6 +35,7 @@ impl MgmtdError {
             MgmtdError::Kv(e) => e.code(),
             MgmtdError::Layout(_) => ErrorCode::InvalidArgument,
             MgmtdError::Corrupt { .. } => ErrorCode::Internal,
+            MgmtdError::WrongPrincipal { .. } => ErrorCode::PermissionDenied,
         }
     }
 }

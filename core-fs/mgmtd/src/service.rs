@@ -19,6 +19,22 @@
 //!   new [`RoutingInfo`]. Sync orders reach the predecessors through that
 //!   routing info: a storage service syncs its successor when it sees it
 //!   syncing.
+//! * **Who may heartbeat.** With service identity on (a cluster key,
+//!   `fskv_rpc::auth`), a heartbeat is accepted only over a connection whose
+//!   proven principal is the node it speaks for; mgmtd's layout (the known
+//!   node ids, checked by [`ClusterState`]) then decides whether that node
+//!   exists:
+//!
+//!   | method | request for | accepted from principal |
+//!   |---|---|---|
+//!   | `Heartbeat` (storage) | node `N` | `node:N` |
+//!   | `MetaHeartbeat` | meta server `N` | `meta:N` |
+//!   | either | any | nobody else (`client`, `fuse`, `gateway`, another node): `PermissionDenied` |
+//!   | either, server without a key | any | anyone (no authentication: tests, simulation) |
+//!
+//!   With one cluster key every holder of the key can claim any name: this
+//!   stops forged heartbeats from processes that hold no key or claim to be
+//!   clients, not a malicious key holder (per-node keys are the next step).
 
 use crate::clock::Clock;
 use crate::cluster::{ClusterConfig, ClusterState, Heartbeat};
@@ -32,9 +48,10 @@ use fskv_kv::KvEngine;
 use fskv_proto::mgmtd::*;
 use fskv_proto::mgmtd::{GetRouting, Heartbeat as HeartbeatMethod, MgmtdStatus};
 use fskv_proto::routing::{ChainInfo, ChainTable, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
+use fskv_rpc::auth::Principal;
 use fskv_rpc::metrics::{MetricsRegistry, Snapshot};
 use fskv_rpc::watch;
-use fskv_rpc::{Router, Server, ServerConfig, TcpTransport, Transport};
+use fskv_rpc::{RequestContext, Router, Server, ServerConfig, TcpTransport, Transport};
 use fskv_types::{NodeId, Status};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -652,9 +669,12 @@ impl Mgmtd {
     pub fn router(&self) -> Router {
         let m = self.clone();
         let router = Router::new().with_metrics(self.inner.registry.clone()).route::<HeartbeatMethod, _, _>(
-            move |_ctx, req: HeartbeatReq, _payload| {
+            move |ctx: RequestContext, req: HeartbeatReq, _payload| {
                 let m = m.clone();
-                async move { m.heartbeat(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+                async move {
+                    authorize_heartbeat(ctx.principal.as_ref(), &format!("node:{}", req.node_id.0))?;
+                    m.heartbeat(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+                }
             },
         );
         let m = self.clone();
@@ -663,14 +683,48 @@ impl Mgmtd {
             async move { m.get_routing(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
         });
         let m = self.clone();
-        let router = router.route::<MetaHeartbeat, _, _>(move |_ctx, req: MetaHeartbeatReq, _payload| {
+        let router = router.route::<MetaHeartbeat, _, _>(move |ctx: RequestContext, req: MetaHeartbeatReq, _payload| {
             let m = m.clone();
-            async move { m.meta_heartbeat(&req).map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                authorize_heartbeat(ctx.principal.as_ref(), &format!("meta:{}", req.node_id.0))?;
+                m.meta_heartbeat(&req).map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let m = self.clone();
         router.route::<MgmtdStatus, _, _>(move |_ctx, _req: MgmtdStatusReq, _payload| {
             let m = m.clone();
             async move { Ok((m.status(), Bytes::new())) }
         })
+    }
+}
+
+/// "Who may heartbeat" (module doc): `expected` is the principal name of the
+/// node the heartbeat speaks for; `None` is a server without authentication.
+fn authorize_heartbeat(principal: Option<&Principal>, expected: &str) -> std::result::Result<(), Status> {
+    match principal {
+        Some(p) if p.name() != expected => {
+            let e = MgmtdError::WrongPrincipal { claimed: expected.to_string(), principal: p.name().to_string() };
+            warn!(error = %e, "heartbeat refused");
+            Err(e.into())
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod authorize_tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_only_from_the_node_itself() {
+        let p = |n: &str| Principal::new(n).unwrap();
+        assert!(authorize_heartbeat(Some(&p("node:5")), "node:5").is_ok());
+        assert!(authorize_heartbeat(None, "node:5").is_ok(), "no authentication configured");
+        for wrong in ["node:6", "client", "meta:5", "gateway", "fuse"] {
+            let e = authorize_heartbeat(Some(&p(wrong)), "node:5").unwrap_err();
+            assert_eq!(e.code, fskv_types::ErrorCode::PermissionDenied, "{wrong}");
+        }
+        assert!(authorize_heartbeat(Some(&p("meta:1")), "meta:1").is_ok());
+        assert!(authorize_heartbeat(Some(&p("node:1")), "meta:1").is_err());
     }
 }

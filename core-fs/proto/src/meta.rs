@@ -485,6 +485,13 @@ pub enum MetaOp {
         kind: SpecialKind,
         rdev: u64,
     },
+    /// Renews the lease of an unpublished [`MetaOp::CreateUnlinked`] inode:
+    /// its `temp_inode_ttl_ms` counts again from now, so GC leaves a slow
+    /// upload alone while its writer lives. `NotFound` once GC has claimed
+    /// the inode (a later `Replace` of it fails too). Replies `Done`.
+    RenewTemp {
+        inode: InodeId,
+    },
 }
 
 impl MetaOp {
@@ -546,7 +553,8 @@ impl MetaOp {
             | MetaOp::ListXattr { inode }
             | MetaOp::RemoveXattr { inode, .. }
             | MetaOp::WriteInline { inode, .. }
-            | MetaOp::ReadInline { inode, .. } => *inode,
+            | MetaOp::ReadInline { inode, .. }
+            | MetaOp::RenewTemp { inode } => *inode,
             MetaOp::StatFs => InodeId::ROOT,
         }
     }
@@ -618,7 +626,8 @@ pub enum MetaReply {
         inode: Inode,
         session: u64,
     },
-    /// Rmdir, Unlink, UnlinkExpected, Rename, SetXattr, RemoveXattr, RemoveTree.
+    /// Rmdir, Unlink, UnlinkExpected, Rename, SetXattr, RemoveXattr, RemoveTree,
+    /// RenewTemp.
     Done,
     Target(String),
     Entries {

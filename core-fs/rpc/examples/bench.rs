@@ -1,4 +1,4 @@
-//! Runs the RPC loopback bench: `cargo run --release -p fskv-rpc --example bench -- [SECONDS] [--json]`.
+//! Runs the RPC loopback bench: `cargo run --release -p fskv-rpc --example bench -- [SECONDS] [--json] [--auth] [--no-iperf3]`.
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -7,6 +7,10 @@ async fn main() -> anyhow::Result<()> {
     for arg in std::env::args().skip(1) {
         if arg == "--json" {
             json = true;
+        } else if arg == "--auth" {
+            opts.auth_comparison = true;
+        } else if arg == "--no-iperf3" {
+            opts.run_iperf3 = false;
         } else {
             opts.seconds = arg.parse()?;
         }

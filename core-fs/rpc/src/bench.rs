@@ -4,6 +4,13 @@
 //! `127.0.0.1:0`, runs each scenario for `seconds` with a fresh client, then
 //! measures single-stream iperf3 on loopback for the same duration. Loops are
 //! bounded by time and by a maximum call count.
+//!
+//! With [`BenchOptions::auth_comparison`] it also measures the cost of
+//! service identity ([`crate::auth`]): the same server and client with and
+//! without a cluster key, interleaved (off, on, off, on, … so drift hits
+//! both alike): connect latency (a fresh client's first small call: TCP
+//! connect + handshake + one call) and small-call / 1 MiB-write throughput
+//! on warm connections.
 
 use crate::{CallOptions, ClientConfig, Method, Router, RpcClient, Server, ServerConfig, TcpTransport};
 use anyhow::Context;
@@ -53,6 +60,8 @@ pub struct BenchOptions {
     pub connections_per_addr: usize,
     /// Whether to measure iperf3 at all.
     pub run_iperf3: bool,
+    /// Also compare every connection authenticated vs not (module doc).
+    pub auth_comparison: bool,
 }
 
 impl Default for BenchOptions {
@@ -64,6 +73,7 @@ impl Default for BenchOptions {
             small_payload_bytes: 64,
             connections_per_addr: 4,
             run_iperf3: true,
+            auth_comparison: false,
         }
     }
 }
@@ -106,6 +116,26 @@ pub struct BenchReport {
     /// Best 1 MiB write throughput (request payload only, one direction,
     /// the fair comparison with iperf3's one-direction stream) / iperf3.
     pub ratio_write_one_direction_vs_iperf3: Option<f64>,
+    /// Authenticated vs not ([`BenchOptions::auth_comparison`]).
+    pub auth: Option<AuthReport>,
+}
+
+/// The cost of the handshake: each figure without and with a cluster key.
+#[derive(Clone, Debug, Serialize)]
+pub struct AuthReport {
+    /// Interleaved rounds.
+    pub rounds: usize,
+    pub connects_per_round: usize,
+    pub connect_p50_us_off: u64,
+    pub connect_p50_us_on: u64,
+    pub connect_p99_us_off: u64,
+    pub connect_p99_us_on: u64,
+    /// Per round: (small calls/s off, on), (1 MiB write MiB/s off, on).
+    pub small_calls_per_sec: Vec<(f64, f64)>,
+    pub write_1mib_mib_per_sec: Vec<(f64, f64)>,
+    /// Sum over rounds on / sum off.
+    pub ratio_small_calls: f64,
+    pub ratio_write_1mib: f64,
 }
 
 impl fmt::Display for BenchReport {
@@ -137,14 +167,28 @@ impl fmt::Display for BenchReport {
         }
         let ratio = |r: Option<f64>| r.map_or("n/a".to_string(), |r| format!("{r:.2}"));
         writeln!(f, "ratio 1 MiB write (one direction) / iperf3: {}   [goal >= 0.6]", ratio(self.ratio_write_one_direction_vs_iperf3))?;
-        write!(f, "ratio 1 MiB echo (both directions) / iperf3: {}", ratio(self.ratio_echo_both_directions_vs_iperf3))
+        write!(f, "ratio 1 MiB echo (both directions) / iperf3: {}", ratio(self.ratio_echo_both_directions_vs_iperf3))?;
+        if let Some(a) = &self.auth {
+            writeln!(f)?;
+            writeln!(f, "service identity (HMAC handshake) off vs on, {} interleaved rounds:", a.rounds)?;
+            writeln!(
+                f,
+                "  connect + first call ({} per round): p50 {} us -> {} us, p99 {} us -> {} us",
+                a.connects_per_round, a.connect_p50_us_off, a.connect_p50_us_on, a.connect_p99_us_off, a.connect_p99_us_on
+            )?;
+            for (i, ((s_off, s_on), (w_off, w_on))) in a.small_calls_per_sec.iter().zip(&a.write_1mib_mib_per_sec).enumerate() {
+                writeln!(f, "  round {}: small {s_off:.0} -> {s_on:.0} calls/s, 1 MiB write {w_off:.1} -> {w_on:.1} MiB/s", i + 1)?;
+            }
+            write!(f, "  ratio on/off: small calls {:.3}, 1 MiB writes {:.3}", a.ratio_small_calls, a.ratio_write_1mib)?;
+        }
+        Ok(())
     }
 }
 
 /// Runs every scenario and iperf3; see the module docs.
 pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     let seconds = opts.seconds.max(1);
-    let server = start_server().await?;
+    let server = start_server(None).await?;
     let addr = server.local_addr().to_string();
     let large = opts.large_payload_bytes;
     let small = opts.small_payload_bytes;
@@ -154,9 +198,10 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
     for (name, method_id, req_bytes, reply_bytes) in shapes {
         for callers in [1, opts.concurrent_callers.max(1)] {
             let scenario = Scenario { name, method_id, callers, req_bytes, reply_bytes, seconds };
-            scenarios.push(run_scenario(&addr, &opts, scenario).await?);
+            scenarios.push(run_scenario(&addr, &opts, scenario, None).await?);
         }
     }
+    let auth = if opts.auth_comparison { Some(auth_comparison(&addr, &opts, seconds).await?) } else { None };
     server.shutdown().await;
 
     let iperf3 = if opts.run_iperf3 {
@@ -177,17 +222,94 @@ pub async fn run(opts: BenchOptions) -> anyhow::Result<BenchReport> {
         ratio_write_one_direction_vs_iperf3: ratio(best("write_1mib")),
         scenarios,
         iperf3,
+        auth,
     })
 }
 
-async fn start_server() -> anyhow::Result<Server> {
+/// Rounds of the authenticated-vs-not comparison.
+const AUTH_ROUNDS: usize = 3;
+/// Fresh connections timed per round and mode.
+const AUTH_CONNECTS_PER_ROUND: usize = 200;
+
+/// The module doc's comparison; `plain_addr` serves without a key.
+async fn auth_comparison(plain_addr: &str, opts: &BenchOptions, seconds: u64) -> anyhow::Result<AuthReport> {
+    let key = Arc::new(crate::auth::ClusterKey::generate());
+    let keyed = start_server(Some(key.clone())).await?;
+    let keyed_addr = keyed.local_addr().to_string();
+    let modes = [(plain_addr.to_string(), None), (keyed_addr, Some(key))];
+    let (mut connect_off, mut connect_on) = (Vec::new(), Vec::new());
+    let (mut small, mut write) = (Vec::new(), Vec::new());
+    let per = (seconds / 2).max(1);
+    let small_sc = Scenario {
+        name: "small",
+        method_id: BenchEcho::ID,
+        callers: opts.concurrent_callers.max(1),
+        req_bytes: opts.small_payload_bytes,
+        reply_bytes: opts.small_payload_bytes,
+        seconds: per,
+    };
+    let write_sc = Scenario {
+        name: "write_1mib",
+        method_id: BenchWrite::ID,
+        callers: opts.concurrent_callers.max(1),
+        req_bytes: opts.large_payload_bytes,
+        reply_bytes: 0,
+        seconds: per,
+    };
+    for _ in 0..AUTH_ROUNDS {
+        let mut s = [0.0; 2];
+        let mut w = [0.0; 2];
+        for (i, (addr, key)) in modes.iter().enumerate() {
+            let samples = if i == 0 { &mut connect_off } else { &mut connect_on };
+            for _ in 0..AUTH_CONNECTS_PER_ROUND {
+                let client = RpcClient::new(
+                    Arc::new(TcpTransport::new()),
+                    ClientConfig { connections_per_addr: 1, cluster_key: key.clone(), ..ClientConfig::default() },
+                );
+                let started = Instant::now();
+                one_call(&client, addr, BenchEcho::ID, Bytes::from_static(b"x")).await.context("auth bench connect")?;
+                samples.push(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+            }
+            s[i] = run_scenario(addr, opts, small_sc, key.clone()).await?.calls_per_sec;
+            w[i] = run_scenario(addr, opts, write_sc, key.clone()).await?.mib_per_sec;
+        }
+        small.push((s[0], s[1]));
+        write.push((w[0], w[1]));
+    }
+    keyed.shutdown().await;
+    connect_off.sort_unstable();
+    connect_on.sort_unstable();
+    let ratio = |v: &[(f64, f64)]| {
+        let (off, on) = v.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+        if off > 0.0 {
+            on / off
+        } else {
+            0.0
+        }
+    };
+    Ok(AuthReport {
+        rounds: AUTH_ROUNDS,
+        connects_per_round: AUTH_CONNECTS_PER_ROUND,
+        connect_p50_us_off: percentile(&connect_off, 0.50),
+        connect_p50_us_on: percentile(&connect_on, 0.50),
+        connect_p99_us_off: percentile(&connect_off, 0.99),
+        connect_p99_us_on: percentile(&connect_on, 0.99),
+        ratio_small_calls: ratio(&small),
+        ratio_write_1mib: ratio(&write),
+        small_calls_per_sec: small,
+        write_1mib_mib_per_sec: write,
+    })
+}
+
+async fn start_server(cluster_key: Option<Arc<crate::auth::ClusterKey>>) -> anyhow::Result<Server> {
     let router = Router::new().route::<BenchEcho, _, _>(|_ctx, n, payload| async move { Ok((n, payload)) }).route::<BenchWrite, _, _>(
         |_ctx, n, payload: Bytes| async move {
             std::hint::black_box(payload.len());
             Ok((n, Bytes::new()))
         },
     );
-    Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, ServerConfig::default()).await.context("starting the bench server")
+    let config = ServerConfig { cluster_key, ..ServerConfig::default() };
+    Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, config).await.context("starting the bench server")
 }
 
 #[derive(Clone, Copy)]
@@ -207,10 +329,15 @@ struct CallerStats {
     latencies_us: Vec<u64>,
 }
 
-async fn run_scenario(addr: &str, opts: &BenchOptions, sc: Scenario) -> anyhow::Result<ScenarioReport> {
+async fn run_scenario(
+    addr: &str,
+    opts: &BenchOptions,
+    sc: Scenario,
+    cluster_key: Option<Arc<crate::auth::ClusterKey>>,
+) -> anyhow::Result<ScenarioReport> {
     let client = RpcClient::new(
         Arc::new(TcpTransport::new()),
-        ClientConfig { connections_per_addr: opts.connections_per_addr.max(1), ..ClientConfig::default() },
+        ClientConfig { connections_per_addr: opts.connections_per_addr.max(1), cluster_key, ..ClientConfig::default() },
     );
     let payload = Bytes::from(vec![0xA5u8; sc.req_bytes]);
     // Warm up: open the pool's connections and check the shape is right.

@@ -8,6 +8,7 @@
 //! and sends a Cancel frame if the call ends (timeout or the future dropped)
 //! before its reply.
 
+use crate::auth::{ClientHandshake, ClusterKey, NONCE_BYTES};
 use crate::error::{Result, RpcError};
 use crate::frame::{Frame, FrameKind, OutFrame, STATUS_OK};
 use crate::io::{write_loop, FrameReader};
@@ -37,13 +38,25 @@ pub struct ClientConfig {
     /// (within their deadline).
     pub max_in_flight_per_connection: usize,
     pub connect_timeout_ms: u64,
+    /// The cluster key: with it every connection starts with the
+    /// [`crate::auth`] handshake; `None` connects without one.
+    pub cluster_key: Option<Arc<ClusterKey>>,
+    /// The name claimed in the handshake (`node:<id>`, `fuse`, `client`, ...).
+    pub principal: Arc<str>,
+    /// Bound on the handshake.
+    pub handshake_timeout_ms: u64,
 }
 
-/// The process's `[rpc]` settings ([`crate::settings`]).
+/// The process's `[rpc]` settings ([`crate::settings`]) and identity
+/// ([`crate::auth::install`]).
 impl Default for ClientConfig {
     fn default() -> Self {
         let s = crate::settings::current();
+        let identity = crate::auth::current();
         ClientConfig {
+            cluster_key: identity.key,
+            principal: identity.principal,
+            handshake_timeout_ms: s.handshake_timeout_ms,
             connections_per_addr: s.connections_per_peer,
             max_frame_bytes: s.max_frame_bytes,
             max_in_flight_per_connection: s.max_in_flight_per_connection,
@@ -256,7 +269,20 @@ impl RpcClient {
 
     async fn connect(&self, addr: &str) -> Result<Arc<Conn>> {
         let config = &self.inner.config;
-        let connection = connect_with_timeout(self.inner.transport.as_ref(), addr, config.connect_timeout_ms).await?;
+        let mut connection = connect_with_timeout(self.inner.transport.as_ref(), addr, config.connect_timeout_ms).await?;
+        if let Some(key) = &config.cluster_key {
+            let handshake = client_handshake(&mut connection, key.clone(), &config.principal);
+            match tokio::time::timeout(Duration::from_millis(config.handshake_timeout_ms), handshake).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e.into_rpc(addr)),
+                Err(_) => {
+                    return Err(RpcError::Unauthenticated {
+                        addr: addr.to_string(),
+                        reason: format!("no answer to the handshake within {} ms", config.handshake_timeout_ms),
+                    })
+                }
+            }
+        }
         let max_in_flight = config.max_in_flight_per_connection.max(1);
         let shared =
             Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(DetHashMap::default()), closed: AtomicBool::new(false) });
@@ -273,17 +299,66 @@ impl RpcClient {
             .instrument(span.clone()),
         );
         let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer).trusting_frame_sizes();
-        let reader = tokio::spawn(read_loop(reader, shared.clone()).instrument(span)).abort_handle();
+        let keyless = config.cluster_key.is_none();
+        let reader = tokio::spawn(read_loop(reader, shared.clone(), keyless).instrument(span)).abort_handle();
         Ok(Arc::new(Conn { shared, tx, permits: Arc::new(Semaphore::new(max_in_flight)), reader }))
     }
 }
 
+/// Why a client handshake failed: a refusal or a bad server proof
+/// (`Unauthenticated`, not retried) or a broken connection (retryable).
+enum HandshakeError {
+    Auth(crate::auth::ClientAuthError),
+    Io(std::io::Error),
+}
+
+impl HandshakeError {
+    fn into_rpc(self, addr: &str) -> RpcError {
+        match self {
+            HandshakeError::Auth(e) => RpcError::Unauthenticated { addr: addr.to_string(), reason: e.to_string() },
+            // The server closes without a word on a hello it cannot parse or
+            // a proof that fails before it answers; say what it likely means.
+            HandshakeError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => RpcError::Unauthenticated {
+                addr: addr.to_string(),
+                reason: "the server closed the connection during the handshake (it refused us, or does not authenticate)".into(),
+            },
+            HandshakeError::Io(e) => RpcError::connection(addr, format!("handshake: {e}")),
+        }
+    }
+}
+
+/// The async shell of [`ClientHandshake`]: hello, challenge, proof, verdict.
+async fn client_handshake(
+    conn: &mut crate::transport::Connection,
+    key: Arc<ClusterKey>,
+    principal: &str,
+) -> std::result::Result<(), HandshakeError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut nonce = [0u8; NONCE_BYTES];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+    let (mut state, hello) = ClientHandshake::start(key, principal, nonce).map_err(HandshakeError::Auth)?;
+    conn.write.write_all(&hello).await.map_err(HandshakeError::Io)?;
+    conn.write.flush().await.map_err(HandshakeError::Io)?;
+    let mut challenge = [0u8; crate::auth::CHALLENGE_BYTES];
+    conn.read.read_exact(&mut challenge[..1]).await.map_err(HandshakeError::Io)?;
+    let len = ClientHandshake::challenge_len(challenge[0]);
+    conn.read.read_exact(&mut challenge[1..len]).await.map_err(HandshakeError::Io)?;
+    let proof = state.on_challenge(&challenge[..len]).map_err(HandshakeError::Auth)?;
+    conn.write.write_all(&proof).await.map_err(HandshakeError::Io)?;
+    conn.write.flush().await.map_err(HandshakeError::Io)?;
+    let mut verdict = [0u8; 1];
+    conn.read.read_exact(&mut verdict).await.map_err(HandshakeError::Io)?;
+    state.on_verdict(verdict[0]).map_err(HandshakeError::Auth)
+}
+
 /// Delivers responses to pending calls until the connection ends, then
 /// fails whatever is still pending.
-async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>) {
+async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>, keyless: bool) {
+    let mut replies = 0u64;
     let reason = loop {
         match reader.next().await {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Response => {
+                replies += 1;
                 let waiter = shared.pending.lock().remove(&frame.header.request_id);
                 // No waiter: the call already timed out or was dropped.
                 if let Some(tx) = waiter {
@@ -294,6 +369,14 @@ async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>) {
             Ok(None) => break "connection closed by peer".to_string(),
             Err(e) => break e.to_string(),
         }
+    };
+    // A server that requires the cluster key closes a connection without
+    // one at its first frame (`crate::auth`): say so instead of only
+    // "connection closed".
+    let reason = if keyless && replies == 0 {
+        format!("{reason} (before any reply: if the server requires the cluster key, this client has none — pass --cluster-key-file)")
+    } else {
+        reason
     };
     shared.fail(&reason);
 }

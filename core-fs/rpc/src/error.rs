@@ -11,6 +11,10 @@ pub enum RpcError {
     /// The server (or its handler) answered with an error status.
     #[error("remote error {0}")]
     Remote(Status),
+    /// The connection's handshake failed (a missing or different cluster
+    /// key, or a peer refused): not retried, the request never ran.
+    #[error("authentication with {addr} failed: {reason}")]
+    Unauthenticated { addr: String, reason: String },
     /// The connection could not be made or broke; the request may not have run.
     #[error("connection to {addr} failed: {reason}")]
     ConnectionFailed { addr: String, reason: String },
@@ -37,6 +41,7 @@ impl RpcError {
         match self {
             RpcError::Remote(s) => s.code,
             RpcError::ConnectionFailed { .. } => ErrorCode::ConnectionFailed,
+            RpcError::Unauthenticated { .. } => ErrorCode::PermissionDenied,
             RpcError::DeadlineExceeded { .. } => ErrorCode::DeadlineExceeded,
             RpcError::Frame(FrameError::TooLarge { .. }) => ErrorCode::FrameTooLarge,
             RpcError::Frame(_) | RpcError::Malformed(_) => ErrorCode::MalformedMessage,

@@ -126,6 +126,36 @@ pub(crate) async fn serve(
     }
 }
 
+/// Connections a [`serve_metrics`] listener answers at once; more wait in
+/// the listen backlog.
+pub const MAX_METRICS_CONNECTIONS: usize = 16;
+
+/// A listener of its own for `GET /metrics`, for a process without an RPC
+/// port (the FUSE mount: `fskv mount --metrics-listen`). Each connection
+/// gets the same rules as the sniffed request on an RPC port (the table
+/// above, `read_timeout` for the head and for sending the answer), at most
+/// [`MAX_METRICS_CONNECTIONS`] at once. Runs until the task is dropped.
+pub async fn serve_metrics(listener: tokio::net::TcpListener, registry: std::sync::Arc<MetricsRegistry>, read_timeout: Duration) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_METRICS_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let sock = match listener.accept().await {
+            Ok((sock, _)) => sock,
+            Err(e) => {
+                tracing::debug!(error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let (read, write) = sock.into_split();
+            serve(Box::new(read), Box::new(write), &[], &registry, read_timeout).await;
+            drop(permit);
+        });
+    }
+}
+
 /// Largest metrics text [`scrape`] accepts.
 pub const MAX_SCRAPE_BYTES: usize = 64 << 20;
 
@@ -169,6 +199,23 @@ mod tests {
         let mut big = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
         big.resize(MAX_HTTP_REQUEST_BYTES, b'a');
         assert_eq!(parse_head(&big), Head::TooLarge);
+    }
+
+    #[tokio::test]
+    async fn a_metrics_listener_answers_scrapes_and_cuts_a_silent_peer() {
+        let registry = MetricsRegistry::new();
+        registry.rpc().connections_accepted.inc();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let task = tokio::spawn(serve_metrics(listener, registry.clone(), Duration::from_millis(300)));
+        // A peer that connects and says nothing is cut after the timeout.
+        let mut silent = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+        let text = scrape(&addr, Duration::from_secs(5)).await.expect("scrape");
+        assert!(text.contains("fskv_rpc_connections_accepted_total 1"), "{text}");
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await.expect("closed in time").unwrap_or(0);
+        assert_eq!(n, 0, "the silent peer gets no answer, only a close");
+        task.abort();
     }
 
     #[test]

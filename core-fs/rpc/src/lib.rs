@@ -61,6 +61,7 @@
 //! ([`frame::FLAG_PAYLOAD_REMOTE`]); TCP reports no remote memory. Time comes
 //! from `tokio::time` only, which a simulator can drive.
 
+pub mod auth;
 /// `fskv bench rpc` (feature `bench`).
 #[cfg(feature = "bench")]
 pub mod bench;

@@ -28,6 +28,7 @@
 //! | `fskv_rpc_connections_accepted_total` | counter | – | connections accepted |
 //! | `fskv_rpc_connections_refused_total` | counter | – | connections closed at accept (`max_connections`) |
 //! | `fskv_rpc_http_requests_total` | counter | status | HTTP requests on the RPC port, by response status |
+//! | `fskv_rpc_auth_failures_total` | counter | reason | connections closed because their handshake failed ([`crate::auth`] reason names) |
 
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
@@ -109,6 +110,7 @@ pub struct RpcMetrics {
     pub connections_accepted: Counter,
     pub connections_refused: Counter,
     pub http_requests: Family<Labels, Counter>,
+    pub auth_failures: Family<Labels, Counter>,
 }
 
 impl RpcMetrics {
@@ -122,6 +124,7 @@ impl RpcMetrics {
             connections_accepted: Counter::default(),
             connections_refused: Counter::default(),
             http_requests: Family::default(),
+            auth_failures: Family::default(),
         };
         registry.register("fskv_rpc_requests", "RPC requests answered (refused ones included)", m.requests.clone());
         registry.register("fskv_rpc_request_errors", "RPC requests answered with an error, by error code", m.errors.clone());
@@ -131,7 +134,17 @@ impl RpcMetrics {
         registry.register("fskv_rpc_connections_accepted", "Connections accepted", m.connections_accepted.clone());
         registry.register("fskv_rpc_connections_refused", "Connections closed at accept (max_connections)", m.connections_refused.clone());
         registry.register("fskv_rpc_http_requests", "HTTP requests on the RPC port, by response status", m.http_requests.clone());
+        registry.register(
+            "fskv_rpc_auth_failures",
+            "Connections closed because their authentication handshake failed",
+            m.auth_failures.clone(),
+        );
         m
+    }
+
+    /// Counts one failed handshake.
+    pub fn auth_failure(&self, reason: crate::auth::AuthFailure) {
+        self.auth_failures.get_or_create(&vec![("reason", reason.name().to_string())]).inc();
     }
 
     /// Counts one answered request (and its error code, if any).

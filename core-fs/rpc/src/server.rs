@@ -5,6 +5,7 @@
 //! The reader never awaits a handler, so requests on one connection run
 //! concurrently and answer out of order.
 
+use crate::auth::{AuthFailure, ClusterKey, Principal, ServerHandshake, HELLO_HEAD_BYTES, NONCE_BYTES, PROOF_BYTES};
 use crate::error::{Result, RpcError};
 use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, STATUS_OK};
 use crate::io::{write_loop, FrameReader, Incoming};
@@ -23,7 +24,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
@@ -52,6 +53,13 @@ pub struct ServerConfig {
     /// between one and two of this after the last frame; clients reconnect
     /// on their next call).
     pub idle_timeout_ms: u64,
+    /// The cluster key: with it every RPC connection must pass the
+    /// [`crate::auth`] handshake before its first frame is read; `None`
+    /// serves without authentication (unit tests, simulation,
+    /// `--insecure-no-auth`).
+    pub cluster_key: Option<Arc<ClusterKey>>,
+    /// Bound on the handshake, from accept (the first bytes included).
+    pub handshake_timeout_ms: u64,
 }
 
 impl ServerConfig {
@@ -71,7 +79,8 @@ impl ServerConfig {
     }
 }
 
-/// The process's `[rpc]` settings ([`crate::settings`]).
+/// The process's `[rpc]` settings ([`crate::settings`]) and cluster key
+/// ([`crate::auth::install`]).
 impl Default for ServerConfig {
     fn default() -> Self {
         let s = crate::settings::current();
@@ -83,6 +92,8 @@ impl Default for ServerConfig {
             max_in_flight_bytes: s.max_in_flight_bytes.max(s.max_frame_bytes),
             frame_read_timeout_ms: s.frame_read_timeout_ms,
             idle_timeout_ms: s.idle_timeout_ms,
+            cluster_key: crate::auth::current().key,
+            handshake_timeout_ms: s.handshake_timeout_ms,
         }
     }
 }
@@ -96,6 +107,9 @@ pub struct RequestContext {
     pub peer: Arc<str>,
     /// When the caller stops waiting; the handler is aborted at this instant.
     pub deadline: Option<Instant>,
+    /// Who the peer proved to be in the connection's handshake; `None` on a
+    /// server without a cluster key (no authentication).
+    pub principal: Option<Principal>,
 }
 
 type HandlerResult = std::result::Result<(Bytes, Bytes), Status>;
@@ -340,6 +354,7 @@ struct ConnState {
     in_flight: Arc<InFlight>,
     tx: mpsc::Sender<OutFrame>,
     peer: Arc<str>,
+    principal: Option<Principal>,
     shutting_down: bool,
 }
 
@@ -391,17 +406,95 @@ async fn sniff(read: &mut crate::transport::BoxRead, timeout: Duration) -> Optio
     }
 }
 
+/// The async shell of [`ServerHandshake`]; `first` are the bytes the sniff
+/// already read. A refusal is sent (best effort) before the error returns.
+async fn server_handshake(
+    read: &mut crate::transport::BoxRead,
+    write: &mut crate::transport::BoxWrite,
+    key: Arc<ClusterKey>,
+    first: &[u8],
+) -> std::result::Result<Principal, AuthFailure> {
+    async fn refuse(write: &mut crate::transport::BoxWrite, refusal: crate::auth::Refusal) -> AuthFailure {
+        let _ = write.write_all(&refusal.reply).await;
+        let _ = write.flush().await;
+        refusal.reason
+    }
+    let closed = |_| AuthFailure::Closed;
+    // Sized for the largest hello: 6 + 64 + 32 bytes.
+    let mut hello = [0u8; HELLO_HEAD_BYTES + crate::auth::MAX_PRINCIPAL_BYTES + NONCE_BYTES];
+    hello[..first.len()].copy_from_slice(first);
+    read.read_exact(&mut hello[first.len()..HELLO_HEAD_BYTES]).await.map_err(closed)?;
+    let head: [u8; HELLO_HEAD_BYTES] = hello[..HELLO_HEAD_BYTES].try_into().map_err(|_| AuthFailure::BadMagic)?;
+    let len = match ServerHandshake::hello_len(&head) {
+        Ok(len) => len,
+        Err(refusal) => return Err(refuse(write, refusal).await),
+    };
+    read.read_exact(&mut hello[HELLO_HEAD_BYTES..len]).await.map_err(closed)?;
+    let mut nonce = [0u8; NONCE_BYTES];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+    let mut state = ServerHandshake::new(key, nonce);
+    let challenge = match state.on_hello(&hello[..len]) {
+        Ok(c) => c,
+        Err(refusal) => return Err(refuse(write, refusal).await),
+    };
+    write.write_all(&challenge).await.map_err(closed)?;
+    write.flush().await.map_err(closed)?;
+    let mut proof = [0u8; PROOF_BYTES];
+    read.read_exact(&mut proof).await.map_err(closed)?;
+    match state.on_proof(&proof) {
+        Ok((principal, verdict)) => {
+            write.write_all(&[verdict]).await.map_err(closed)?;
+            write.flush().await.map_err(closed)?;
+            Ok(principal)
+        }
+        Err(refusal) => Err(refuse(write, refusal).await),
+    }
+}
+
 async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
     let Connection { mut read, write, peer } = conn;
     let _open = ConnGauge::open(&shared.metrics);
     let max_frame_bytes = shared.config.max_frame_bytes;
-    // HTTP or RPC: the table in `crate::http`.
-    let Some((first, first_len)) = sniff(&mut read, Duration::from_millis(shared.config.idle_timeout_ms)).await else { return };
+    // HTTP or RPC: the table in `crate::http`. With a key the first bytes
+    // must come within the handshake timeout.
+    let handshake_timeout = Duration::from_millis(shared.config.handshake_timeout_ms);
+    let first_timeout =
+        if shared.config.cluster_key.is_some() { handshake_timeout } else { Duration::from_millis(shared.config.idle_timeout_ms) };
+    let Some((first, first_len)) = sniff(&mut read, first_timeout).await else {
+        if shared.config.cluster_key.is_some() {
+            shared.metrics.auth_failure(AuthFailure::Timeout);
+        }
+        return;
+    };
     if first_len == first.len() && first == crate::http::HTTP_GET_PREFIX {
         let timeout = Duration::from_millis(shared.config.frame_read_timeout_ms);
         crate::http::serve(read, write, &first, &shared.registry, timeout).await;
         return;
     }
+    let mut write = write;
+    // Service identity: no frame is read before the peer proved it holds the key.
+    let (principal, prefix_len) = match &shared.config.cluster_key {
+        Some(key) => {
+            let handshake = server_handshake(&mut read, &mut write, key.clone(), &first[..first_len]);
+            let outcome = match tokio::time::timeout(handshake_timeout, handshake).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(AuthFailure::Timeout),
+            };
+            match outcome {
+                Ok(principal) => {
+                    debug!(%principal, "peer authenticated");
+                    (Some(principal), 0)
+                }
+                Err(reason) => {
+                    // Logged once, at the level an attack or misconfiguration deserves.
+                    warn!(reason = reason.name(), "closing a connection that failed authentication");
+                    shared.metrics.auth_failure(reason);
+                    return;
+                }
+            }
+        }
+        None => (None, first_len),
+    };
     // Bounded: each request queues at most one reply and the reader waits
     // for room, so a peer that never reads cannot grow our memory.
     let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));
@@ -409,11 +502,11 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     let in_flight = Arc::new(InFlight { tasks: Mutex::new(DetHashMap::default()), next_seq: 0.into(), idle: Notify::new() });
     let abort_guard = AbortAllOnDrop(in_flight.clone());
     let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone())
-        .with_prefix(&first[..first_len])
+        .with_prefix(&first[..prefix_len])
         .with_budget(shared.budget.clone())
         .with_frame_read_timeout(Duration::from_millis(shared.config.frame_read_timeout_ms));
     let idle_timeout = Duration::from_millis(shared.config.idle_timeout_ms);
-    let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), shutting_down: *shutdown_rx.borrow() };
+    let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), principal, shutting_down: *shutdown_rx.borrow() };
     let mut protocol_error = false;
     // The idle timer: one timer for the connection's life, checked when it
     // fires (no wake-up per request). It closes the connection when nothing
@@ -518,7 +611,14 @@ impl ConnState {
         };
         let seq = self.reserve_slot(header.request_id)?;
         let deadline = (header.timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(header.timeout_ms.into()));
-        let ctx = RequestContext { request_id: header.request_id, method_id, method_name: route.name, peer: self.peer.clone(), deadline };
+        let ctx = RequestContext {
+            request_id: header.request_id,
+            method_id,
+            method_name: route.name,
+            peer: self.peer.clone(),
+            deadline,
+            principal: self.principal.clone(),
+        };
         let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
         let fut = (route.handler)(ctx, frame.body, frame.payload);
         let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);

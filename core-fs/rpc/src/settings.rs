@@ -18,6 +18,7 @@
 //! | `max_in_flight_bytes` | server: request bytes held at once over all connections (more answered `Overloaded`) | 1 GiB |
 //! | `frame_read_timeout_ms` | server: a frame must arrive whole within this of its first byte | 60000 |
 //! | `idle_timeout_ms` | server: a connection with nothing in flight and no frame for this long is closed (within two of it) | 600000 |
+//! | `handshake_timeout_ms` | client and server: the authentication handshake ([`crate::auth`]) must finish within it | 5000 |
 
 use crate::frame::DEFAULT_MAX_FRAME_BYTES;
 use std::sync::OnceLock;
@@ -33,6 +34,7 @@ pub struct RpcSettings {
     pub max_in_flight_bytes: usize,
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
+    pub handshake_timeout_ms: u64,
 }
 
 impl RpcSettings {
@@ -46,6 +48,7 @@ impl RpcSettings {
         max_in_flight_bytes: 1 << 30,
         frame_read_timeout_ms: 60_000,
         idle_timeout_ms: 600_000,
+        handshake_timeout_ms: 5_000,
     };
 }
 

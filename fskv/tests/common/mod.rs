@@ -45,7 +45,7 @@ pub fn fuse_or_skip(test: &str) -> bool {
 /// listeners — S3 P / P+5, KV P+1 / P+6, MQ and SQS P+2 / P+7, Consul
 /// P+3 / P+8 — and its admin listener P+10; mgmtd P+11, meta P+12, storage
 /// P+13..P+15. (Gateway processes behind the front take ephemeral ports.)
-const UP_PORT_OFFSETS: [u16; 14] = [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15];
+const UP_PORT_OFFSETS: [u16; 15] = [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16];
 
 /// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
 /// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
@@ -63,6 +63,32 @@ pub fn free_base_port() -> u16 {
     panic!("no free port range");
 }
 
+/// The cluster key of every cluster this test binary starts (one per test
+/// process, 0600 in the temp directory), also installed as the process's
+/// RPC identity so in-process clients (`ClientConfig::default()`) hold it.
+/// Commands run through [`fskv_cmd`] get it as `FSKV_CLUSTER_KEY_FILE`.
+pub fn key_file() -> &'static Path {
+    static KEY: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let key = fskv_rpc::auth::ClusterKey::generate();
+        let path = std::env::temp_dir().join(format!("fskv-test-cluster-{}.key", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).expect("create the test cluster key");
+        f.write_all(key.to_hex().as_bytes()).expect("write the test cluster key");
+        fskv_rpc::auth::install(fskv_rpc::auth::ProcessIdentity { key: Some(std::sync::Arc::new(key)), principal: "client".into() });
+        path
+    })
+}
+
+/// `fskv` with the test cluster key ([`key_file`]).
+pub fn fskv_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fskv"));
+    cmd.env("FSKV_CLUSTER_KEY_FILE", key_file());
+    cmd
+}
+
 /// Starts `fskv up` and waits for its "serving" line.
 pub fn start_up(data: &Path, base: u16) -> Child {
     start_up_with(data, base, &[])
@@ -72,6 +98,19 @@ pub fn start_up(data: &Path, base: u16) -> Child {
 /// Its stderr goes to `DATA.stderr.log`; if it exits before it is ready
 /// the panic says why at once (no wait for the timeout).
 pub fn start_up_with(data: &Path, base: u16, extra: &[&str]) -> Child {
+    // `fskv up` finds the test key in its data directory (as if it had created it).
+    std::fs::create_dir_all(data).expect("create the data directory");
+    let seeded = data.join("cluster.key");
+    if !seeded.exists() {
+        std::fs::copy(key_file(), &seeded).expect("seed the cluster key");
+    }
+    start_up_unseeded(data, base, extra)
+}
+
+/// [`start_up_with`] without seeding the test key: `fskv up` creates its
+/// own `DIR/cluster.key` on a fresh directory (commands then need
+/// `--cluster-key-file DIR/cluster.key`).
+pub fn start_up_unseeded(data: &Path, base: u16, extra: &[&str]) -> Child {
     let stderr_path = data.with_extension("stderr.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fskv"))
         .args(["up", "--heartbeat-timeout-ms", "3000", "--base-port", &base.to_string(), "--data"])
@@ -129,7 +168,7 @@ pub fn stop_up(mut child: Child) {
 
 /// Runs the `fskv` binary and asserts it exits 0.
 pub fn fskv_ok(args: &[&str]) -> std::process::Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv")).args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
+    let out = fskv_cmd().args(args).env("FSKV_LOG", "warn").output().expect("run fskv");
     assert!(
         out.status.success(),
         "fskv {args:?} failed: {}\n{}",
@@ -154,7 +193,7 @@ pub fn child_pid(data: &Path, name: &str) -> Option<i32> {
 /// `Ok` when `fskv admin status --json` shows every node alive and every
 /// target of every chain serving and up to date; else what is missing.
 pub fn cluster_healthy(mgmtd: &str) -> Result<(), String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_fskv"))
+    let out = fskv_cmd()
         .args(["admin", "status", "--mgmtd", mgmtd, "--json"])
         .env("FSKV_LOG", "error")
         .output()

@@ -30,14 +30,18 @@ pub struct NsStats {
 const STATS_MAX_BYTES: u64 = 64 << 10;
 
 impl Kv {
-    pub async fn list_namespaces(&self) -> Result<Response<KvBody>> {
-        let names = self.store.list_namespaces().await?;
+    /// The namespaces of `owner`'s tenant.
+    pub async fn list_namespaces(&self, owner: fskv_gateway::TenantIds) -> Result<Response<KvBody>> {
+        let names = self.store.list_namespaces(Some(owner.uid)).await?;
         Ok(json(StatusCode::OK, &serde_json::json!({ "namespaces": names })))
     }
 
-    pub async fn put_namespace(&self, name: &str, body: RequestBody) -> Result<Response<KvBody>> {
+    pub async fn put_namespace(&self, name: &str, body: RequestBody, owner: fskv_gateway::TenantIds) -> Result<Response<KvBody>> {
         let bytes = collect(body).await?;
         let existing = match self.store.namespace(name).await {
+            Ok(ns) if ns.owner_uid != owner.uid => {
+                return Err(KvError::AccessDenied(format!("namespace {name:?} belongs to another tenant")));
+            }
             Ok(ns) => Some(ns),
             Err(KvError::NoSuchNamespace(_)) => None,
             Err(e) => return Err(e),
@@ -48,7 +52,7 @@ impl Kv {
             serde_json::from_slice(&bytes).map_err(|e| KvError::InvalidArgument(format!("namespace settings: {e}")))?
         };
         config.validate(&self.cfg.limits).map_err(KvError::InvalidArgument)?;
-        let (ns, created) = self.store.put_namespace(name, &config).await?;
+        let (ns, created) = self.store.put_namespace(name, &config, owner).await?;
         if let Some(m) = &self.maint {
             m.namespace_changed(&ns, created);
         }

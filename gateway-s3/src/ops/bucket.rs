@@ -31,11 +31,28 @@ impl Gateway {
                 format!("{name:?}: bucket names are 3-63 lowercase letters, digits, '-' and '.'"),
             ));
         }
-        match self.store.fs.meta().mkdir(self.store.root, name, DIR_MODE).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == ErrorCode::AlreadyExists => {
-                Err(S3Error::with_message(S3ErrorCode::BucketAlreadyOwnedByYou, format!("bucket {name:?} exists")))
-            }
+        let meta = self.store.fs.meta();
+        match meta.mkdir(self.store.root, name, DIR_MODE).await {
+            Ok(dir) => match &self.store.caller {
+                // Made as root (the gateway's identity), then given to the
+                // tenant: until the chown it is root's (tenant `default`'s).
+                Some(c) if dir.acl.uid != c.ids.uid || dir.acl.gid != c.ids.gid => {
+                    let attr = fskv_proto::meta::SetAttr { uid: Some(c.ids.uid), gid: Some(c.ids.gid), ..Default::default() };
+                    if let Err(e) = meta.setattr(dir.id, attr).await {
+                        let _ = meta.rmdir(self.store.root, name).await;
+                        return Err(error::from_meta(e, name));
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            },
+            Err(e) if e.code() == ErrorCode::AlreadyExists => match meta.lookup(self.store.root, name).await {
+                Ok(dir) if self.store.owns(&dir) => {
+                    Err(S3Error::with_message(S3ErrorCode::BucketAlreadyOwnedByYou, format!("bucket {name:?} exists and is yours")))
+                }
+                Ok(_) => Err(S3Error::with_message(S3ErrorCode::BucketAlreadyExists, format!("bucket {name:?} belongs to another tenant"))),
+                Err(e) => Err(error::from_meta(e, name)),
+            },
             Err(e) => Err(error::from_meta(e, name)),
         }
     }

@@ -34,3 +34,18 @@ pub struct Gateway {
     pub store: Store,
     pub cfg: Arc<GatewayConfig>,
 }
+
+impl Gateway {
+    /// The gateway acting for the tenant of the request's key: its store
+    /// sees only that tenant's buckets (others: 403 AccessDenied). A key
+    /// revoked since s3s checked the signature, or of a tenant the user
+    /// store does not know, is refused.
+    pub fn for_request<T>(&self, req: &s3s::S3Request<T>) -> Result<Gateway, s3s::S3Error> {
+        let denied = |why: &str| s3s::S3Error::with_message(s3s::S3ErrorCode::AccessDenied, why.to_string());
+        let creds = req.credentials.as_ref().ok_or_else(|| denied("the request is not signed"))?;
+        let key = self.cfg.keys.get(&creds.access_key).ok_or_else(|| denied("the access key is not known to this gateway"))?;
+        let ids = self.cfg.keys.tenant(&key.tenant).ok_or_else(|| denied("the key's tenant is not known to this gateway"))?;
+        let caller = crate::store::Caller { tenant: key.tenant.clone(), ids };
+        Ok(Gateway { store: self.store.for_caller(caller), cfg: Arc::clone(&self.cfg) })
+    }
+}

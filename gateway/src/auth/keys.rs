@@ -97,6 +97,23 @@ enum FileKeys {
 struct Keys {
     by_access_key: HashMap<String, Arc<AccessKey>>,
     by_token_sha256: HashMap<[u8; 32], Arc<AccessKey>>,
+    /// From the user store ([`crate::auth::users`]); empty for a store
+    /// loaded from a credentials file alone.
+    tenants: HashMap<String, TenantIds>,
+}
+
+/// The local identity a tenant's files are written as; the owner uid of a
+/// bucket / namespace / topic directory names its tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantIds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl TenantIds {
+    /// Tenant `default` when the user store does not say otherwise: root,
+    /// which is what everything made before tenants is owned by.
+    pub const DEFAULT: TenantIds = TenantIds { uid: 0, gid: 0 };
 }
 
 /// Access keys and bearer tokens; cheap to share (`Arc<KeyStore>`).
@@ -194,9 +211,26 @@ impl KeyStore {
 
     /// Replaces the keys; on an error the old keys stay.
     pub fn replace(&self, keys: Vec<AccessKey>) -> Result<(), GatewayError> {
-        let new = Arc::new(build(keys)?);
-        *self.keys.write() = new;
+        self.replace_with_tenants(keys, Vec::new())
+    }
+
+    /// Replaces the keys and the tenants' uid/gid (the user store's
+    /// [`crate::auth::users::UserDb::install`]); on an error the old stay.
+    pub fn replace_with_tenants(&self, keys: Vec<AccessKey>, tenants: Vec<(String, TenantIds)>) -> Result<(), GatewayError> {
+        let mut new = build(keys)?;
+        new.tenants = tenants.into_iter().collect();
+        *self.keys.write() = Arc::new(new);
         Ok(())
+    }
+
+    /// The uid/gid of `tenant`: the user store's, or for `default` without
+    /// one [`TenantIds::DEFAULT`]; `None` for a tenant the store does not know.
+    pub fn tenant(&self, tenant: &str) -> Option<TenantIds> {
+        match self.keys.read().tenants.get(tenant) {
+            Some(t) => Some(*t),
+            None if tenant == DEFAULT_TENANT => Some(TenantIds::DEFAULT),
+            None => None,
+        }
     }
 
     /// The key record of `access_key`.

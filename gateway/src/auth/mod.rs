@@ -10,8 +10,9 @@
 
 pub mod keys;
 pub mod sigv4;
+pub mod users;
 
-pub use keys::{AccessKey, AuthMethod, KeyStore, Principal};
+pub use keys::{AccessKey, AuthMethod, KeyStore, Principal, TenantIds, DEFAULT_TENANT};
 pub use sigv4::{SigV4Request, SigV4Verifier, Verified};
 
 use crate::error::AuthError;

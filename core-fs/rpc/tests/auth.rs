@@ -1,0 +1,147 @@
+//! Service identity over real TCP: the handshake of `fskv_rpc::auth` in the
+//! client's connect and the server's accept.
+
+use bytes::Bytes;
+use fskv_rpc::auth::{ClusterKey, KEY_BYTES};
+use fskv_rpc::{CallOptions, ClientConfig, ErrorCode, Method, Router, RpcClient, RpcError, Server, ServerConfig, TcpTransport};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Answers the principal the server saw.
+struct WhoAmI;
+impl Method for WhoAmI {
+    const ID: u16 = 1;
+    const NAME: &'static str = "test.WhoAmI";
+    type Req = ();
+    type Resp = Option<String>;
+}
+
+fn key(b: u8) -> Arc<ClusterKey> {
+    Arc::new(ClusterKey::from_bytes([b; KEY_BYTES]))
+}
+
+async fn start(key: Option<Arc<ClusterKey>>) -> (Server, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let router = Router::new().route::<WhoAmI, _, _>(move |ctx, (), _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok((ctx.principal.map(|p| p.name().to_string()), Bytes::new())) }
+    });
+    let config = ServerConfig { cluster_key: key, handshake_timeout_ms: 500, ..ServerConfig::default() };
+    let server = Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, config).await.unwrap();
+    (server, calls)
+}
+
+fn client(key: Option<Arc<ClusterKey>>, principal: &str) -> RpcClient {
+    let config = ClientConfig { cluster_key: key, principal: principal.into(), connections_per_addr: 1, ..ClientConfig::default() };
+    RpcClient::new(Arc::new(TcpTransport::new()), config)
+}
+
+async fn who(c: &RpcClient, addr: &str) -> Result<Option<String>, RpcError> {
+    c.call::<WhoAmI>(addr, &(), Bytes::new(), CallOptions { timeout_ms: 3_000 }).await.map(|(r, _)| r)
+}
+
+fn metric(server: &Server, reason: &str) -> u64 {
+    let text = server.metrics().render();
+    let prefix = format!("fskv_rpc_auth_failures_total{{reason=\"{reason}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn same_key_authenticates_and_handlers_see_the_principal() {
+    let (server, calls) = start(Some(key(1))).await;
+    let c = client(Some(key(1)), "node:4");
+    for _ in 0..3 {
+        assert_eq!(who(&c, server.local_addr()).await.unwrap().as_deref(), Some("node:4"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // Without a key on either side: today's behaviour, no principal.
+    let (open, _) = start(None).await;
+    assert_eq!(who(&client(None, "client"), open.local_addr()).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_client_without_the_key_is_refused_before_any_handler() {
+    let (server, calls) = start(Some(key(1))).await;
+    let err = who(&client(None, "client"), server.local_addr()).await.unwrap_err();
+    // The server closes at the frame magic; the call fails, not hangs.
+    assert_eq!(err.code(), ErrorCode::ConnectionFailed, "{err}");
+    assert!(err.to_string().contains("this client has none"), "the error names the likely cause: {err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(metric(&server, "bad_magic"), 1);
+}
+
+#[tokio::test]
+async fn a_wrong_key_fails_on_both_sides_and_is_not_retryable() {
+    let (server, calls) = start(Some(key(1))).await;
+    let err = who(&client(Some(key(2)), "client"), server.local_addr()).await.unwrap_err();
+    assert!(matches!(err, RpcError::Unauthenticated { .. }), "{err}");
+    assert!(err.to_string().contains("keys differ"), "{err}");
+    assert_eq!(err.code(), ErrorCode::PermissionDenied);
+    assert!(!err.is_retryable());
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    // The client closed without a proof; the server counts it.
+    for _ in 0..100 {
+        if metric(&server, "closed") == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metric(&server, "closed"), 1);
+}
+
+#[tokio::test]
+async fn a_keyed_client_refuses_a_server_that_does_not_authenticate() {
+    let (server, calls) = start(None).await;
+    let err = who(&client(Some(key(1)), "client"), server.local_addr()).await.unwrap_err();
+    assert!(matches!(err, RpcError::Unauthenticated { .. }), "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_forged_proof_gets_a_refusal_byte_and_a_close() {
+    let (server, calls) = start(Some(key(1))).await;
+    let mut s = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    let mut hello = b"3FSA\x01\x06node:5".to_vec();
+    hello.extend_from_slice(&[9; 32]);
+    s.write_all(&hello).await.unwrap();
+    let mut challenge = [0u8; 65];
+    s.read_exact(&mut challenge).await.unwrap();
+    assert_eq!(challenge[0], 0);
+    s.write_all(&[0u8; 32]).await.unwrap();
+    let mut rest = Vec::new();
+    // The verdict byte 4 (bad proof), then end of stream.
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut rest)).await.unwrap().unwrap();
+    assert_eq!(rest, vec![4]);
+    assert_eq!(metric(&server, "bad_proof"), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_silent_peer_is_closed_after_the_handshake_timeout() {
+    let (server, _) = start(Some(key(1))).await;
+    let started = std::time::Instant::now();
+    let mut s = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    // Half a hello, then nothing.
+    s.write_all(b"3FSA\x01").await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut rest)).await.unwrap().unwrap();
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(450) && waited < Duration::from_secs(2), "{waited:?}");
+    assert!(rest.is_empty());
+    assert_eq!(metric(&server, "timeout"), 1);
+}
+
+#[tokio::test]
+async fn metrics_stay_readable_without_the_key() {
+    let (server, _) = start(Some(key(1))).await;
+    let mut s = tokio::net::TcpStream::connect(server.local_addr()).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut resp = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut resp)).await.unwrap().unwrap();
+    let resp = String::from_utf8_lossy(&resp);
+    assert!(resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.contains("fskv_rpc_connections_accepted_total"), "{resp}");
+}
