@@ -345,6 +345,15 @@ impl LogReader {
             return Ok(empty(offset));
         }
         let segments = self.segments(pdir, state).await?;
+        // Retention may have dropped the segment holding `offset` after
+        // `state` was read (the manifest is newer): the offset is then below
+        // the log start, as if the state had said so — never a silent skip to
+        // the next segment.
+        if let Some(first) = segments.iter().find(|s| s.next > offset) {
+            if first.base > offset {
+                return Err(MqError::OffsetOutOfRange { offset, log_start: first.base, high_watermark: state.hw });
+            }
+        }
         let mut out = BytesMut::new();
         let mut next = offset;
         let mut batches = 0;
