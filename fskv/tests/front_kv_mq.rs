@@ -15,7 +15,6 @@
 
 mod common;
 
-use aws_sigv4::http_request::{sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings};
 use bytes::Bytes;
 use common::{free_base_port, start_up_with, UpGuard};
 use fskv_front::admin::{fetch_status, FrontStatus};
@@ -25,7 +24,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -57,32 +56,7 @@ impl Http {
         body: Bytes,
         secret: &str,
     ) -> Request<Full<Bytes>> {
-        let creds = aws_credential_types::Credentials::new(&self.ak, secret, None, None, "test");
-        let identity = creds.into();
-        let mut settings = SigningSettings::default();
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        let params = aws_sigv4::sign::v4::SigningParams::builder()
-            .identity(&identity)
-            .region("us-east-1")
-            .name(service)
-            .time(SystemTime::now())
-            .settings(settings)
-            .build()
-            .unwrap()
-            .into();
-        let mut all: Vec<(&str, &str)> = vec![("host", host)];
-        all.extend_from_slice(headers);
-        let signable = SignableRequest::new(method.as_str(), target, all.iter().copied(), SignableBody::Bytes(&body)).unwrap();
-        let (instr, _) = sign(signable, &params).unwrap().into_parts();
-        let mut req = Request::builder().method(method).uri(format!("http://{host}{target}"));
-        for (k, v) in all {
-            req = req.header(k, v);
-        }
-        for (k, v) in instr.headers() {
-            req = req.header(k, v);
-        }
-        req.body(Full::new(body)).unwrap()
+        common::sigv4::signed_request((&self.ak, secret), service, method, (host, target), headers, body)
     }
 
     fn plain(method: Method, host: &str, target: &str, headers: &[(&str, &str)], body: Bytes) -> Request<Full<Bytes>> {

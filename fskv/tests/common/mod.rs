@@ -3,6 +3,7 @@
 
 pub mod acked;
 pub mod linearizability;
+pub mod sigv4;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
