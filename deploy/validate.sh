@@ -67,7 +67,7 @@ if [ -x "$BIN" ]; then
         local missing=""
         for flag in $(grep -E "fskv( --config[= ][^ ]+)? $*( |$)|^ *- $*$" "$file" -A30 | grep -oE -- '--[a-z][a-z0-9-]+' | sort -u); do
             [ "$flag" = "--config" ] && continue
-            echo "$help" | grep -qE -- "$flag([ =,]|$)" || missing="$missing $flag"
+            grep -qE -- "$flag([ =,]|$)" <<<"$help" || missing="$missing $flag"
         done
         if [ -z "$missing" ]; then ok "flags of fskv $* in $file"; else bad "fskv $* has no$missing (used in $file)"; fi
     }
@@ -90,7 +90,7 @@ if command -v etcd >/dev/null; then
     flags=$(etcd --help 2>&1)
     for var in $(grep -oE '^ETCD_[A-Z_]+' deploy/config/etcd.env.example); do
         flag="--$(echo "${var#ETCD_}" | tr 'A-Z_' 'a-z-')"
-        if echo "$flags" | grep -qE -- "^ *$flag( |$)"; then ok "etcd flag $flag ($var)"; else bad "etcd has no flag $flag ($var)"; fi
+        if grep -qE -- "^ *$flag( |$)" <<<"$flags"; then ok "etcd flag $flag ($var)"; else bad "etcd has no flag $flag ($var)"; fi
     done
 else
     bad "etcd not found to check deploy/config/etcd.env.example"
