@@ -84,7 +84,7 @@ set +e
 mq_status=$?
 set -e
 
-echo "test: security conformance (attacks on every public port: slow-loris, oversized and unauthenticated requests, SigV2, presigned expiry, path tricks) on a fresh fskv up"
+echo "test: security conformance (attacks on every public port: slow-loris, oversized and unauthenticated requests, SigV2, presigned expiry, path tricks; an unauthenticated flood of the RPC ports) on a fresh fskv up"
 set +e
 ./deploy/security-conformance.sh 2>&1 | tail -40
 sec_status=${PIPESTATUS[0]}

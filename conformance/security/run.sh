@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Security conformance: attacks on the public HTTP ports of a running
-# `fskv up` (test_http.py; Python standard library only).
+# Security conformance: attacks on the public HTTP ports (test_http.py) and
+# the internal RPC ports (test_rpc.py) of a running `fskv up` (Python
+# standard library only).
 #
 #   run.sh ENDPOINTS_JSON      (the endpoints.json of an `fskv up`)
 #
@@ -12,7 +13,7 @@ export FSKV_ENDPOINTS="${1:?usage: run.sh ENDPOINTS_JSON}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-(cd "$HERE" && python3 -W ignore::ResourceWarning -m unittest -v test_http) >"$log" 2>&1 || status=1
+(cd "$HERE" && python3 -W ignore::ResourceWarning -m unittest -v test_http test_rpc) >"$log" 2>&1 || status=1
 cat "$log"
 passed=$(grep -c '\.\.\. ok$' "$log")
 failed=$(grep -cE '\.\.\. (FAIL|ERROR)$' "$log")

@@ -67,6 +67,10 @@ idle_timeout_ms = 600000
 # Client and server: the authentication handshake that starts every
 # connection (see [security]) must finish within this.
 handshake_timeout_ms = 5000
+# Servers with a cluster key: connections that have not finished the
+# handshake yet; one more closes the oldest of them (silent or slow peers
+# cannot take the places of authenticated ones).
+max_unauthenticated_connections = 1024
 
 [security]
 # The cluster key (64 hex digits; 0600): every RPC connection between
@@ -278,6 +282,7 @@ pub struct RpcConfig {
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub handshake_timeout_ms: u64,
+    pub max_unauthenticated_connections: usize,
 }
 
 /// `[security]`: where the cluster key is (docs/security.md).
@@ -302,6 +307,7 @@ impl RpcConfig {
             frame_read_timeout_ms: self.frame_read_timeout_ms,
             idle_timeout_ms: self.idle_timeout_ms,
             handshake_timeout_ms: self.handshake_timeout_ms,
+            max_unauthenticated_connections: self.max_unauthenticated_connections,
         }
     }
 }
@@ -319,6 +325,7 @@ impl Default for RpcConfig {
             frame_read_timeout_ms: 60_000,
             idle_timeout_ms: 600_000,
             handshake_timeout_ms: 5_000,
+            max_unauthenticated_connections: 1024,
         }
     }
 }
@@ -364,6 +371,7 @@ impl Config {
         anyhow::ensure!(self.rpc.frame_read_timeout_ms >= 100, "rpc.frame_read_timeout_ms must be at least 100");
         anyhow::ensure!(self.rpc.idle_timeout_ms >= 1000, "rpc.idle_timeout_ms must be at least 1000");
         anyhow::ensure!(self.rpc.handshake_timeout_ms >= 100, "rpc.handshake_timeout_ms must be at least 100");
+        anyhow::ensure!(self.rpc.max_unauthenticated_connections >= 1, "rpc.max_unauthenticated_connections must be at least 1");
         self.gateway.validate().map_err(anyhow::Error::msg)?;
         self.front.validate(self.gateway.idle_timeout_ms).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(self.up.base_port <= 65535 - 20, "up.base_port leaves no room for the internal ports above it");

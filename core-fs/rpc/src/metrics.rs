@@ -29,6 +29,7 @@
 //! | `fskv_rpc_connections_refused_total` | counter | – | connections closed at accept (`max_connections`) |
 //! | `fskv_rpc_http_requests_total` | counter | status | HTTP requests on the RPC port, by response status |
 //! | `fskv_rpc_auth_failures_total` | counter | reason | connections closed because their handshake failed ([`crate::auth`] reason names) |
+//! | `fskv_rpc_connections_evicted_total` | counter | – | connections closed in their handshake to make room (`max_unauthenticated_connections`) |
 
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
@@ -111,6 +112,7 @@ pub struct RpcMetrics {
     pub connections_refused: Counter,
     pub http_requests: Family<Labels, Counter>,
     pub auth_failures: Family<Labels, Counter>,
+    pub connections_evicted: Counter,
 }
 
 impl RpcMetrics {
@@ -125,6 +127,7 @@ impl RpcMetrics {
             connections_refused: Counter::default(),
             http_requests: Family::default(),
             auth_failures: Family::default(),
+            connections_evicted: Counter::default(),
         };
         registry.register("fskv_rpc_requests", "RPC requests answered (refused ones included)", m.requests.clone());
         registry.register("fskv_rpc_request_errors", "RPC requests answered with an error, by error code", m.errors.clone());
@@ -133,6 +136,11 @@ impl RpcMetrics {
         registry.register("fskv_rpc_connections_open", "Connections being served (RPC and HTTP)", m.connections_open.clone());
         registry.register("fskv_rpc_connections_accepted", "Connections accepted", m.connections_accepted.clone());
         registry.register("fskv_rpc_connections_refused", "Connections closed at accept (max_connections)", m.connections_refused.clone());
+        registry.register(
+            "fskv_rpc_connections_evicted",
+            "Unauthenticated connections closed to make room for new ones (max_unauthenticated_connections)",
+            m.connections_evicted.clone(),
+        );
         registry.register("fskv_rpc_http_requests", "HTTP requests on the RPC port, by response status", m.http_requests.clone());
         registry.register(
             "fskv_rpc_auth_failures",

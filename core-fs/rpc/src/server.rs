@@ -60,6 +60,12 @@ pub struct ServerConfig {
     pub cluster_key: Option<Arc<ClusterKey>>,
     /// Bound on the handshake, from accept (the first bytes included).
     pub handshake_timeout_ms: u64,
+    /// Connections (with a cluster key) that have not finished their
+    /// handshake yet; a connection beyond it closes the **oldest** of them
+    /// (an honest peer finishes in two round trips, so the oldest are the
+    /// silent or slow ones). Keeps unauthenticated peers from taking the
+    /// `max_connections` slots of authenticated ones.
+    pub max_unauthenticated_connections: usize,
 }
 
 impl ServerConfig {
@@ -72,8 +78,8 @@ impl ServerConfig {
         if self.max_in_flight_bytes < self.max_frame_bytes {
             return bad(format!("max_in_flight_bytes {} is below max_frame_bytes {}", self.max_in_flight_bytes, self.max_frame_bytes));
         }
-        if self.max_connections == 0 || self.max_in_flight_per_connection == 0 {
-            return bad("max_connections and max_in_flight_per_connection must be at least 1".into());
+        if self.max_connections == 0 || self.max_in_flight_per_connection == 0 || self.max_unauthenticated_connections == 0 {
+            return bad("max_connections, max_unauthenticated_connections and max_in_flight_per_connection must be at least 1".into());
         }
         Ok(())
     }
@@ -94,6 +100,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: s.idle_timeout_ms,
             cluster_key: crate::auth::current().key,
             handshake_timeout_ms: s.handshake_timeout_ms,
+            max_unauthenticated_connections: s.max_unauthenticated_connections,
         }
     }
 }
@@ -187,7 +194,9 @@ impl Server {
         let local_addr = listener.local_addr().map_err(|e| RpcError::connection(addr, e))?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
-        let shared = Arc::new(Shared { router, config, budget, registry: registry.clone(), metrics });
+        let unauthenticated = Mutex::new(Unauthenticated::default());
+        let auth_warned = Mutex::new(None);
+        let shared = Arc::new(Shared { router, config, budget, registry: registry.clone(), metrics, unauthenticated, auth_warned });
         let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx).instrument(info_span!("rpc_server", addr = %local_addr)));
         Ok(Server { local_addr, metrics: registry, shutdown_tx, accept_task: Some(accept_task) })
     }
@@ -227,10 +236,68 @@ struct Shared {
     budget: Arc<Semaphore>,
     registry: Arc<MetricsRegistry>,
     metrics: Arc<RpcMetrics>,
+    /// Connections still in their handshake (`max_unauthenticated_connections`).
+    unauthenticated: Mutex<Unauthenticated>,
+    /// When the last "failed authentication" warning was logged, and how
+    /// many failures were not logged since.
+    auth_warned: Mutex<Option<(Instant, u64)>>,
 }
 
-/// Least time between two "connection cap reached" warnings.
+/// Least time between two "connection cap reached" warnings, and between
+/// two "failed authentication" warnings (a flood of bad handshakes must not
+/// flood the log; the counters count every one).
 const CAP_WARN_INTERVAL_MS: u64 = 10_000;
+
+/// The connections that have not finished their handshake, oldest first.
+///
+/// | event | effect |
+/// |---|---|
+/// | accept (server with a key) | registered with the next id |
+/// | more than `max_unauthenticated_connections` registered | the oldest is closed (its eviction sender dropped), counted in `fskv_rpc_connections_evicted` |
+/// | handshake done, failed, or connection gone | unregistered (the guard's drop) |
+#[derive(Default)]
+struct Unauthenticated {
+    next_id: u64,
+    /// id -> dropping the sender closes that connection.
+    pending: std::collections::BTreeMap<u64, tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Unregisters a connection from [`Unauthenticated`] however its handshake ends.
+struct PendingGuard {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.shared.unauthenticated.lock().pending.remove(&self.id);
+    }
+}
+
+/// Registers a new connection as unauthenticated, closing the oldest one
+/// beyond the cap. The receiver completes when the connection is evicted.
+fn register_unauthenticated(shared: &Arc<Shared>) -> (PendingGuard, tokio::sync::oneshot::Receiver<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut evicted = 0;
+    let id = {
+        let mut u = shared.unauthenticated.lock();
+        let id = u.next_id;
+        u.next_id += 1;
+        u.pending.insert(id, tx);
+        while u.pending.len() > shared.config.max_unauthenticated_connections {
+            // Dropping the sender wakes the connection's eviction receiver.
+            if u.pending.pop_first().is_none() {
+                break;
+            }
+            evicted += 1;
+        }
+        id
+    };
+    if evicted > 0 {
+        shared.metrics.connections_evicted.inc_by(evicted);
+    }
+    (PendingGuard { shared: shared.clone(), id }, rx)
+}
 
 async fn accept_loop(mut listener: Box<dyn Listener>, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
     // Invariant: every connection task lives in `conns`, so dropping or
@@ -451,24 +518,69 @@ async fn server_handshake(
     }
 }
 
+/// Logs a failed handshake at most once per [`CAP_WARN_INTERVAL_MS`], with
+/// the number of failures since the last line (every one is counted in
+/// `fskv_rpc_auth_failures_total`).
+fn warn_auth_failure(shared: &Shared, reason: AuthFailure) {
+    let mut warned = shared.auth_warned.lock();
+    let now = Instant::now();
+    match warned.as_mut() {
+        Some((at, suppressed)) if now.duration_since(*at) < Duration::from_millis(CAP_WARN_INTERVAL_MS) => *suppressed += 1,
+        _ => {
+            let suppressed = warned.map_or(0, |(_, n)| n);
+            *warned = Some((now, 0));
+            drop(warned);
+            warn!(reason = reason.name(), failures_not_logged_before = suppressed, "closing a connection that failed authentication");
+        }
+    }
+}
+
 async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watch::Receiver<bool>) {
     let Connection { mut read, write, peer } = conn;
     let _open = ConnGauge::open(&shared.metrics);
+    // Until its handshake is done a connection holds one of the
+    // `max_unauthenticated_connections` places and may be evicted.
+    let (pending, mut evicted) = match shared.config.cluster_key {
+        Some(_) => {
+            let (guard, rx) = register_unauthenticated(&shared);
+            (Some(guard), Some(rx))
+        }
+        None => (None, None),
+    };
+    let evicted_signal = async {
+        match evicted.as_mut() {
+            Some(rx) => {
+                let _ = rx.await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(evicted_signal);
     let max_frame_bytes = shared.config.max_frame_bytes;
     // HTTP or RPC: the table in `crate::http`. With a key the first bytes
     // must come within the handshake timeout.
     let handshake_timeout = Duration::from_millis(shared.config.handshake_timeout_ms);
     let first_timeout =
         if shared.config.cluster_key.is_some() { handshake_timeout } else { Duration::from_millis(shared.config.idle_timeout_ms) };
-    let Some((first, first_len)) = sniff(&mut read, first_timeout).await else {
+    let sniffed = tokio::select! {
+        biased;
+        _ = &mut evicted_signal => return,
+        sniffed = sniff(&mut read, first_timeout) => sniffed,
+    };
+    let Some((first, first_len)) = sniffed else {
         if shared.config.cluster_key.is_some() {
             shared.metrics.auth_failure(AuthFailure::Timeout);
         }
         return;
     };
     if first_len == first.len() && first == crate::http::HTTP_GET_PREFIX {
+        // `/metrics` is unauthenticated: the connection stays evictable.
         let timeout = Duration::from_millis(shared.config.frame_read_timeout_ms);
-        crate::http::serve(read, write, &first, &shared.registry, timeout).await;
+        tokio::select! {
+            biased;
+            _ = &mut evicted_signal => {}
+            _ = crate::http::serve(read, write, &first, &shared.registry, timeout) => {}
+        }
         return;
     }
     let mut write = write;
@@ -476,9 +588,16 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     let (principal, prefix_len) = match &shared.config.cluster_key {
         Some(key) => {
             let handshake = server_handshake(&mut read, &mut write, key.clone(), &first[..first_len]);
-            let outcome = match tokio::time::timeout(handshake_timeout, handshake).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(AuthFailure::Timeout),
+            let outcome = tokio::select! {
+                biased;
+                _ = &mut evicted_signal => {
+                    debug!("closing a connection evicted during its handshake (max_unauthenticated_connections)");
+                    return;
+                }
+                outcome = tokio::time::timeout(handshake_timeout, handshake) => match outcome {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(AuthFailure::Timeout),
+                },
             };
             match outcome {
                 Ok(principal) => {
@@ -486,15 +605,17 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
                     (Some(principal), 0)
                 }
                 Err(reason) => {
-                    // Logged once, at the level an attack or misconfiguration deserves.
-                    warn!(reason = reason.name(), "closing a connection that failed authentication");
                     shared.metrics.auth_failure(reason);
+                    warn_auth_failure(&shared, reason);
                     return;
                 }
             }
         }
         None => (None, first_len),
     };
+    // Authenticated (or no key): no longer evictable.
+    drop(pending);
+    drop(evicted_signal);
     // Bounded: each request queues at most one reply and the reader waits
     // for room, so a peer that never reads cannot grow our memory.
     let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));

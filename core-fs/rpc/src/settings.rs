@@ -19,6 +19,7 @@
 //! | `frame_read_timeout_ms` | server: a frame must arrive whole within this of its first byte | 60000 |
 //! | `idle_timeout_ms` | server: a connection with nothing in flight and no frame for this long is closed (within two of it) | 600000 |
 //! | `handshake_timeout_ms` | client and server: the authentication handshake ([`crate::auth`]) must finish within it | 5000 |
+//! | `max_unauthenticated_connections` | server with a key: connections still in their handshake; one more closes the oldest | 1024 |
 
 use crate::frame::DEFAULT_MAX_FRAME_BYTES;
 use std::sync::OnceLock;
@@ -35,6 +36,7 @@ pub struct RpcSettings {
     pub frame_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub handshake_timeout_ms: u64,
+    pub max_unauthenticated_connections: usize,
 }
 
 impl RpcSettings {
@@ -49,6 +51,7 @@ impl RpcSettings {
         frame_read_timeout_ms: 60_000,
         idle_timeout_ms: 600_000,
         handshake_timeout_ms: 5_000,
+        max_unauthenticated_connections: 1024,
     };
 }
 

@@ -145,3 +145,65 @@ async fn metrics_stay_readable_without_the_key() {
     assert!(resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"), "{resp}");
     assert!(resp.contains("fskv_rpc_connections_accepted_total"), "{resp}");
 }
+
+/// Silent peers beyond `max_unauthenticated_connections` evict the oldest
+/// of themselves; they never take the places of authenticated connections,
+/// and a keyed client connecting in the middle of them gets through at once.
+#[tokio::test]
+async fn silent_peers_beyond_the_unauthenticated_cap_evict_the_oldest_and_honest_clients_get_through() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let router = Router::new().route::<WhoAmI, _, _>(move |ctx, (), _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok((ctx.principal.map(|p| p.name().to_string()), Bytes::new())) }
+    });
+    // A long handshake timeout: only eviction can close the silent peers
+    // within this test.
+    let config = ServerConfig {
+        cluster_key: Some(key(1)),
+        handshake_timeout_ms: 60_000,
+        max_unauthenticated_connections: 4,
+        max_connections: 16,
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, config).await.unwrap();
+    let addr = server.local_addr().to_string();
+    // 12 silent connections: more than the cap, and with the honest one
+    // below, more than max_connections would allow if they all stayed.
+    let mut silent = Vec::new();
+    for _ in 0..12 {
+        silent.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The 8 oldest were closed: reading them sees EOF (or a reset).
+    let mut closed = 0;
+    for s in silent.iter_mut().take(8) {
+        let mut buf = [0u8; 8];
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 8, "the 8 oldest silent connections are evicted");
+    let text = server.metrics().render();
+    let evicted: u64 = text.lines().find_map(|l| l.strip_prefix("fskv_rpc_connections_evicted_total ")).unwrap().trim().parse().unwrap();
+    assert_eq!(evicted, 8, "{text}");
+    // More silent peers keep arriving while an honest client connects
+    // (pooled connections are authenticated and no longer evictable).
+    let c = client(Some(key(1)), "gateway");
+    let started = std::time::Instant::now();
+    assert_eq!(who(&c, &addr).await.unwrap().as_deref(), Some("gateway"));
+    for _ in 0..20 {
+        silent.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..5 {
+        assert_eq!(who(&c, &addr).await.unwrap().as_deref(), Some("gateway"), "the authenticated connection survives the flood");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "honest calls took {:?}", started.elapsed());
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    // The last four silent peers are still open (they hold the places).
+    for s in silent.iter_mut().rev().take(4) {
+        let mut buf = [0u8; 8];
+        assert!(tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await.is_err(), "the newest silent peers stay open");
+    }
+}
