@@ -160,20 +160,50 @@ def wait_closed(sock, deadline_s):
     return None
 
 
+def honest_get_rate(case, bucket, seconds=3.0, threads=4):
+    """Signed S3 GETs of `bucket`/obj4k (4 KiB) per second by `threads`
+    threads for `seconds`, through `case.s3`; any failed GET fails `case`."""
+    counts = [0] * threads
+    errors = []
+    end = time.monotonic() + seconds
+
+    def worker(i):
+        while time.monotonic() < end:
+            try:
+                st, _, body = case.s3("GET", f"/{bucket}/obj4k")
+                if st != 200 or len(body) != 4096:
+                    errors.append(st)
+                else:
+                    counts[i] += 1
+            except OSError as err:
+                errors.append(repr(err))
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    case.assertEqual(errors, [], "honest requests failed")
+    return sum(counts) / seconds
+
+
 # Measured figures, printed once after the tests (not inside unittest's
 # "... ok" lines, which run.sh counts).
 FIGURES = []
 
 
-@unittest.skipUnless(ENDPOINTS, "FSKV_ENDPOINTS not set (run through conformance/security/run.sh)")
-class PublicPorts(unittest.TestCase):
+class S3Case(unittest.TestCase):
+    """A test class with a bucket holding a 4 KiB object `obj4k` and signed
+    S3 requests with the cluster's admin key; prints FIGURES at its end."""
+    BUCKET_PREFIX = "sec-"
+    FIGURES = FIGURES
+
     @classmethod
     def setUpClass(cls):
         cls.e = load_endpoints()
-        cls.ports = public_ports(cls.e)
         cls.s3_host, cls.s3_port = host_port(cls.e["s3"])
         cls.ak, cls.sk = cls.e["access_key"], cls.e["secret_key"]
-        cls.bucket = "sec-" + uuid.uuid4().hex[:12]
+        cls.bucket = cls.BUCKET_PREFIX + uuid.uuid4().hex[:12]
         st, _, body = cls.s3("PUT", f"/{cls.bucket}")
         assert st == 200, (st, body)
         st, _, body = cls.s3("PUT", f"/{cls.bucket}/obj4k", body=b"x" * 4096)
@@ -181,7 +211,7 @@ class PublicPorts(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for line in FIGURES:
+        for line in cls.FIGURES:
             sys.stderr.write(line + "\n")
 
     @classmethod
@@ -190,6 +220,14 @@ class PublicPorts(unittest.TestCase):
         h = sign_headers(method, f"{host}:{port}", path, cls.ak, cls.sk, query=query, extra=extra)
         target = path + ("?" + _canonical_query(query) if query else "")
         return request(host, port, method, target, h, body, source=source)
+
+
+@unittest.skipUnless(ENDPOINTS, "FSKV_ENDPOINTS not set (run through conformance/security/run.sh)")
+class PublicPorts(S3Case):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.ports = public_ports(cls.e)
 
     # --- slow-loris: half a header, and a header trickled forever ---
 
@@ -264,40 +302,16 @@ class PublicPorts(unittest.TestCase):
             for c in held:
                 c.close()
 
-        def honest_rate(seconds=3.0, threads=4):
-            counts = [0] * threads
-            errors = []
-            end = time.monotonic() + seconds
-
-            def worker(i):
-                while time.monotonic() < end:
-                    try:
-                        st, _, body = self.s3("GET", f"/{self.bucket}/obj4k")
-                        if st != 200 or len(body) != 4096:
-                            errors.append(st)
-                        else:
-                            counts[i] += 1
-                    except OSError as err:
-                        errors.append(repr(err))
-
-            ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-            self.assertEqual(errors, [], "honest requests failed")
-            return sum(counts) / seconds
-
         import multiprocessing
         ctx = multiprocessing.get_context("fork")
         quiet, attacked = [], []
         for _ in range(2):
-            quiet.append(honest_rate())
+            quiet.append(honest_get_rate(self, self.bucket))
             stop, ready = ctx.Event(), ctx.Event()
             proc = ctx.Process(target=attacker, args=(stop, ready, self.s3_host, self.s3_port))
             proc.start()
             self.assertTrue(ready.wait(15), "the attacker could not hold 400 connections")
-            attacked.append(honest_rate())
+            attacked.append(honest_get_rate(self, self.bucket))
             stop.set()
             proc.join(10)
             if proc.is_alive():

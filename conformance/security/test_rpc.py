@@ -18,13 +18,10 @@ import resource
 import select
 import socket
 import struct
-import sys
-import threading
 import time
 import unittest
 
-import test_http
-from test_http import ENDPOINTS, host_port, load_endpoints
+from test_http import ENDPOINTS, S3Case, honest_get_rate, host_port
 
 FIGURES = []
 
@@ -161,32 +158,18 @@ def handshake_flooder(stop, targets, per_second, counter):
 
 
 @unittest.skipUnless(ENDPOINTS, "FSKV_ENDPOINTS not set (run through conformance/security/run.sh)")
-class RpcPorts(unittest.TestCase):
+class RpcPorts(S3Case):
+    BUCKET_PREFIX = "secrpc-"
+    FIGURES = FIGURES
+
     @classmethod
     def setUpClass(cls):
-        cls.e = load_endpoints()
+        super().setUpClass()
         key_path = os.path.join(os.path.dirname(os.path.abspath(ENDPOINTS)), "cluster.key")
         with open(key_path) as f:
             cls.key = bytes.fromhex(f.read().strip())
         cls.rpc = [host_port("http://" + cls.e["mgmtd"]), host_port("http://" + cls.e["meta"])]
         cls.rpc += [host_port("http://" + a) for a in cls.e["storage"]]
-        cls.s3_host, cls.s3_port = host_port(cls.e["s3"])
-        cls.ak, cls.sk = cls.e["access_key"], cls.e["secret_key"]
-        cls.bucket = "secrpc-" + os.urandom(6).hex()
-        st, _, body = cls.s3("PUT", f"/{cls.bucket}")
-        assert st == 200, (st, body)
-        st, _, body = cls.s3("PUT", f"/{cls.bucket}/obj4k", body=b"x" * 4096)
-        assert st == 200, (st, body)
-
-    @classmethod
-    def tearDownClass(cls):
-        for line in FIGURES:
-            sys.stderr.write(line + "\n")
-
-    @classmethod
-    def s3(cls, method, path, body=b""):
-        h = test_http.sign_headers(method, f"{cls.s3_host}:{cls.s3_port}", path, cls.ak, cls.sk)
-        return test_http.request(cls.s3_host, cls.s3_port, method, path, h, body)
 
     def test_the_handshake_of_this_file_is_the_real_one(self):
         """Calibration: with the key the handshake is accepted on every RPC
@@ -196,32 +179,6 @@ class RpcPorts(unittest.TestCase):
             self.assertEqual(verdict, 0, f"{host}:{port}")
         with self.assertRaises(AssertionError):
             handshake(self.rpc[1][0], self.rpc[1][1], bytes(32))
-
-    def honest_rate(self, seconds=3.0, threads=4):
-        """Signed S3 GETs of a 4 KiB object (each one a meta lookup and a
-        storage read over authenticated RPC) per second."""
-        counts = [0] * threads
-        errors = []
-        end = time.monotonic() + seconds
-
-        def worker(i):
-            while time.monotonic() < end:
-                try:
-                    st, _, body = self.s3("GET", f"/{self.bucket}/obj4k")
-                    if st != 200 or len(body) != 4096:
-                        errors.append(st)
-                    else:
-                        counts[i] += 1
-                except OSError as err:
-                    errors.append(repr(err))
-
-        ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        self.assertEqual(errors, [], "honest requests failed")
-        return sum(counts) / seconds
 
     def test_honest_clients_keep_their_throughput_during_an_rpc_flood(self):
         """Attack (a local user without the key, from 127.0.0.2, in other
@@ -238,7 +195,7 @@ class RpcPorts(unittest.TestCase):
         quiet, attacked, new_conn_s = [], [], []
         flood_total = 0
         for _ in range(2):
-            quiet.append(self.honest_rate())
+            quiet.append(honest_get_rate(self, self.bucket))
             stop, ready = ctx.Event(), ctx.Event()
             counter = ctx.Value("l", 0)
             procs = [
@@ -250,7 +207,7 @@ class RpcPorts(unittest.TestCase):
                 p.start()
             try:
                 self.assertTrue(ready.wait(60), "the attacker could not open 5000 connections to meta")
-                attacked.append(self.honest_rate())
+                attacked.append(honest_get_rate(self, self.bucket))
                 for _ in range(5):
                     verdict, took = handshake(meta[0], meta[1], self.key, timeout=5.0)
                     self.assertEqual(verdict, 0)
