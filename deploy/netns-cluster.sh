@@ -21,9 +21,12 @@
 #   meta1-2  .31-.32  meta servers on etcd, registered with mgmtd (:9010)
 #   stor1-4  .41-.44  storage nodes, 3 targets each, replication 3 (:9100)
 #   s3       .51      S3 gateways: writer :9200, reader :9201
+#   front    .52      the front (`fskv front`): S3 :9300 (read-only :9305),
+#                     KV :9301 (:9306), MQ/SQS :9302 (:9307), admin :9310;
+#                     it starts its reader and writer gateway processes on
+#                     demand inside this host (loopback of the namespace)
 #   client   .100     no service: where tests and tools run
-# To add a service (the front, KV and MQ gateways when they exist): add a
-# host to HOSTS and a `service_cmd` case for it.
+# To add a service: add a host to HOSTS and a `service_cmd` case for it.
 #
 # Every service runs under a small supervisor (restart after
 # FSKV_NETNS_RESTART_DELAY_S seconds, like systemd's Restart=always) so a
@@ -53,9 +56,9 @@ BRIDGE_NS="$PREFIX-br"
 if [ -z "${FSKV_CLUSTER_KEY_FILE:-}" ]; then FSKV_CLUSTER_KEY_FILE="$DIR/cluster.key"; fi
 export FSKV_CLUSTER_KEY_FILE
 
-HOSTS="etcd1:11 etcd2:12 etcd3:13 mgmtd1:21 mgmtd2:22 meta1:31 meta2:32 stor1:41 stor2:42 stor3:43 stor4:44 s3:51 client:100"
+HOSTS="etcd1:11 etcd2:12 etcd3:13 mgmtd1:21 mgmtd2:22 meta1:31 meta2:32 stor1:41 stor2:42 stor3:43 stor4:44 s3:51 front:52 client:100"
 # Start order (each group waits for the previous to be ready).
-SERVICES="etcd1 etcd2 etcd3 mgmtd1 mgmtd2 stor1 stor2 stor3 stor4 meta1 meta2 s3"
+SERVICES="etcd1 etcd2 etcd3 mgmtd1 mgmtd2 stor1 stor2 stor3 stor4 meta1 meta2 s3 front"
 
 say() { echo "netns-cluster: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -104,6 +107,10 @@ service_cmd() {
         s3r)
             echo "$BIN" gateway s3 --role reader --listen "$a:9201" --mgmtd "$(mgmtd_addrs)" --credentials "$DIR/credentials.json" \
                 --writer-endpoint "http://$a:9200" ;;
+        front)
+            echo "$BIN" front --admin-listen "$a:9310" --mgmtd "$(mgmtd_addrs)" --credentials "$DIR/credentials.json" \
+                --log-dir "$DIR/logs" --s3-listen "$a:9300" --s3-reader-listen "$a:9305" --kv-listen "$a:9301" \
+                --kv-reader-listen "$a:9306" --mq-listen "$a:9302" --mq-reader-listen "$a:9307" ;;
         *) die "host $h runs no service" ;;
     esac
 }
@@ -230,8 +237,10 @@ cmd_start() {
     for h in meta1 meta2; do start_service "$h"; done
     wait_port meta1 9010; wait_port meta2 9010
     start_service s3
+    start_service front
     wait_port s3 9200
-    say "ready: mgmtd $(mgmtd_addrs); meta $(addr_of meta1):9010,$(addr_of meta2):9010; S3 http://$(addr_of s3):9200 (credentials $DIR/credentials.json); engine $(etcd_urls)"
+    wait_port front 9300
+    say "ready: mgmtd $(mgmtd_addrs); meta $(addr_of meta1):9010,$(addr_of meta2):9010; S3 http://$(addr_of s3):9200 (credentials $DIR/credentials.json); front: S3 http://$(addr_of front):9300, KV :9301, MQ :9302, admin :9310; engine $(etcd_urls)"
 }
 
 cmd_status() {

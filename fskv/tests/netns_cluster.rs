@@ -1,7 +1,7 @@
 //! Failure tests on a multi-host cluster in Linux network namespaces
 //! (`deploy/netns-cluster.sh`): 3 etcd members, 2 mgmtd (primary/standby by a
 //! lease in etcd), 2 meta servers on etcd, 4 storage nodes × 3 targets with
-//! replication 3, the S3 gateway; every process on its own address.
+//! replication 3, the S3 gateway and the front; every process on its own address.
 //!
 //! 1. **Partition a storage node during writes**, heal it: no acknowledged
 //!    write lost, the chains re-sync, replicas identical (chunk metadata of
@@ -10,8 +10,11 @@
 //!    lease/3 (+ slack), routing keeps being served, no storage node exits.
 //! 3. **kill -9 a meta server and an etcd member (the leader) during a
 //!    metadata workload** (creates + renames, and small-file publishes/reads
-//!    of 3 registers): clients fail over, no acknowledged operation lost, the
-//!    register history is linearizable, `fskv admin fsck` clean afterwards.
+//!    of 3 registers through the native client, and 3 S3 objects and 3 KV
+//!    keys overwritten and read through **the front** on its own host, i.e.
+//!    through the front's gateway processes): clients fail over, no
+//!    acknowledged operation lost, every register history (native, S3, KV)
+//!    is linearizable, `fskv admin fsck` clean afterwards.
 //!
 //! Run: `FSKV_NETNS_TEST=short cargo test -p fskv --test netns_cluster`
 //! (deploy/test.sh; about a minute) or `FSKV_NETNS_TEST=long` (more rounds,
@@ -505,6 +508,36 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
             }
         }));
     }
+    // The same registers as S3 objects and KV keys, through the front.
+    let http = FrontClient::new(&cluster.dir);
+    http.setup().await;
+    let http_history: Arc<Mutex<BTreeMap<(Proto, u64), Vec<Event>>>> = Arc::default();
+    for (c, proto) in [(10u64, Proto::S3), (11, Proto::S3), (12, Proto::Kv), (13, Proto::Kv)] {
+        let (http, history) = (http.clone(), http_history.clone());
+        let now_ns = now_ns;
+        reg_tasks.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut rng = c.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            while Instant::now() < stop_at {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let key = rng % 3;
+                let call = now_ns();
+                let event = if rng % 2 == 0 {
+                    seq += 1;
+                    let value = (c << 32) | seq;
+                    let ok = http.put(proto, key, value).await;
+                    Some(Event { call, ret: if ok { now_ns() } else { u64::MAX }, op: RegOp::Write(value) })
+                } else {
+                    http.get(proto, key).await.map(|v| Event { call, ret: now_ns(), op: RegOp::Read(v) })
+                };
+                if let Some(e) = event {
+                    history.lock().expect("history").entry((proto, key)).or_default().push(e);
+                }
+            }
+        }));
+    }
     // Faults: rounds of (meta1 down, the etcd leader down, both up) every 10 s.
     let t0 = Instant::now();
     let mut round = 0u64;
@@ -566,6 +599,22 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
     }
     eprintln!("registers: {ops} operations on {} registers, linearizable", history.len());
     assert!(ops > 50, "too few register operations: {ops}");
+    let http_history = http_history.lock().expect("history").clone();
+    for proto in [Proto::S3, Proto::Kv] {
+        let (mut ops, mut unknown) = (0, 0);
+        for ((p, key), events) in &http_history {
+            if *p != proto {
+                continue;
+            }
+            ops += events.len();
+            unknown += events.iter().filter(|e| e.ret == u64::MAX).count();
+            if let Err(e) = check_register(events, None) {
+                panic!("{proto:?} register {key} through the front ({} operations): {e}", events.len());
+            }
+        }
+        eprintln!("{proto:?} through the front: {ops} operations on 3 registers ({unknown} writes with an unknown outcome), linearizable");
+        assert!(ops > 10, "too few {proto:?} operations through the front: {ops}");
+    }
     let mgmtd = MgmtdClient::new(rpc(), mgmtd_addrs(), MgmtdClientConfig::default());
     wait_all_serving(&mgmtd, Duration::from_secs(60)).await;
 }
@@ -605,4 +654,91 @@ fn fsck_clean(cluster: &Cluster) {
     assert!(out.status.success() && text.contains("clean"), "fsck not clean ({}):\n{text}", out.status);
     eprintln!("fsck: {}", text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or(""));
     let _ = cluster;
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Proto {
+    S3,
+    Kv,
+}
+
+/// Signed S3 and KV requests to the front's host (10.77.0.52), with the
+/// cluster's credentials. A request gets 10 s; a failed or timed-out write
+/// has an unknown outcome, a failed read is left out of the history.
+#[derive(Clone)]
+struct FrontClient {
+    client: hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, http_body_util::Full<Bytes>>,
+    ak: String,
+    sk: String,
+}
+
+const FRONT_S3: &str = "10.77.0.52:9300";
+const FRONT_KV: &str = "10.77.0.52:9301";
+const REGISTER_BUCKET: &str = "regs";
+
+impl FrontClient {
+    fn new(dir: &Path) -> FrontClient {
+        let text = std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("credentials JSON");
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
+        FrontClient {
+            client,
+            ak: v["access_key"].as_str().expect("access_key").into(),
+            sk: v["secret_key"].as_str().expect("secret_key").into(),
+        }
+    }
+
+    async fn send(&self, proto: Proto, method: http::Method, target: &str, body: Bytes) -> Option<(http::StatusCode, Bytes)> {
+        use http_body_util::BodyExt;
+        let (host, service) = match proto {
+            Proto::S3 => (FRONT_S3, "s3"),
+            Proto::Kv => (FRONT_KV, "kv"),
+        };
+        let req = common::sigv4::signed_request((&self.ak, &self.sk), service, method, (host, target), &[], body);
+        let run = async {
+            let resp = self.client.request(req).await.ok()?;
+            let (head, body) = resp.into_parts();
+            let body = body.collect().await.ok()?.to_bytes();
+            Some((head.status, body))
+        };
+        tokio::time::timeout(Duration::from_secs(10), run).await.ok().flatten()
+    }
+
+    /// The bucket and the namespace of the registers (before any fault).
+    async fn setup(&self) {
+        let (st, body) =
+            self.send(Proto::S3, http::Method::PUT, &format!("/{REGISTER_BUCKET}"), Bytes::new()).await.expect("create bucket");
+        assert!(st.is_success(), "create bucket: {st} {body:?}");
+        let (st, body) =
+            self.send(Proto::Kv, http::Method::PUT, &format!("/v1/ns/{REGISTER_BUCKET}"), Bytes::new()).await.expect("create ns");
+        assert!(st.is_success(), "create namespace: {st} {body:?}");
+    }
+
+    fn target(proto: Proto, key: u64) -> String {
+        match proto {
+            Proto::S3 => format!("/{REGISTER_BUCKET}/reg{key}"),
+            Proto::Kv => format!("/v1/kv/{REGISTER_BUCKET}/reg{key}"),
+        }
+    }
+
+    /// Whether the write was acknowledged (2xx).
+    async fn put(&self, proto: Proto, key: u64, value: u64) -> bool {
+        let body = Bytes::copy_from_slice(&value.to_le_bytes());
+        matches!(self.send(proto, http::Method::PUT, &Self::target(proto, key), body).await, Some((st, _)) if st.is_success())
+    }
+
+    /// `Some(None)`: absent (404); `None`: the read failed (not a history event).
+    async fn get(&self, proto: Proto, key: u64) -> Option<Option<u64>> {
+        let (st, body) = self.send(proto, http::Method::GET, &Self::target(proto, key), Bytes::new()).await?;
+        if st == http::StatusCode::NOT_FOUND {
+            return Some(None);
+        }
+        if !st.is_success() {
+            return None;
+        }
+        let bytes: [u8; 8] =
+            body.as_ref().try_into().unwrap_or_else(|_| panic!("{proto:?} register {key}: {} bytes read, expected 8", body.len()));
+        Some(Some(u64::from_le_bytes(bytes)))
+    }
 }
