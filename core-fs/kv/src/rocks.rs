@@ -36,11 +36,15 @@ pub struct RocksOptions {
     /// Relaxed commits (see [`crate::Durability`]) are fsync'ed at least
     /// this often; 0 = only by `sync` and later synced commits.
     pub relaxed_sync_interval_ms: u64,
+    /// Memtable size before a flush to an SST file (RocksDB's
+    /// `write_buffer_size`; tests make it small to exercise flushes and
+    /// compactions).
+    pub write_buffer_bytes: usize,
 }
 
 impl Default for RocksOptions {
     fn default() -> Self {
-        RocksOptions { sync_writes: true, block_cache_bytes: 256 << 20, relaxed_sync_interval_ms: 100 }
+        RocksOptions { sync_writes: true, block_cache_bytes: 256 << 20, relaxed_sync_interval_ms: 100, write_buffer_bytes: 64 << 20 }
     }
 }
 
@@ -154,6 +158,7 @@ impl RocksEngine {
         db_opts.create_missing_column_families(true);
         db_opts.set_max_background_jobs(2);
         db_opts.set_bytes_per_sync(1 << 20);
+        db_opts.set_write_buffer_size(opts.write_buffer_bytes);
         let mut table = rocksdb::BlockBasedOptions::default();
         let cache = rocksdb::Cache::new_lru_cache(opts.block_cache_bytes).map_err(storage_err)?;
         table.set_block_cache(&cache);
