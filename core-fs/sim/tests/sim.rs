@@ -1,7 +1,9 @@
 //! Deterministic simulation (turmoil) of two mgmtd instances (primary +
 //! standby on one KV engine) + 3–6 storage nodes + 2 writing clients under
 //! random crashes, restarts, pauses longer than T and partitions (the
-//! primary mgmtd crashed, isolated and paused too). Every seed replays
+//! primary mgmtd crashed, isolated and paused too), and disk faults (a
+//! target's block-file reads or writes fail with EIO through the chunk
+//! engine's fault-injection seam, until its node restarts). Every seed replays
 //! bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
 //! * `cargo test -p fskv-sim --test sim` runs `FSKV_SIM_SEEDS` seeds
@@ -13,11 +15,13 @@
 //! serving within [`SERVING_BOUND_MS`], and no two observers ever saw
 //! different contents (hence heads) for one chain version. During the run:
 //! a standby takes over within [`TAKEOVER_BOUND_MS`] of the primary's fault,
-//! and chain versions never go backwards as the routing version grows.
+//! chain versions never go backwards as the routing version grows, and a
+//! target whose disk failed (fail-stop) is out of serving in the routing
+//! within [`DISK_FAULT_OFFLINE_BOUND_MS`] of the failed I/O.
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fskv_chunk_engine::{ChunkEngine, EngineConfig, ReadMode};
+use fskv_chunk_engine::{ChunkEngine, EngineConfig, IoOp, ReadMode};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_kv::{KeyValue, KvEngine, KvResult, RangeRequest, RangeResult, Transaction};
@@ -53,6 +57,12 @@ const STORAGE_HEARTBEAT_MS: u64 = 300;
 /// writers write during the same window.
 const FAULT_START_MS: u64 = 1_500;
 const FAULT_END_MS: u64 = 16_000;
+/// A target whose disk failed must be out of serving in the routing within
+/// this of the failed I/O: its service reports it offline on the next
+/// heartbeat, mgmtd applies that on its next tick.
+const DISK_FAULT_OFFLINE_BOUND_MS: u64 = STORAGE_HEARTBEAT_MS + 2 * MGMTD_TICK_MS + 500;
+/// errno of an I/O error (Linux).
+const EIO: i32 = 5;
 /// Every chain must be all serving within this after healing.
 const SERVING_BOUND_MS: u64 = 45_000;
 /// A supervisor restarts an exited storage service after this.
@@ -300,6 +310,15 @@ struct Shared {
     /// Measured takeovers: simulated ms from the primary's fault to a
     /// standby holding the lease.
     takeovers_ms: Vec<u64>,
+    /// The engines of the running storage services (for disk faults); weak,
+    /// so a crashed service's engines close and its restart can reopen them.
+    engines: BTreeMap<TargetId, std::sync::Weak<ChunkEngine>>,
+    /// Disk faults being watched: target → (injected at, the first failed
+    /// I/O at, first seen out of serving in a routing at).
+    disk_faults: BTreeMap<TargetId, (u64, Option<u64>, Option<u64>)>,
+    /// Measured disk faults: (ms from injection to the failed I/O, ms from
+    /// the failed I/O to the target out of serving in the routing).
+    disk_fault_ms: Vec<(u64, u64)>,
 }
 
 #[derive(Clone)]
@@ -318,6 +337,26 @@ struct Ctx {
 impl Ctx {
     fn observe(&self, who: &str, routing: &RoutingInfo) {
         let mut s = self.shared.lock().unwrap();
+        let now = now_ms();
+        let mut seen_out = Vec::new();
+        for (target, (_, failed, out)) in &s.disk_faults {
+            if failed.is_some() && out.is_none() {
+                let serving = routing
+                    .chains
+                    .iter()
+                    .flat_map(|c| c.targets.iter())
+                    .any(|t| t.target_id == *target && t.state == PublicTargetState::Serving);
+                if !serving {
+                    seen_out.push(*target);
+                }
+            }
+        }
+        for target in seen_out {
+            if let Some(entry) = s.disk_faults.get_mut(&target) {
+                entry.2 = Some(now);
+            }
+            s.trace.push(format!("{now} {who} sees {target} out of serving after its disk fault"));
+        }
         for chain in &routing.chains {
             let history = s.chain_history.entry(chain.chain_id).or_default();
             let cv = chain.chain_version;
@@ -469,6 +508,14 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
         Ok(s) => s,
         Err(e) => panic!("{who}: opening engines: {e:#}"),
     };
+    {
+        let mut s = ctx.shared.lock().unwrap();
+        for t in &targets {
+            if let Some(engine) = service.engine(*t) {
+                s.engines.insert(*t, Arc::downgrade(&engine));
+            }
+        }
+    }
     let running = service.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{STORAGE_PORT}")).await.expect("bind");
     let generation = ctx.storage_generation.fetch_add(1, Ordering::SeqCst);
     ctx.trace(format!("{who} serving (generation {generation})"));
@@ -636,6 +683,10 @@ enum Fault {
     /// standby takes over; on release the held messages reach a deposed
     /// instance).
     PauseMgmtd,
+    /// Every block-file I/O `op` of one target fails with EIO from now on
+    /// (the engine stops: fail-stop); at the end its node restarts with
+    /// the disk working again (the engine reopens and the target re-syncs).
+    DiskFault(TargetId, IoOp),
 }
 
 impl Fault {
@@ -651,7 +702,11 @@ struct Event {
     fault: Fault,
 }
 
-fn schedule(rng: &mut StdRng, nodes: u32) -> Vec<Event> {
+/// Disk faults come from their own random stream, so adding them kept every
+/// seed's other faults as they were.
+const DISK_FAULT_STREAM: u64 = 0xd15c_fa17;
+
+fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> Vec<Event> {
     let count = rng.gen_range(3..=8);
     let mut events: Vec<Event> = (0..count)
         .map(|_| {
@@ -673,6 +728,16 @@ fn schedule(rng: &mut StdRng, nodes: u32) -> Vec<Event> {
             Event { at_ms, duration_ms: duration_ms.min(FAULT_END_MS - at_ms), fault }
         })
         .collect();
+    // Half of the seeds: one disk fault, on writes (mostly) or reads.
+    let mut disk = StdRng::seed_from_u64(seed ^ DISK_FAULT_STREAM);
+    if disk.gen_bool(0.5) {
+        let node = NodeId(disk.gen_range(1..=nodes));
+        let target = fskv_mgmtd::layout::target_id(node, disk.gen_range(0..targets_per_node));
+        let op = if disk.gen_bool(0.75) { IoOp::Write } else { IoOp::Read };
+        let at_ms = disk.gen_range(FAULT_START_MS..FAULT_END_MS - 3_000);
+        let duration_ms = disk.gen_range(2 * HEARTBEAT_TIMEOUT_MS / 3..2 * HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
+        events.push(Event { at_ms, duration_ms, fault: Fault::DiskFault(target, op) });
+    }
     events.sort_by_key(|e| e.at_ms);
     events
 }
@@ -747,7 +812,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         storage_generation: Arc::new(AtomicU64::new(1)),
         healed: Arc::new(AtomicBool::new(false)),
     };
-    let events = schedule(&mut rng, nodes);
+    let events = schedule(&mut rng, nodes, seed, layout.targets_per_node);
 
     let mut sim = turmoil::Builder::new()
         .simulation_duration(Duration::from_millis(FAULT_END_MS + SERVING_BOUND_MS + 20_000))
@@ -861,6 +926,13 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     }
                     ctx.kv_cut[(target - 1) as usize].store(true, Ordering::SeqCst);
                 }
+                Fault::DiskFault(t, op) => {
+                    let mut s = ctx.shared.lock().unwrap();
+                    if let Some(engine) = s.engines.get(t).and_then(std::sync::Weak::upgrade) {
+                        engine.inject_io_fault(*op, EIO);
+                        s.disk_faults.insert(*t, (elapsed_ms, None, None));
+                    }
+                }
             }
             if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd) {
                 undo.push((end, e.fault.clone(), target));
@@ -904,6 +976,20 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                         }
                         ctx.kv_cut[(target - 1) as usize].store(false, Ordering::SeqCst);
                     }
+                    Fault::DiskFault(t, _) => {
+                        // The disk works again: restart its node (the
+                        // engine reopens without the fault and re-syncs).
+                        let mut s = ctx.shared.lock().unwrap();
+                        s.disk_faults.remove(&t);
+                        s.engines.remove(&t);
+                        drop(s);
+                        let n = fskv_mgmtd::layout::node_of(t);
+                        let h = storage_host(n.0);
+                        if sim.is_host_running(h.as_str()) {
+                            sim.crash(h.as_str());
+                        }
+                        crashed.insert(h, elapsed_ms + RESTART_DELAY_MS);
+                    }
                     Fault::CrashStorage(_) | Fault::CrashMgmtd => {}
                 }
             } else {
@@ -940,6 +1026,46 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     .push(format!("no standby took over within {TAKEOVER_BOUND_MS} ms of the fault of {} at {since} ms", mgmtd_host(old)));
                 takeover_watch = None;
             }
+        }
+        // Disk faults: when the engine met the fault, and the bound on the
+        // target leaving serving.
+        {
+            let mut s = ctx.shared.lock().unwrap();
+            let mut measured = Vec::new();
+            let mut late = Vec::new();
+            let watched: Vec<TargetId> = s.disk_faults.keys().copied().collect();
+            for t in watched {
+                let failed_now = s.engines.get(&t).and_then(std::sync::Weak::upgrade).is_some_and(|e| e.is_failed());
+                let Some(entry) = s.disk_faults.get_mut(&t) else { continue };
+                if entry.1.is_none() && failed_now {
+                    entry.1 = Some(elapsed_ms);
+                }
+                match *entry {
+                    (at, Some(failed), Some(out)) => measured.push((t, failed - at, out.saturating_sub(failed))),
+                    (_, Some(failed), None) if elapsed_ms > failed + DISK_FAULT_OFFLINE_BOUND_MS => late.push((
+                        t,
+                        format!(
+                            "{t}: still serving in every routing {} ms after its disk failed at {failed} ms (bound {DISK_FAULT_OFFLINE_BOUND_MS} ms)",
+                            elapsed_ms - failed
+                        ),
+                    )),
+                    _ => {}
+                }
+            }
+            // Each fault is measured (or found late) once.
+            for (t, to_fail, to_out) in measured {
+                s.disk_faults.remove(&t);
+                s.trace.push(format!("{elapsed_ms} {t} failed {to_fail} ms after its disk fault, out of serving {to_out} ms later"));
+                s.disk_fault_ms.push((to_fail, to_out));
+            }
+            let late: Vec<String> = late
+                .into_iter()
+                .map(|(t, msg)| {
+                    s.disk_faults.remove(&t);
+                    msg
+                })
+                .collect();
+            s.violations.extend(late);
         }
         // Supervisor: restart exited storage services.
         for n in 1..=nodes {
@@ -1080,9 +1206,10 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         h.finish()
     };
     let summary = format!(
-        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, {} acked / {} failed writes, {} exits, all serving {} ms after heal, stale pending versions {:?}",
+        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, {} exits, all serving {} ms after heal, stale pending versions {:?}",
         events.len(),
         shared.takeovers_ms,
+        shared.disk_fault_ms,
         shared.acked,
         shared.failed,
         shared.exits.len(),
