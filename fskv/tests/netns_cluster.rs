@@ -511,10 +511,9 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
     // The same registers as S3 objects and KV keys, through the front.
     let http = FrontClient::new(&cluster.dir);
     http.setup().await;
-    let http_history: Arc<Mutex<BTreeMap<(Proto, u64), Vec<Event>>>> = Arc::default();
+    let http_history: Arc<Mutex<HttpHistory>> = Arc::default();
     for (c, proto) in [(10u64, Proto::S3), (11, Proto::S3), (12, Proto::Kv), (13, Proto::Kv)] {
         let (http, history) = (http.clone(), http_history.clone());
-        let now_ns = now_ns;
         reg_tasks.push(tokio::spawn(async move {
             let mut seq = 0u64;
             let mut rng = c.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -655,6 +654,9 @@ fn fsck_clean(cluster: &Cluster) {
     eprintln!("fsck: {}", text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or(""));
     let _ = cluster;
 }
+
+/// Per (protocol, register): the operations on it through the front.
+type HttpHistory = BTreeMap<(Proto, u64), Vec<Event>>;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Proto {

@@ -615,7 +615,6 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     };
     // Authenticated (or no key): no longer evictable.
     drop(pending);
-    drop(evicted_signal);
     // Bounded: each request queues at most one reply and the reader waits
     // for room, so a peer that never reads cannot grow our memory.
     let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));

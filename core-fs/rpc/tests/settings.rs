@@ -17,6 +17,7 @@ fn defaults_follow_the_installed_settings_and_only_the_first_install_counts() {
         frame_read_timeout_ms: 500,
         idle_timeout_ms: 900,
         handshake_timeout_ms: 321,
+        max_unauthenticated_connections: 7,
     };
     assert!(settings::install(mine.clone()));
     assert!(!settings::install(RpcSettings::BUILT_IN), "a second install is refused");
@@ -28,4 +29,5 @@ fn defaults_follow_the_installed_settings_and_only_the_first_install_counts() {
     assert_eq!((s.max_connections, s.max_in_flight_bytes, s.frame_read_timeout_ms, s.idle_timeout_ms), (10, 4 << 20, 500, 900));
     assert_eq!(CallOptions::default().timeout_ms, 1_234);
     assert_eq!((c.handshake_timeout_ms, s.handshake_timeout_ms), (321, 321));
+    assert_eq!(s.max_unauthenticated_connections, 7);
 }

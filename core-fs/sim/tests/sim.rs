@@ -686,7 +686,7 @@ enum Fault {
     /// Every block-file I/O `op` of one target fails with EIO from now on
     /// (the engine stops: fail-stop); at the end its node restarts with
     /// the disk working again (the engine reopens and the target re-syncs).
-    DiskFault(TargetId, IoOp),
+    Disk(TargetId, IoOp),
 }
 
 impl Fault {
@@ -736,7 +736,7 @@ fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> V
         let op = if disk.gen_bool(0.75) { IoOp::Write } else { IoOp::Read };
         let at_ms = disk.gen_range(FAULT_START_MS..FAULT_END_MS - 3_000);
         let duration_ms = disk.gen_range(2 * HEARTBEAT_TIMEOUT_MS / 3..2 * HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
-        events.push(Event { at_ms, duration_ms, fault: Fault::DiskFault(target, op) });
+        events.push(Event { at_ms, duration_ms, fault: Fault::Disk(target, op) });
     }
     events.sort_by_key(|e| e.at_ms);
     events
@@ -926,7 +926,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     }
                     ctx.kv_cut[(target - 1) as usize].store(true, Ordering::SeqCst);
                 }
-                Fault::DiskFault(t, op) => {
+                Fault::Disk(t, op) => {
                     let mut s = ctx.shared.lock().unwrap();
                     if let Some(engine) = s.engines.get(t).and_then(std::sync::Weak::upgrade) {
                         engine.inject_io_fault(*op, EIO);
@@ -976,7 +976,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                         }
                         ctx.kv_cut[(target - 1) as usize].store(false, Ordering::SeqCst);
                     }
-                    Fault::DiskFault(t, _) => {
+                    Fault::Disk(t, _) => {
                         // The disk works again: restart its node (the
                         // engine reopens without the fault and re-syncs).
                         let mut s = ctx.shared.lock().unwrap();
