@@ -12,9 +12,10 @@
 //!    metadata workload** (creates + renames, and small-file publishes/reads
 //!    of 3 registers through the native client, and 3 S3 objects and 3 KV
 //!    keys overwritten and read through **the front** on its own host, i.e.
-//!    through the front's gateway processes): clients fail over, no
-//!    acknowledged operation lost, every register history (native, S3, KV)
-//!    is linearizable, `fskv admin fsck` clean afterwards.
+//!    through the front's gateway processes, and new S3 objects created
+//!    through it): clients fail over, no acknowledged operation lost (S3
+//!    creates included), every register history (native, S3, KV) is
+//!    linearizable, `fskv admin fsck` clean afterwards.
 //!
 //! Run: `FSKV_NETNS_TEST=short cargo test -p fskv --test netns_cluster`
 //! (deploy/test.sh; about a minute) or `FSKV_NETNS_TEST=long` (more rounds,
@@ -537,6 +538,24 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
             }
         }));
     }
+    // S3 creates through the front: fresh keys, each acknowledged one must
+    // be there afterwards with its bytes.
+    let mut create_tasks = Vec::new();
+    for c in 0..2u64 {
+        let http = http.clone();
+        create_tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while Instant::now() < stop_at {
+                let key = format!("new-{c}-{n}");
+                if http.put_object(&key, (c << 32) | n).await {
+                    acked.push((key, (c << 32) | n));
+                }
+                n += 1;
+            }
+            (n, acked)
+        }));
+    }
     // Faults: rounds of (meta1 down, the etcd leader down, both up) every 10 s.
     let t0 = Instant::now();
     let mut round = 0u64;
@@ -568,6 +587,26 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
     for t in reg_tasks {
         t.await.expect("register task");
     }
+    let (mut tried, mut created) = (0, 0);
+    for t in create_tasks {
+        let (n, acked) = t.await.expect("create task");
+        tried += n;
+        for (key, value) in acked {
+            // Reads retry: the cluster is still settling after the last fault.
+            let mut got = None;
+            for _ in 0..30 {
+                got = http.get_object(&key).await;
+                if got.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            assert_eq!(got, Some(Some(value)), "S3 object {key}: acknowledged create through the front lost or wrong");
+            created += 1;
+        }
+    }
+    eprintln!("S3 creates through the front: {created} acknowledged of {tried} tried, every one present");
+    assert!(created > 5, "too few S3 creates acknowledged: {created}");
     // No acknowledged operation lost.
     for (dir, log) in &dirs {
         for (n, c, r) in log {
@@ -730,17 +769,32 @@ impl FrontClient {
         matches!(self.send(proto, http::Method::PUT, &Self::target(proto, key), body).await, Some((st, _)) if st.is_success())
     }
 
+    /// A PUT of a new S3 object `key` holding `value`; whether it was acknowledged.
+    async fn put_object(&self, key: &str, value: u64) -> bool {
+        let body = Bytes::copy_from_slice(&value.to_le_bytes());
+        let target = format!("/{REGISTER_BUCKET}/{key}");
+        matches!(self.send(Proto::S3, http::Method::PUT, &target, body).await, Some((st, _)) if st.is_success())
+    }
+
+    /// The value of S3 object `key` (`Some(None)`: absent; `None`: the read failed).
+    async fn get_object(&self, key: &str) -> Option<Option<u64>> {
+        self.read(Proto::S3, &format!("/{REGISTER_BUCKET}/{key}"), key).await
+    }
+
     /// `Some(None)`: absent (404); `None`: the read failed (not a history event).
     async fn get(&self, proto: Proto, key: u64) -> Option<Option<u64>> {
-        let (st, body) = self.send(proto, http::Method::GET, &Self::target(proto, key), Bytes::new()).await?;
+        self.read(proto, &Self::target(proto, key), &format!("register {key}")).await
+    }
+
+    async fn read(&self, proto: Proto, target: &str, what: &str) -> Option<Option<u64>> {
+        let (st, body) = self.send(proto, http::Method::GET, target, Bytes::new()).await?;
         if st == http::StatusCode::NOT_FOUND {
             return Some(None);
         }
         if !st.is_success() {
             return None;
         }
-        let bytes: [u8; 8] =
-            body.as_ref().try_into().unwrap_or_else(|_| panic!("{proto:?} register {key}: {} bytes read, expected 8", body.len()));
+        let bytes: [u8; 8] = body.as_ref().try_into().unwrap_or_else(|_| panic!("{proto:?} {what}: {} bytes read, expected 8", body.len()));
         Some(Some(u64::from_le_bytes(bytes)))
     }
 }
