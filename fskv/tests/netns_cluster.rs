@@ -470,13 +470,10 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
             let mut seq = 0u64;
             let mut rng = c.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             while Instant::now() < stop_at {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let key = rng % 3;
+                let (key, write) = next_register_op(&mut rng);
                 let name = format!("reg{key}");
                 let call = now_ns();
-                let event = if rng % 2 == 0 {
+                let event = if write {
                     seq += 1;
                     let value = (c << 32) | seq;
                     let op = MetaOp::CreateWritePublish {
@@ -519,12 +516,9 @@ async fn metadata_under_meta_and_etcd_kills(cluster: &Cluster, fs: &FsClient, se
             let mut seq = 0u64;
             let mut rng = c.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             while Instant::now() < stop_at {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let key = rng % 3;
+                let (key, write) = next_register_op(&mut rng);
                 let call = now_ns();
-                let event = if rng % 2 == 0 {
+                let event = if write {
                     seq += 1;
                     let value = (c << 32) | seq;
                     let ok = http.put(proto, key, value).await;
@@ -692,6 +686,15 @@ fn fsck_clean(cluster: &Cluster) {
     assert!(out.status.success() && text.contains("clean"), "fsck not clean ({}):\n{text}", out.status);
     eprintln!("fsck: {}", text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or(""));
     let _ = cluster;
+}
+
+/// The next register operation of a task: which of the 3 registers, and
+/// whether it writes (else reads); xorshift over the task's state.
+fn next_register_op(rng: &mut u64) -> (u64, bool) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    (*rng % 3, rng.is_multiple_of(2))
 }
 
 /// Per (protocol, register): the operations on it through the front.
