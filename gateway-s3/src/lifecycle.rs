@@ -130,8 +130,8 @@ impl Rule {
         let c = self.criteria();
         let size = i64::try_from(size).unwrap_or(i64::MAX);
         let matches = key.starts_with(&c.prefix)
-            && c.size_gt.is_none_or(|g| size > g)
-            && c.size_lt.is_none_or(|l| size < l)
+            && c.size_gt.map_or(true, |g| size > g)
+            && c.size_lt.map_or(true, |l| size < l)
             && c.tags.iter().all(|t| tags.is_some_and(|have| have.contains(t)));
         if !matches {
             return false;

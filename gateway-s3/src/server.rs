@@ -81,6 +81,33 @@ impl S3Http {
     }
 }
 
+/// s3s writes every `ETag` element quoted; GetObjectAttributes gives it
+/// unquoted (AWS, moto and the SDKs' models agree).
+fn unquote_attributes_etag(resp: &mut Response<s3s::Body>) {
+    let Some(body) = resp.body().bytes() else { return };
+    let Some(fixed) = unquote_etag_element(&body) else { return };
+    let len = fixed.len();
+    *resp.body_mut() = s3s::Body::from(Bytes::from(fixed));
+    if resp.headers().contains_key(http::header::CONTENT_LENGTH) {
+        resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    }
+}
+
+/// The XML with the quotes of its first `<ETag>"…"</ETag>` removed; `None`
+/// when there is no such element.
+pub fn unquote_etag_element(xml: &[u8]) -> Option<Vec<u8>> {
+    const OPEN: &[u8] = b"<ETag>\"";
+    const CLOSE: &[u8] = b"\"</ETag>";
+    let start = xml.windows(OPEN.len()).position(|w| w == OPEN)?;
+    let inner = start + OPEN.len();
+    let end = inner + xml[inner..].windows(CLOSE.len()).position(|w| w == CLOSE)?;
+    let mut out = Vec::with_capacity(xml.len());
+    out.extend_from_slice(&xml[..inner - 1]);
+    out.extend_from_slice(&xml[inner..end]);
+    out.extend_from_slice(&xml[end + 1..]);
+    Some(out)
+}
+
 fn set_headers(headers: &mut http::HeaderMap, pairs: Vec<(&'static str, String)>) {
     for (name, value) in pairs {
         // A value from a rule that is no valid header value is left out.
@@ -116,6 +143,9 @@ impl Protocol for S3Http {
         }
         let origin = req.headers().get(http::header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_string);
         let method = req.method().clone();
+        // GET ?attributes is GetObjectAttributes (no bucket-level operation has that subresource).
+        let attributes = method == http::Method::GET
+            && req.uri().query().unwrap_or("").split('&').any(|p| p.split_once('=').map_or(p, |(k, _)| k) == "attributes");
         if length_unknown_unsigned(req.headers()) {
             // s3s refuses an UNSIGNED-PAYLOAD body without Content-Length
             // (MissingContentLength) before any handler runs, though
@@ -136,6 +166,9 @@ impl Protocol for S3Http {
                 error::xml_response(err, &cx.request_id).map(s3s::Body::from)
             }
         };
+        if attributes && resp.status().is_success() {
+            unquote_attributes_etag(&mut resp);
+        }
         if let (Some(origin), Some(bucket)) = (origin, bucket) {
             // Only requests with an Origin (browsers) pay for reading the rules.
             match self.rules_of(&bucket).await {
@@ -273,6 +306,18 @@ mod tests {
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
         pairs.iter().map(|(k, v)| (http::HeaderName::from_static(k), http::HeaderValue::from_static(v))).collect()
+    }
+
+    #[test]
+    fn attributes_etag_loses_its_quotes() {
+        let xml = br#"<?xml version="1.0"?><GetObjectAttributesResponse><ETag>"abc-2"</ETag><ObjectSize>3</ObjectSize></GetObjectAttributesResponse>"#;
+        let out = super::unquote_etag_element(xml).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"<?xml version="1.0"?><GetObjectAttributesResponse><ETag>abc-2</ETag><ObjectSize>3</ObjectSize></GetObjectAttributesResponse>"#
+        );
+        assert!(super::unquote_etag_element(b"<ObjectSize>3</ObjectSize>").is_none());
+        assert!(super::unquote_etag_element(b"<ETag>\"unclosed").is_none());
     }
 
     #[test]

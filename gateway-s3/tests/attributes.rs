@@ -73,6 +73,9 @@ async fn single_put_objects() {
     gw.put(args, Some(blob(b"hello")), &headers, None).await.expect("put");
     let all = ["ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"];
     let out = gw.object_attributes(&attrs("k", &all, None, None)).await.expect("attributes");
+    // As the header arrives: one comma-separated list.
+    let joined = gw.object_attributes(&attrs("k", &[&all.join(",")], None, None)).await.expect("one header value");
+    assert_eq!((joined.e_tag.is_some(), joined.object_size, joined.storage_class.is_some()), (true, Some(5), true));
     assert_eq!(out.e_tag.as_ref().map(|e| e.value()), Some("5d41402abc4b2a76b9719d911017c592"));
     assert_eq!(out.object_size, Some(5));
     assert_eq!(out.storage_class.as_ref().map(|s| s.as_str()), Some("STANDARD"));

@@ -79,7 +79,9 @@ fn checksum_of(sums: &Checksums) -> Option<Checksum> {
 
 impl Gateway {
     pub async fn object_attributes(&self, input: &GetObjectAttributesInput) -> Result<GetObjectAttributesOutput, S3Error> {
-        let wanted: Vec<&str> = input.object_attributes.iter().map(|a| a.as_str()).collect();
+        // The header is one comma-separated list (s3s gives it as one item).
+        let wanted: Vec<&str> =
+            input.object_attributes.iter().flat_map(|a| a.as_str().split(',')).map(str::trim).filter(|a| !a.is_empty()).collect();
         if let Some(bad) = wanted.iter().find(|a| !ATTRIBUTES.contains(a)) {
             return Err(error::invalid_argument(format!(
                 "invalid attribute name {bad:?} in x-amz-object-attributes (valid: {})",
