@@ -161,7 +161,8 @@ def test_cors_validation_against_reference(s3, bucket):
             theirs = outcome(lambda: ref.put_bucket_cors(Bucket=rb, CORSConfiguration={"CORSRules": rules}))
             assert ours == theirs, name
         # A refused PUT leaves the stored rules as they were (moto empties them first).
-        assert s3.get_bucket_cors(Bucket=bucket)["CORSRules"] == cors_cases()["ok"]
+        if s3util.target_kind() not in ("moto", "moto-auth"):
+            assert s3.get_bucket_cors(Bucket=bucket)["CORSRules"] == cors_cases()["ok"]
     finally:
         s3util.empty_and_delete(ref, rb)
 
