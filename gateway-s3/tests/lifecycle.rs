@@ -149,3 +149,33 @@ async fn bad_configurations_are_refused() {
     assert_eq!(e.code(), &S3ErrorCode::NoSuchLifecycleConfiguration);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_writer_runs_the_scan_by_itself_and_reports_it_in_metrics() {
+    let (gw, server) = common::gateway(|_| {}).await;
+    let mut cfg = (*gw.cfg).clone();
+    cfg.limits.lifecycle_day_ms = 1;
+    cfg.limits.lifecycle_scan_interval_ms = 100;
+    let handle = fskv_gateway_s3::start(cfg, gw.store.fs.clone()).await.expect("start");
+    let served = &handle.gateway;
+    put(served, "old/x", None).await;
+    let mut r = rule("old", "Enabled");
+    r.prefix = Some("old/".into());
+    r.expiration = Some(LifecycleExpiration { days: Some(1), ..Default::default() });
+    served.put_lifecycle(&config(vec![r])).await.expect("put lifecycle");
+    // A day of 1 ms, a scan every 100 ms: gone within a few scans (bounded wait).
+    let mut gone = false;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if keys(served).await.is_empty() {
+            gone = true;
+            break;
+        }
+    }
+    assert!(gone, "the writer's lifecycle scan did not expire old/x within 5 s");
+    let text = handle.metrics.render();
+    let expired = text.lines().find(|l| l.starts_with("fskv_gateway_s3_lifecycle_objects_expired_total")).expect("metric");
+    assert!(expired.ends_with(" 1"), "{expired}");
+    handle.stop().await;
+    server.shutdown().await;
+}
