@@ -115,6 +115,23 @@ max_body_bytes_data = 5497558138880
 # the key store) or "off".
 metrics_endpoint = "open"
 
+[s3]
+# The S3 gateway (`fskv gateway s3`; docs/s3.md). Virtual-hosted-style
+# addressing: a request whose Host is <bucket>.<domain> (any port) for one of
+# these domains names the bucket in the host and the key in the path; every
+# other host (an IP address, a domain itself) is path style. "localhost":
+# *.localhost resolves to loopback on most systems (RFC 6761), so
+# http://bucket.localhost:9000 works with `fskv up` without DNS set-up.
+# [] turns virtual-hosted style off.
+virtual_host_domains = ["localhost"]
+# Lifecycle rules (PutBucketLifecycleConfiguration) are applied by the S3
+# writer: a scan every lifecycle_scan_interval_ms, at most
+# lifecycle_max_actions_per_second deletes and aborts per second. Rules count
+# in days of lifecycle_day_ms (24 h; shorter only for tests).
+lifecycle_scan_interval_ms = 3600000
+lifecycle_max_actions_per_second = 100
+lifecycle_day_ms = 86400000
+
 [front]
 # `fskv front` (and `fskv up`, which runs everything through it): pools of
 # gateway processes per protocol and role, started on demand. See docs/front.md.
@@ -197,7 +214,30 @@ pub struct Config {
     pub security: SecurityConfig,
     pub gateway: fskv_gateway::HttpLimits,
     pub front: fskv_front::FrontConfig,
+    pub s3: S3Config,
     pub up: UpConfig,
+}
+
+/// `[s3]`: options of the S3 gateway that are not HTTP limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct S3Config {
+    pub virtual_host_domains: Vec<String>,
+    pub lifecycle_scan_interval_ms: u64,
+    pub lifecycle_max_actions_per_second: u32,
+    pub lifecycle_day_ms: u64,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        let limits = fskv_gateway_s3::Limits::default();
+        S3Config {
+            virtual_host_domains: vec!["localhost".into()],
+            lifecycle_scan_interval_ms: limits.lifecycle_scan_interval_ms,
+            lifecycle_max_actions_per_second: limits.lifecycle_max_actions_per_second,
+            lifecycle_day_ms: limits.lifecycle_day_ms,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

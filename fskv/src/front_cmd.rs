@@ -113,6 +113,9 @@ fn apply_upstreams(cfg: &mut fskv_front::FrontConfig, upstreams: &[String]) -> a
 pub async fn run(args: FrontArgs, config: &Config, config_file: Option<&Path>) -> anyhow::Result<()> {
     let listeners = listeners(&args)?;
     let mut front = config.front.clone();
+    // The S3 classifier routes virtual-hosted requests (Host: <bucket>.<domain>) by their key too.
+    let vhosts = fskv_gateway_s3::vhost::VirtualHosts::new(&config.s3.virtual_host_domains).map_err(anyhow::Error::msg)?;
+    fskv_gateway_s3::route::set_virtual_host_domains(vhosts);
     apply_upstreams(&mut front, &args.upstreams)?;
     let mut extra_args = Vec::new();
     for g in &args.gateway_args {

@@ -178,6 +178,14 @@ pub async fn run(cmd: GatewayCommand, config: &Config) -> anyhow::Result<()> {
     cfg.region = args.cluster.region.clone();
     cfg.writer_endpoint = args.writer_endpoint;
     cfg.http = config.gateway.clone();
+    cfg.virtual_host_domains = config.s3.virtual_host_domains.clone();
+    anyhow::ensure!(
+        config.s3.lifecycle_day_ms >= 1 && config.s3.lifecycle_max_actions_per_second >= 1,
+        "[s3] lifecycle_day_ms and lifecycle_max_actions_per_second must be at least 1"
+    );
+    cfg.limits.lifecycle_scan_interval_ms = config.s3.lifecycle_scan_interval_ms;
+    cfg.limits.lifecycle_max_actions_per_second = config.s3.lifecycle_max_actions_per_second;
+    cfg.limits.lifecycle_day_ms = config.s3.lifecycle_day_ms;
     if let Some((cert_path, key_path)) = args.cluster.tls() {
         cfg.tls = Some(fskv_gateway_s3::config::TlsFiles { cert_path, key_path });
     }

@@ -31,6 +31,12 @@ pub struct Limits {
     pub max_delete_keys: usize,
     /// Part copies of one CompleteMultipartUpload / CopyObject in flight.
     pub copy_parallelism: usize,
+    /// The length of a lifecycle "day" (rules count in days; tests shorten it).
+    pub lifecycle_day_ms: u64,
+    /// Pause between the writer's lifecycle scans.
+    pub lifecycle_scan_interval_ms: u64,
+    /// Deletes and aborts of a lifecycle scan per second, at most.
+    pub lifecycle_max_actions_per_second: u32,
 }
 
 impl Default for Limits {
@@ -47,6 +53,9 @@ impl Default for Limits {
             max_uploads_listed: 10_000,
             max_delete_keys: 1000,
             copy_parallelism: 4,
+            lifecycle_day_ms: 24 * 3600 * 1000,
+            lifecycle_scan_interval_ms: 3600 * 1000,
+            lifecycle_max_actions_per_second: 100,
         }
     }
 }
@@ -68,6 +77,9 @@ pub struct GatewayConfig {
     pub http: HttpLimits,
     /// Serve HTTPS instead of HTTP.
     pub tls: Option<TlsFiles>,
+    /// Domains under which `Host: <bucket>.<domain>` names the bucket
+    /// (virtual-hosted style, `vhost.rs`); empty: path style only.
+    pub virtual_host_domains: Vec<String>,
 }
 
 impl GatewayConfig {
@@ -82,6 +94,7 @@ impl GatewayConfig {
             limits: Limits::default(),
             http: HttpLimits::default(),
             tls: None,
+            virtual_host_domains: Vec::new(),
         }
     }
 }

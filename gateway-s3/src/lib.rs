@@ -19,7 +19,9 @@
 pub mod auth;
 pub mod body;
 pub mod config;
+pub mod cors;
 pub mod error;
+pub mod lifecycle;
 pub mod list;
 pub mod objmeta;
 pub mod ops;
@@ -28,6 +30,7 @@ pub mod route;
 pub mod s3;
 pub mod server;
 pub mod store;
+pub mod vhost;
 pub mod walk;
 
 pub use config::{AccessKey, GatewayConfig, HttpLimits, KeyStore, Limits, Role};

@@ -117,6 +117,11 @@ pub struct ObjectMeta {
     /// while it is the current object at the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_id: Option<String>,
+    /// Checksums of the parts of a multipart object, in part order, when
+    /// any part was uploaded with one (GetObjectAttributes lists parts only
+    /// then, as S3 does); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub part_checksums: Vec<Checksums>,
 }
 
 impl ObjectMeta {
@@ -162,6 +167,15 @@ pub fn multipart_etag(part_etags_hex: &[String]) -> Option<String> {
         h.update(&hex::decode(e).ok()?);
     }
     Some(format!("{}-{}", hex::encode(h.finalize()), part_etags_hex.len()))
+}
+
+/// The part checksums a multipart object keeps: every part's, in order,
+/// when at least one part has a checksum; none otherwise.
+pub fn kept_part_checksums<'a>(parts: impl Iterator<Item = &'a Checksums> + Clone) -> Vec<Checksums> {
+    if parts.clone().all(Checksums::is_empty) {
+        return Vec::new();
+    }
+    parts.cloned().collect()
 }
 
 /// Tags as stored in `user.s3.tags`.
@@ -231,6 +245,17 @@ mod tests {
         assert!(e.ends_with("-2"));
         assert_eq!(e.len(), 32 + 2);
         assert!(multipart_etag(&["zz".into()]).is_none());
+    }
+
+    #[test]
+    fn part_checksums_are_kept_only_when_a_part_has_one() {
+        let none = [Checksums::default(), Checksums::default()];
+        assert!(kept_part_checksums(none.iter()).is_empty());
+        let one = [Checksums::default(), Checksums { crc32: Some("AAAAAA==".into()), ..Checksums::default() }];
+        assert_eq!(kept_part_checksums(one.iter()), one.to_vec());
+        // Records written before the field existed read as "no part checksums".
+        let old: ObjectMeta = serde_json::from_str(r#"{"etag":"e","size":1,"mtime_ns":2,"part_sizes":[1]}"#).unwrap();
+        assert!(old.part_checksums.is_empty());
     }
 
     #[test]

@@ -28,9 +28,30 @@ use fskv_gateway::{Access, AuthPolicy, BodyClass, Route};
 use http::request::Parts;
 use http::Method;
 
-/// The route of an S3 request.
+/// The route of an S3 request, with the virtual-hosted-style domains set
+/// for this process by [`set_virtual_host_domains`] (the front's
+/// classifier; a gateway classifies with its own, [`classify_hosted`]).
 pub fn classify(parts: &Parts) -> Route {
-    let (name, access, body) = operation(&parts.method, parts.uri.path(), parts.uri.query().unwrap_or(""), &parts.headers);
+    let bucket = PROCESS_DOMAINS.get().and_then(|v| v.bucket_of(&parts.headers));
+    classify_hosted(parts, bucket.as_deref())
+}
+
+static PROCESS_DOMAINS: std::sync::OnceLock<crate::vhost::VirtualHosts> = std::sync::OnceLock::new();
+
+/// The domains [`classify`] resolves `Host: <bucket>.<domain>` under; the
+/// first call wins (a process serves one configuration).
+pub fn set_virtual_host_domains(v: crate::vhost::VirtualHosts) {
+    let _ = PROCESS_DOMAINS.set(v);
+}
+
+/// The route of an S3 request whose `Host` names `vhost_bucket`
+/// (virtual-hosted style: the path is the key), or of a path-style one.
+pub fn classify_hosted(parts: &Parts, vhost_bucket: Option<&str>) -> Route {
+    let query = parts.uri.query().unwrap_or("");
+    let (name, access, body) = match vhost_bucket {
+        Some(b) => operation(&parts.method, &format!("/{b}{}", parts.uri.path()), query, &parts.headers),
+        None => operation(&parts.method, parts.uri.path(), query, &parts.headers),
+    };
     let auth = if name == "PostObject" { AuthPolicy::Required } else { AuthPolicy::Delegated };
     Route { name, access, body, auth }
 }
@@ -71,6 +92,8 @@ fn operation(method: &Method, path: &str, query: &str, headers: &http::HeaderMap
                 "GetBucketPolicy"
             } else if q("cors") {
                 "GetBucketCors"
+            } else if q("lifecycle") {
+                "GetBucketLifecycle"
             } else if query.split('&').any(|p| p == "list-type=2") {
                 "ListObjectsV2"
             } else if query.split('&').any(|p| {
@@ -93,6 +116,8 @@ fn operation(method: &Method, path: &str, query: &str, headers: &http::HeaderMap
                 "GetObjectTagging"
             } else if q("acl") {
                 "GetObjectAcl"
+            } else if q("attributes") {
+                "GetObjectAttributes"
             } else {
                 "GetObject"
             };
@@ -100,8 +125,12 @@ fn operation(method: &Method, path: &str, query: &str, headers: &http::HeaderMap
         }
         (&Method::HEAD, Level::Object) => ("HeadObject", Read, Bodiless),
         (&Method::PUT, Level::Bucket) if query.is_empty() => ("CreateBucket", Mutation, Control),
+        (&Method::PUT, Level::Bucket) if q("cors") => ("PutBucketCors", Mutation, Control),
+        (&Method::PUT, Level::Bucket) if q("lifecycle") => ("PutBucketLifecycle", Mutation, Control),
         (&Method::PUT, Level::Bucket) => ("PutBucketConfig", Mutation, Control),
         (&Method::DELETE, Level::Bucket) if query.is_empty() => ("DeleteBucket", Mutation, Bodiless),
+        (&Method::DELETE, Level::Bucket) if q("cors") => ("DeleteBucketCors", Mutation, Bodiless),
+        (&Method::DELETE, Level::Bucket) if q("lifecycle") => ("DeleteBucketLifecycle", Mutation, Bodiless),
         (&Method::DELETE, Level::Bucket) => ("DeleteBucketConfig", Mutation, Bodiless),
         (&Method::POST, Level::Bucket) if q("delete") => ("DeleteObjects", Mutation, Control),
         (&Method::POST, Level::Bucket) if form => ("PostObject", Mutation, Control),
@@ -166,6 +195,13 @@ mod tests {
             ("HEAD", "/b/k", &[], "HeadObject", Read, Bodiless),
             ("OPTIONS", "/b/k", &[], "Options", Read, Bodiless),
             ("PUT", "/b", &[], "CreateBucket", Mutation, Control),
+            ("PUT", "/b?cors", &[], "PutBucketCors", Mutation, Control),
+            ("GET", "/b?cors", &[], "GetBucketCors", Read, Bodiless),
+            ("DELETE", "/b?cors", &[], "DeleteBucketCors", Mutation, Bodiless),
+            ("PUT", "/b?lifecycle", &[], "PutBucketLifecycle", Mutation, Control),
+            ("GET", "/b?lifecycle", &[], "GetBucketLifecycle", Read, Bodiless),
+            ("DELETE", "/b?lifecycle", &[], "DeleteBucketLifecycle", Mutation, Bodiless),
+            ("GET", "/b/k?attributes", &[], "GetObjectAttributes", Read, Bodiless),
             ("DELETE", "/b", &[], "DeleteBucket", Mutation, Bodiless),
             ("POST", "/b?delete", &[], "DeleteObjects", Mutation, Control),
             ("POST", "/b", &[("content-type", "multipart/form-data; boundary=x")], "PostObject", Mutation, Control),
@@ -188,6 +224,21 @@ mod tests {
             let auth = if *name == "PostObject" { AuthPolicy::Required } else { AuthPolicy::Delegated };
             assert_eq!(r.auth, auth, "{m} {uri}: only a form upload is authenticated by the shared layer from its head");
         }
+    }
+
+    #[test]
+    fn virtual_hosted_requests_name_the_bucket_in_the_host() {
+        let hosted = |m: &str, uri: &str| {
+            let parts = http::Request::builder().method(m).uri(uri).body(()).unwrap().into_parts().0;
+            let r = classify_hosted(&parts, Some("b"));
+            (r.name, r.access, r.body)
+        };
+        assert_eq!(hosted("PUT", "/k"), ("PutObject", Access::Mutation, BodyClass::Data));
+        assert_eq!(hosted("PUT", "/a/b/c?partNumber=1&uploadId=u"), ("UploadPart", Access::Mutation, BodyClass::Data));
+        assert_eq!(hosted("PUT", "/"), ("CreateBucket", Access::Mutation, BodyClass::Control));
+        assert_eq!(hosted("GET", "/?list-type=2"), ("ListObjectsV2", Access::Read, BodyClass::Bodiless));
+        assert_eq!(hosted("GET", "/k"), ("GetObject", Access::Read, BodyClass::Bodiless));
+        assert_eq!(hosted("DELETE", "/?cors"), ("DeleteBucketCors", Access::Mutation, BodyClass::Bodiless));
     }
 
     #[test]

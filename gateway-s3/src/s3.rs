@@ -51,8 +51,45 @@ impl S3 for Gateway {
 
     async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
         let this = self.for_request(&req)?;
-        this.store.bucket(&req.input.bucket).await?;
-        Err(s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchCORSConfiguration, "buckets have no CORS configuration here"))
+        ok(this.get_cors(&req.input.bucket).await?)
+    }
+
+    async fn put_bucket_cors(&self, req: S3Request<PutBucketCorsInput>) -> S3Result<S3Response<PutBucketCorsOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_cors(&req.input).await?;
+        ok(PutBucketCorsOutput::default())
+    }
+
+    async fn delete_bucket_cors(&self, req: S3Request<DeleteBucketCorsInput>) -> S3Result<S3Response<DeleteBucketCorsOutput>> {
+        let this = self.for_request(&req)?;
+        this.delete_cors(&req.input.bucket).await?;
+        ok(DeleteBucketCorsOutput::default())
+    }
+
+    async fn put_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<PutBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<PutBucketLifecycleConfigurationOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_lifecycle(&req.input).await?;
+        ok(PutBucketLifecycleConfigurationOutput::default())
+    }
+
+    async fn get_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<GetBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
+        let this = self.for_request(&req)?;
+        ok(this.get_lifecycle(&req.input.bucket).await?)
+    }
+
+    async fn delete_bucket_lifecycle(
+        &self,
+        req: S3Request<DeleteBucketLifecycleInput>,
+    ) -> S3Result<S3Response<DeleteBucketLifecycleOutput>> {
+        let this = self.for_request(&req)?;
+        this.delete_lifecycle(&req.input.bucket).await?;
+        ok(DeleteBucketLifecycleOutput::default())
     }
 
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
@@ -211,6 +248,11 @@ impl S3 for Gateway {
     async fn list_multipart_uploads(&self, req: S3Request<ListMultipartUploadsInput>) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let this = self.for_request(&req)?;
         ok(this.list_uploads(&req.input).await?)
+    }
+
+    async fn get_object_attributes(&self, req: S3Request<GetObjectAttributesInput>) -> S3Result<S3Response<GetObjectAttributesOutput>> {
+        let this = self.for_request(&req)?;
+        ok(this.object_attributes(&req.input).await?)
     }
 
     async fn get_object_tagging(&self, req: S3Request<GetObjectTaggingInput>) -> S3Result<S3Response<GetObjectTaggingOutput>> {

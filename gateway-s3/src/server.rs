@@ -5,9 +5,12 @@
 
 use crate::auth::{Access, Keys};
 use crate::config::{GatewayConfig, Role};
+use crate::cors;
 use crate::error;
+use crate::ops::lifecycle::LifecycleMetrics;
 use crate::ops::Gateway;
 use crate::store::Store;
+use crate::vhost::VirtualHosts;
 use bytes::Bytes;
 use fskv_client::FsClient;
 use fskv_gateway::{Authenticator, GatewayError, Metrics, Protocol, RequestBody, RequestContext, Route, ServerConfig, ServerHandle};
@@ -20,10 +23,98 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// The S3 protocol on the shared layer: routes by [`crate::route::classify`],
-/// errors as S3 XML, request ids in `x-amz-request-id`.
+/// The S3 protocol on the shared layer: routes by [`crate::route::classify_hosted`]
+/// (virtual-hosted style resolved by [`VirtualHosts`]), errors as S3 XML,
+/// request ids in `x-amz-request-id`; answers CORS preflights and adds the
+/// CORS headers of actual requests (`crate::cors`).
 pub struct S3Http {
     service: S3Service,
+    gateway: Gateway,
+    vhosts: VirtualHosts,
+}
+
+impl S3Http {
+    /// The bucket a request addresses: from its `Host` (virtual-hosted
+    /// style) or the first component of its path.
+    fn bucket_of(&self, headers: &http::HeaderMap, path: &str) -> Option<String> {
+        if let Some(b) = self.vhosts.bucket_of(headers) {
+            return Some(b);
+        }
+        let first = path.strip_prefix('/')?.split('/').next()?;
+        let name = percent_encoding::percent_decode_str(first).decode_utf8().ok()?;
+        (!name.is_empty()).then(|| name.into_owned())
+    }
+
+    /// The CORS rules of `bucket` (no tenant check: a preflight carries no
+    /// credentials, and the rules are the bucket owner's answer to anyone).
+    async fn rules_of(&self, bucket: &str) -> Result<Option<Vec<cors::Rule>>, s3s::S3Error> {
+        let dir = self.gateway.store.bucket(bucket).await?;
+        self.gateway.cors_rules(dir.id, bucket).await
+    }
+
+    /// The answer to a preflight `OPTIONS` (its body is never read).
+    async fn preflight(&self, headers: &http::HeaderMap, bucket: Option<&str>, cx: &RequestContext) -> Response<s3s::Body> {
+        let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+        let (origin, method, wanted) = (h("origin"), h("access-control-request-method"), h("access-control-request-headers"));
+        let rules = match cors::check_request(origin, method) {
+            Err(r) => Err(r),
+            Ok(()) => match bucket {
+                None => Err(cors::Refusal::NoBucket),
+                Some(b) => match self.rules_of(b).await {
+                    Ok(rules) => Ok(rules),
+                    Err(e) if e.code() == &s3s::S3ErrorCode::NoSuchBucket => Err(cors::Refusal::NoBucket),
+                    Err(e) => return error::xml_response(e, &cx.request_id).map(s3s::Body::from),
+                },
+            },
+        };
+        match rules.and_then(|rules| cors::preflight(rules.as_deref(), origin, method, wanted)) {
+            Ok(pairs) => {
+                let mut resp = Response::new(s3s::Body::empty());
+                set_headers(resp.headers_mut(), pairs);
+                resp
+            }
+            Err(refusal) => {
+                tracing::debug!(?refusal, bucket, origin, method, "CORS preflight refused");
+                error::xml_response(refusal.to_error(), &cx.request_id).map(s3s::Body::from)
+            }
+        }
+    }
+}
+
+/// s3s writes every `ETag` element quoted; GetObjectAttributes gives it
+/// unquoted (AWS, moto and the SDKs' models agree).
+fn unquote_attributes_etag(resp: &mut Response<s3s::Body>) {
+    let Some(body) = resp.body().bytes() else { return };
+    let Some(fixed) = unquote_etag_element(&body) else { return };
+    let len = fixed.len();
+    *resp.body_mut() = s3s::Body::from(Bytes::from(fixed));
+    if resp.headers().contains_key(http::header::CONTENT_LENGTH) {
+        resp.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+    }
+}
+
+/// The XML with the quotes of its first `<ETag>"…"</ETag>` removed; `None`
+/// when there is no such element.
+pub fn unquote_etag_element(xml: &[u8]) -> Option<Vec<u8>> {
+    const OPEN: &[u8] = b"<ETag>\"";
+    const CLOSE: &[u8] = b"\"</ETag>";
+    let start = xml.windows(OPEN.len()).position(|w| w == OPEN)?;
+    let inner = start + OPEN.len();
+    let end = inner + xml[inner..].windows(CLOSE.len()).position(|w| w == CLOSE)?;
+    let mut out = Vec::with_capacity(xml.len());
+    out.extend_from_slice(&xml[..inner - 1]);
+    out.extend_from_slice(&xml[inner..end]);
+    out.extend_from_slice(&xml[end + 1..]);
+    Some(out)
+}
+
+fn set_headers(headers: &mut http::HeaderMap, pairs: Vec<(&'static str, String)>) {
+    for (name, value) in pairs {
+        // A value from a rule that is no valid header value is left out.
+        if let Ok(v) = http::HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
 }
 
 impl Protocol for S3Http {
@@ -38,7 +129,7 @@ impl Protocol for S3Http {
     }
 
     fn classify(&self, parts: &Parts) -> Route {
-        crate::route::classify(parts)
+        crate::route::classify_hosted(parts, self.vhosts.bucket_of(&parts.headers).as_deref())
     }
 
     async fn handle(&self, mut req: Request<RequestBody>, cx: RequestContext) -> Response<s3s::Body> {
@@ -46,6 +137,15 @@ impl Protocol for S3Http {
             // s3s would decode it lossily and serve another key.
             return error::xml_response(error::invalid_uri(), &cx.request_id).map(s3s::Body::from);
         }
+        let bucket = self.bucket_of(req.headers(), req.uri().path());
+        if req.method() == http::Method::OPTIONS {
+            return self.preflight(req.headers(), bucket.as_deref(), &cx).await;
+        }
+        let origin = req.headers().get(http::header::ORIGIN).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let method = req.method().clone();
+        // GET ?attributes is GetObjectAttributes (no bucket-level operation has that subresource).
+        let attributes = method == http::Method::GET
+            && req.uri().query().unwrap_or("").split('&').any(|p| p.split_once('=').map_or(p, |(k, _)| k) == "attributes");
         if length_unknown_unsigned(req.headers()) {
             // s3s refuses an UNSIGNED-PAYLOAD body without Content-Length
             // (MissingContentLength) before any handler runs, though
@@ -58,14 +158,26 @@ impl Protocol for S3Http {
             // part as a file of its own, not in place).
             req.headers_mut().insert(http::header::CONTENT_LENGTH, http::HeaderValue::from_static("0"));
         }
-        match self.service.call(req.map(s3s::Body::http_body)).await {
+        let mut resp = match self.service.call(req.map(s3s::Body::http_body)).await {
             Ok(resp) => resp,
             Err(e) => {
                 tracing::error!(error = ?e, "s3s failed to produce a response");
                 let err = s3s::S3Error::with_message(s3s::S3ErrorCode::InternalError, "internal error");
                 error::xml_response(err, &cx.request_id).map(s3s::Body::from)
             }
+        };
+        if attributes && resp.status().is_success() {
+            unquote_attributes_etag(&mut resp);
         }
+        if let (Some(origin), Some(bucket)) = (origin, bucket) {
+            // Only requests with an Origin (browsers) pay for reading the rules.
+            match self.rules_of(&bucket).await {
+                Ok(Some(rules)) => set_headers(resp.headers_mut(), cors::actual(&rules, &origin, method.as_str())),
+                Ok(None) => {}
+                Err(e) => tracing::debug!(%bucket, error = %e, "no CORS headers: the bucket's rules are not readable"),
+            }
+        }
+        resp
     }
 
     fn error_response(&self, err: &GatewayError, cx: &RequestContext) -> Response<Bytes> {
@@ -125,12 +237,19 @@ pub async fn start(cfg: GatewayConfig, fs: FsClient) -> Result<GatewayHandle, St
     // Readers create the root too: it may not exist yet when they start first.
     let store = Store::open(fs, &cfg.root_path, true).await?;
     let gateway = Gateway { store, cfg: Arc::new(cfg.clone()) };
+    let vhosts = VirtualHosts::new(&cfg.virtual_host_domains)?;
     let mut builder = S3ServiceBuilder::new(gateway.clone());
     builder.set_auth(Keys(Arc::clone(&cfg.keys)));
     builder.set_access(Access);
-    let protocol = Arc::new(S3Http { service: builder.build() });
+    if !vhosts.is_empty() {
+        builder.set_host(vhosts.clone());
+    }
+    let protocol = Arc::new(S3Http { service: builder.build(), gateway: gateway.clone(), vhosts });
     let auth = Arc::new(Authenticator::new(Arc::clone(&cfg.keys), cfg.region.clone(), &["s3"], false));
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    let lifecycle_metrics = LifecycleMetrics::default();
+    lifecycle_metrics.register(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
     let server_cfg = ServerConfig {
         listen: cfg.listen,
         role: cfg.role,
@@ -141,7 +260,8 @@ pub async fn start(cfg: GatewayConfig, fs: FsClient) -> Result<GatewayHandle, St
     let server = fskv_gateway::serve(server_cfg, protocol, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?;
     let (stop, stop_rx) = watch::channel(false);
     if cfg.role == Role::Writer {
-        tokio::spawn(expiry_loop(gateway.clone(), stop_rx));
+        tokio::spawn(expiry_loop(gateway.clone(), stop_rx.clone()));
+        tokio::spawn(lifecycle_loop(gateway.clone(), lifecycle_metrics, stop_rx));
     }
     tracing::info!(addr = %server.addr, role = %cfg.role, root = %cfg.root_path, "S3 gateway serving");
     Ok(GatewayHandle { addr: server.addr, gateway, metrics, server, stop })
@@ -161,12 +281,43 @@ async fn expiry_loop(gateway: Gateway, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// The writer's lifecycle scans (`ops/lifecycle.rs`), one every
+/// `lifecycle_scan_interval_ms` (at least 100 ms).
+async fn lifecycle_loop(gateway: Gateway, metrics: LifecycleMetrics, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_millis(gateway.cfg.limits.lifecycle_scan_interval_ms.max(100));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        let report = tokio::select! {
+            r = gateway.run_lifecycle(crate::ops::write::now_ns(), &metrics) => r,
+            _ = stop.changed() => return,
+        };
+        if report.expired + report.aborted + report.errors > 0 {
+            tracing::info!(?report, "lifecycle scan");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::length_unknown_unsigned;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
         pairs.iter().map(|(k, v)| (http::HeaderName::from_static(k), http::HeaderValue::from_static(v))).collect()
+    }
+
+    #[test]
+    fn attributes_etag_loses_its_quotes() {
+        let xml = br#"<?xml version="1.0"?><GetObjectAttributesResponse><ETag>"abc-2"</ETag><ObjectSize>3</ObjectSize></GetObjectAttributesResponse>"#;
+        let out = super::unquote_etag_element(xml).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"<?xml version="1.0"?><GetObjectAttributesResponse><ETag>abc-2</ETag><ObjectSize>3</ObjectSize></GetObjectAttributesResponse>"#
+        );
+        assert!(super::unquote_etag_element(b"<ObjectSize>3</ObjectSize>").is_none());
+        assert!(super::unquote_etag_element(b"<ETag>\"unclosed").is_none());
     }
 
     #[test]

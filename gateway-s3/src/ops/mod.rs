@@ -1,7 +1,10 @@
 //! The S3 operations, one file per group, on a [`Gateway`].
 
+pub mod attributes;
 pub mod bucket;
 pub mod copy;
+pub mod cors;
+pub mod lifecycle;
 pub mod list;
 pub mod multipart;
 pub mod object;

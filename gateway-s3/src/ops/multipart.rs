@@ -715,6 +715,7 @@ impl Gateway {
             checksums: Checksums::default(),
             part_sizes: chosen.iter().map(|(_, m)| m.size).collect(),
             upload_id: Some(input.upload_id.clone()),
+            part_checksums: objmeta::kept_part_checksums(chosen.iter().map(|(_, m)| &m.checksums)),
         };
         let tags = (!up.record.tags.is_empty()).then_some(&up.record.tags);
         let conditional = input.if_match.is_some() || input.if_none_match.is_some();

@@ -257,6 +257,7 @@ impl Gateway {
             checksums,
             part_sizes: Vec::new(),
             upload_id: None,
+            part_checksums: Vec::new(),
         };
         let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
         Ok(meta)
@@ -471,6 +472,7 @@ impl Gateway {
             part_sizes: src.meta.part_sizes.clone(),
             // A copy is not the object the upload made.
             upload_id: None,
+            part_checksums: src.meta.part_checksums.clone(),
         };
         let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
         Ok(CopyObjectOutput {
