@@ -15,11 +15,8 @@ use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use fskv_client::file::{FileHandle, FsClient, FsClientConfig, OpenFlags};
-use fskv_proto::cap::{now_ms, CapRights, ChunkCap};
 use fskv_rpc::auth::ClusterKey;
 use fskv_rpc::ClientConfig;
-use fskv_storage::access::CapCache;
-use fskv_types::InodeId;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,30 +50,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// ns per op of the cold (HMAC) and warm (cache hit) verify.
-fn micro(key: &ClusterKey, iterations: u64) -> (f64, f64) {
-    let cap_key = key.cap_key();
-    let principal = "user:1000:1000";
-    let cap = ChunkCap::issue(&cap_key, principal, InodeId(42), CapRights::ReadWrite, now_ms() + 600_000);
-    let now = now_ms();
-    let started = Instant::now();
-    let mut ok = 0u64;
-    for _ in 0..iterations {
-        let c = std::hint::black_box(&cap);
-        ok += u64::from(c.authentic(&cap_key, principal) && c.covers(InodeId(42), true, now).is_ok());
-    }
-    let cold = started.elapsed().as_nanos() as f64 / iterations as f64;
-    let cache = CapCache::default();
-    let started = Instant::now();
-    for _ in 0..iterations {
-        let c = std::hint::black_box(&cap);
-        ok += u64::from(cache.check(&cap_key, principal, c, InodeId(42), true, fskv_proto::cap::now_ms()).is_ok());
-    }
-    let warm = started.elapsed().as_nanos() as f64 / iterations as f64;
-    assert_eq!(ok, 2 * iterations, "a valid capability failed to verify");
-    (cold, warm)
-}
-
 async fn read_round(handle: &FileHandle, reads: u64, concurrency: usize, file_bytes: u64, seed: u64) -> anyhow::Result<f64> {
     use futures::StreamExt;
     let blocks = (file_bytes / 4096).max(1);
@@ -99,11 +72,8 @@ pub async fn run(a: CapsBenchArgs, config: &Config) -> anyhow::Result<()> {
     anyhow::ensure!(!key_file.as_os_str().is_empty(), "fskv bench caps needs the cluster key: pass --cluster-key-file FILE");
     let key = ClusterKey::load(key_file).map_err(anyhow::Error::msg)?;
     eprintln!("bench caps: micro-benchmarks, {} iterations each ...", a.micro_iterations);
-    let (cold_ns, warm_ns) = tokio::task::spawn_blocking({
-        let key = key.clone();
-        move || micro(&key, a.micro_iterations.max(1))
-    })
-    .await?;
+    let iterations = a.micro_iterations;
+    let (cold_ns, warm_ns) = tokio::task::spawn_blocking(move || fskv_storage::access::measure_check_ns(iterations)).await?;
     println!("verify cold (HMAC-SHA256 + coverage): {cold_ns:.0} ns/op");
     println!("verify warm (per-connection cache hit): {warm_ns:.0} ns/op");
 
