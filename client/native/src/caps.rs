@@ -80,3 +80,26 @@ impl CapSource for MetaCapSource {
         Box::pin(self.get(inode, write))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fskv_proto::cap::CapRights;
+
+    fn cap(rights: CapRights, expires_at_ms: u64) -> ChunkCap {
+        ChunkCap { inode: InodeId(1), rights, expires_at_ms, mac: [0; 32] }
+    }
+
+    #[test]
+    fn a_cached_capability_is_renewed_before_expiry_and_upgraded_for_writes() {
+        let now = 1_000_000;
+        // Plenty of time left: used, for reads; a read one is not used for a write.
+        assert!(MetaCapSource::usable(&cap(CapRights::Read, now + CAP_RENEW_BEFORE_MS + 1), false, now));
+        assert!(!MetaCapSource::usable(&cap(CapRights::Read, now + CAP_RENEW_BEFORE_MS + 1), true, now));
+        assert!(MetaCapSource::usable(&cap(CapRights::ReadWrite, now + CAP_RENEW_BEFORE_MS + 1), true, now));
+        assert!(MetaCapSource::usable(&cap(CapRights::ReadWrite, now + CAP_RENEW_BEFORE_MS + 1), false, now));
+        // Within the renewal window, or expired: asked again.
+        assert!(!MetaCapSource::usable(&cap(CapRights::ReadWrite, now + CAP_RENEW_BEFORE_MS), false, now));
+        assert!(!MetaCapSource::usable(&cap(CapRights::ReadWrite, now - 1), false, now));
+    }
+}
