@@ -40,6 +40,26 @@ pub enum AdminCommand {
     /// Tenants of the user store: each owns buckets, namespaces and topics, and maps to a local uid/gid.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Issue an RPC key for a local user (needs the cluster key): `fskv` commands given it
+    /// (--cluster-key-file) act as that uid/gid toward meta, and storage checks chunk
+    /// capabilities (docs/security.md). Written O_EXCL, mode 0600, owned by uid:gid.
+    UserKey(UserKeyArgs),
+}
+
+#[derive(Args)]
+pub struct UserKeyArgs {
+    /// The user's uid.
+    #[arg(long)]
+    uid: u32,
+    /// The user's primary gid (default: the uid).
+    #[arg(long)]
+    gid: Option<u32>,
+    /// Supplementary groups, comma-separated (the principal name stays within 64 bytes).
+    #[arg(long, value_delimiter = ',')]
+    groups: Vec<u32>,
+    /// The key file to create (must not exist).
+    #[arg(long)]
+    out: std::path::PathBuf,
 }
 
 /// How `fskv admin user|tenant` reaches the cluster.
@@ -194,6 +214,11 @@ pub async fn run(cmd: AdminCommand) -> anyhow::Result<()> {
         AdminCommand::Status(a) => status(a).await,
         AdminCommand::User(c) => user(c).await,
         AdminCommand::Tenant(c) => tenant(c).await,
+        AdminCommand::UserKey(a) => {
+            let name = crate::identity::write_user_key(a.uid, a.gid, &a.groups, &a.out)?;
+            println!("wrote the key of {name} to {}", a.out.display());
+            Ok(())
+        }
         AdminCommand::Metrics(a) => {
             let text = fskv_rpc::http::scrape(&a.addr, std::time::Duration::from_millis(a.timeout_ms)).await?;
             print!("{text}");

@@ -27,6 +27,8 @@ pub enum BenchCommand {
     Front(crate::front_bench::FrontBenchArgs),
     /// MQ gateway produce/consume msg/s and produce latency of a running fskv up vs NATS JetStream and Redis streams.
     Mq(crate::mq_bench::MqBenchArgs),
+    /// Chunk-capability check per I/O: verify cold (HMAC) / warm (cache hit), and 4 KiB reads as client vs a user principal (running cluster).
+    Caps(crate::caps_bench::CapsBenchArgs),
 }
 
 #[derive(Args)]
@@ -129,6 +131,7 @@ pub async fn run(cmd: BenchCommand, config: &Config) -> anyhow::Result<()> {
         BenchCommand::KvGateway(a) => crate::kv_gateway_bench::run(a).await,
         BenchCommand::Front(a) => crate::front_bench::run(a).await,
         BenchCommand::Mq(a) => crate::mq_bench::run(a).await,
+        BenchCommand::Caps(a) => crate::caps_bench::run(a, config).await,
         BenchCommand::Kv(a) => {
             let opts = fskv_kv::bench::KvBenchOptions {
                 dir: a.dir,

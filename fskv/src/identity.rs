@@ -22,10 +22,18 @@
 //!
 //! A key file that exists but cannot be read (an untrusted user) is always
 //! an error with exit code 2, never a silent fallback.
+//!
+//! A **user key file** (`fskv admin user-key`, format in
+//! `fskv_rpc::auth::KeyFile`: the principal name on line 1, its derived key
+//! on line 2) makes a client command claim that `user:<uid>:<gid>[:groups]`
+//! principal instead of `client`: meta then acts as that user and storage
+//! wants chunk capabilities. Every command that claims another name
+//! (mgmtd, storage, meta, mount, gateways, front) refuses to start with
+//! one: they need the cluster key itself.
 
 use crate::config::Config;
 use anyhow::Context;
-use fskv_rpc::auth::{ClusterKey, ProcessIdentity};
+use fskv_rpc::auth::{ClusterKey, KeyFile, ProcessIdentity, UserPrincipal};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,7 +67,18 @@ pub fn install(flag: Option<&Path>, insecure: bool, config: &Config, principal: 
             tracing::warn!("--insecure-no-auth: RPC connections are NOT authenticated (tests and development only)");
             None
         }
-        (Some(path), _) => Some(Arc::new(ClusterKey::load(&path).map_err(anyhow::Error::msg)?)),
+        (Some(path), _) => match KeyFile::load(&path).map_err(anyhow::Error::msg)? {
+            KeyFile::Cluster(key) => Some(Arc::new(key)),
+            KeyFile::User { principal: user, key } if principal == "client" => {
+                install_key(Some(Arc::new(key)), &user);
+                return Ok(());
+            }
+            KeyFile::User { principal: user, .. } => anyhow::bail!(
+                "{} is a user key (for {user}); this command runs as {principal:?} and needs the cluster key — \
+                 user keys are for client commands (put, get, …) only",
+                path.display()
+            ),
+        },
         (None, Need::Required) if insecure => {
             tracing::warn!("--insecure-no-auth: RPC connections are NOT authenticated (tests and development only)");
             None
@@ -105,6 +124,37 @@ pub fn load_or_create(dir: &Path) -> anyhow::Result<(PathBuf, Arc<ClusterKey>)> 
     }
 }
 
+/// `fskv admin user-key`: writes the key of `user:<uid>:<gid>[:groups]`
+/// (derived from this process's cluster key) to `out`, created with
+/// `O_CREAT|O_EXCL` and mode 0600 and then given to `uid:gid`, so only that
+/// user (and root) can read it. Returns the principal name.
+pub fn write_user_key(uid: u32, gid: Option<u32>, groups: &[u32], out: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let identity = fskv_rpc::auth::current();
+    let key = match identity.key {
+        Some(key) if !fskv_rpc::auth::is_user_principal(&identity.principal) => key,
+        Some(_) => anyhow::bail!("issuing a user key needs the cluster key, and this command was given a user key"),
+        None => anyhow::bail!("issuing a user key needs the cluster key: pass --cluster-key-file FILE (or FSKV_CLUSTER_KEY_FILE)"),
+    };
+    let name = UserPrincipal { uid, gid: gid.unwrap_or(uid), groups: groups.to_vec() }.name().map_err(anyhow::Error::msg)?;
+    let text = KeyFile::user_text(&name, &key.derive_user_key(&name));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("cannot create the user key file {} (it must not exist yet)", out.display()))?;
+    let written = file
+        .write_all(text.as_bytes())
+        .and_then(|()| std::os::unix::fs::fchown(&file, Some(uid), Some(gid.unwrap_or(uid))))
+        .and_then(|()| file.sync_all());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(out);
+        return Err(e).with_context(|| format!("cannot write the user key file {} for {name} (chown needs root)", out.display()));
+    }
+    Ok(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,5 +172,20 @@ mod tests {
         std::fs::write(&path, "not a key").unwrap();
         let e = load_or_create(dir.path()).unwrap_err();
         assert!(format!("{e:#}").contains("is invalid"), "{e:#}");
+    }
+
+    #[test]
+    fn user_key_files_name_their_principal_and_services_refuse_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = ClusterKey::generate();
+        let name = "user:65534:65534";
+        let path = dir.path().join("user.key");
+        std::fs::write(&path, KeyFile::user_text(name, &cluster.derive_user_key(name))).unwrap();
+        let mut config = Config::default();
+        config.up.data_dir = dir.path().join("none");
+        for service in ["mgmtd", "node:1", "meta:1", "fuse", "gateway"] {
+            let e = install(Some(&path), false, &config, service, Need::Optional).unwrap_err();
+            assert!(format!("{e:#}").contains("is a user key (for user:65534:65534)"), "{service}: {e:#}");
+        }
     }
 }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod caps_bench;
 mod config;
 mod dir_lock;
 mod failover_bench;

@@ -245,7 +245,21 @@ impl FsClient {
     /// metadata from the meta servers — `meta_addrs`, or when it is empty the
     /// meta servers registered with mgmtd (`RoutingInfo::meta_servers`).
     pub async fn connect(mgmtd_addrs: Vec<String>, meta_addrs: Vec<String>, config: FsClientConfig) -> Result<Self> {
-        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+        Self::connect_with(mgmtd_addrs, meta_addrs, config, ClientConfig::default()).await
+    }
+
+    /// [`FsClient::connect`] with an explicit RPC identity and limits. A
+    /// `user:` principal (a key from `fskv admin user-key`) gets chunk
+    /// capabilities from meta and attaches them to every storage request
+    /// ([`crate::caps`]); meta makes it act as itself.
+    pub async fn connect_with(
+        mgmtd_addrs: Vec<String>,
+        meta_addrs: Vec<String>,
+        config: FsClientConfig,
+        rpc_config: ClientConfig,
+    ) -> Result<Self> {
+        let is_user = rpc_config.cluster_key.is_some() && fskv_rpc::auth::is_user_principal(&rpc_config.principal);
+        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), rpc_config.clone());
         let mgmtd = MgmtdClient::new(rpc.clone(), mgmtd_addrs.clone(), MgmtdClientConfig::default());
         let source = MgmtdRoutingSource::start(mgmtd, Duration::from_secs(10))
             .await
@@ -268,7 +282,11 @@ impl FsClient {
         } else {
             meta_addrs
         };
-        let meta = MetaClient::new(MetaClientConfig::new(meta_addrs)).map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
+        let meta = MetaClient::new(MetaClientConfig { rpc: rpc_config, ..MetaClientConfig::new(meta_addrs) })
+            .map_err(|e| FileError::Connect(format!("meta client: {e}")))?;
+        if is_user {
+            storage.set_cap_source(Arc::new(crate::caps::MetaCapSource::new(meta.clone())));
+        }
         let mut client = FsClient::new(meta, storage, config);
         client.routing_source = Some(source);
         Ok(client)

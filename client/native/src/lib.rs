@@ -11,8 +11,12 @@
 //!   write_at / fsync / truncate / close over meta + storage, striped over
 //!   chains with a bounded number of chunk pieces in flight.
 //!
+//! * [`caps`]: the chunk capabilities a `user:` principal's client gets
+//!   from meta and attaches to storage requests.
+//!
 //! It links neither a server nor the KV engine.
 
+pub mod caps;
 pub mod file;
 pub mod meta;
 pub mod mgmtd;

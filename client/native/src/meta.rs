@@ -438,6 +438,22 @@ fn unexpected(op: &'static str, reply: &MetaReply) -> MetaClientError {
 }
 
 impl MetaClient {
+    /// A chunk capability for `inode` bound to this client's principal
+    /// (`meta.IssueCap`; docs/security.md): read, or read-write with `write`;
+    /// meta checks the acting user's permission as `open` does.
+    pub async fn issue_cap(&self, inode: InodeId, write: bool) -> Result<fskv_proto::cap::ChunkCap> {
+        let req = CapRequest { inode, write, user: self.cfg.user.clone() };
+        let reply = self
+            .with_failover(route_hash(inode), |addr| {
+                let rpc = self.rpc.clone();
+                let req = &req;
+                let opts = CallOptions { timeout_ms: self.cfg.call_timeout_ms };
+                async move { rpc.call::<MetaIssueCap>(&addr, req, Bytes::new(), opts).await.map(|(r, _)| r) }
+            })
+            .await?;
+        Ok(reply.cap)
+    }
+
     /// Runs the consistency check of the namespace on one meta server (the
     /// first that answers; read-only, so a retry elsewhere is safe).
     /// `timeout_ms` bounds each attempt: a large namespace takes long.

@@ -126,6 +126,17 @@ impl RoutingHandle {
     }
 }
 
+// ----- chunk capabilities -----
+
+/// Where the storage client of a `user:` principal gets chunk capabilities
+/// (docs/security.md): [`crate::caps::MetaCapSource`] asks meta and caches
+/// them. A client without a source (trusted principals) sends none.
+pub trait CapSource: Send + Sync + 'static {
+    /// A capability covering `inode` (read-write when `write`), valid for a
+    /// while yet.
+    fn cap(&self, inode: InodeId, write: bool) -> Pin<Box<dyn Future<Output = Result<ChunkCap>> + Send + '_>>;
+}
+
 // ----- errors -----
 
 /// Everything a storage client call can fail with.
@@ -237,6 +248,8 @@ struct Inner {
     next_request: AtomicU64,
     spread: AtomicUsize,
     senders: Arc<Semaphore>,
+    /// Set for a `user:` principal: every data-path request carries a capability.
+    caps: std::sync::OnceLock<Arc<dyn CapSource>>,
 }
 
 /// Where one attempt goes.
@@ -254,11 +267,48 @@ impl StorageClient {
         // From the client id (random by default), not a fresh random number:
         // a simulation fixing the id replays the same choices.
         let spread = AtomicUsize::new(config.client_id as u16 as usize);
-        StorageClient { inner: Arc::new(Inner { rpc, routing, config, next_request: AtomicU64::new(1), spread, senders }) }
+        StorageClient {
+            inner: Arc::new(Inner {
+                rpc,
+                routing,
+                config,
+                next_request: AtomicU64::new(1),
+                spread,
+                senders,
+                caps: std::sync::OnceLock::new(),
+            }),
+        }
     }
 
     pub fn routing(&self) -> &RoutingHandle {
         &self.inner.routing
+    }
+
+    /// Makes every data-path request carry a capability from `source` (a
+    /// `user:` principal's client); only the first call counts.
+    pub fn set_cap_source(&self, source: Arc<dyn CapSource>) -> bool {
+        self.inner.caps.set(source).is_ok()
+    }
+
+    /// The capability for `inode`, if this client sends capabilities.
+    async fn cap_for(&self, inode: InodeId, write: bool) -> Result<Option<ChunkCap>> {
+        match self.inner.caps.get() {
+            None => Ok(None),
+            Some(source) => source.cap(inode, write).await.map(Some),
+        }
+    }
+
+    /// Capabilities for the inodes of `ios` (none for a trusted client).
+    async fn caps_for_reads(&self, ios: &[ReadIo]) -> Result<Vec<ChunkCap>> {
+        let Some(source) = self.inner.caps.get() else { return Ok(Vec::new()) };
+        let mut inodes: Vec<InodeId> = ios.iter().map(|io| io.chunk.inode).collect();
+        inodes.sort_unstable();
+        inodes.dedup();
+        let mut caps = Vec::with_capacity(inodes.len());
+        for inode in inodes {
+            caps.push(source.cap(inode, false).await?);
+        }
+        Ok(caps)
     }
 
     pub fn config(&self) -> &StorageClientConfig {
@@ -318,6 +368,7 @@ impl StorageClient {
         chunk_size_hint_bytes: Option<u64>,
     ) -> Result<WriteResp> {
         let span = tracing::debug_span!("storage_write", %chain, %chunk, request = tag.request);
+        let cap = self.cap_for(chunk.inode, true).await?;
         let build = |route: &Route| WriteReq {
             chain_id: chain,
             chain_ver: route.chain_ver,
@@ -326,6 +377,7 @@ impl StorageClient {
             op,
             tag,
             chunk_size_hint_bytes,
+            cap,
         };
         tracing::Instrument::instrument(self.call_head::<WriteChunk>(chain, data, build), span).await
     }
@@ -469,9 +521,10 @@ impl StorageClient {
 
     /// Metadata of the highest-index chunk of `inode` on `chain` (asks the head).
     pub async fn query_last_chunk(&self, chain: ChainId, inode: InodeId) -> Result<Option<(ChunkId, RemoteChunkMeta)>> {
+        let cap = self.cap_for(inode, false).await?;
         self.with_retries(|_| async move {
             let route = self.head_route(chain)?;
-            let req = QueryLastChunkReq { chain_id: chain, chain_ver: route.chain_ver, target: route.target, inode };
+            let req = QueryLastChunkReq { chain_id: chain, chain_ver: route.chain_ver, target: route.target, inode, cap };
             let r = self.inner.rpc.call::<QueryLastChunk>(&route.addr, &req, Bytes::new(), self.call_opts()).await;
             r.map(|(resp, _)| resp.last).map_err(|e| (e.into(), route.routing_version))
         })
@@ -617,7 +670,8 @@ impl StorageClient {
             .await
             .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::ShuttingDown, "client closed")))?;
         let chunks: Vec<ChunkId> = ios.iter().map(|io| io.chunk).collect();
-        let req = BatchReadReq { ios };
+        let caps = self.caps_for_reads(&ios).await?;
+        let req = BatchReadReq { ios, caps };
         let (resp, payload) = self.inner.rpc.call::<BatchRead>(addr, &req, Bytes::new(), self.call_opts()).await?;
         if resp.results.len() != chunks.len() {
             return Err(StorageClientError::Remote(Status::new(ErrorCode::MalformedMessage, "batch read reply count mismatch")));

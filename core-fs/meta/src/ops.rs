@@ -475,6 +475,17 @@ pub async fn create(
     Ok(MetaReply::Inode(inode))
 }
 
+/// `meta.IssueCap`'s check: `id` is a regular file (linked, or an unlinked
+/// one still being written or read) and `user` may read it, or write it
+/// with `write` — the permission `open` checks.
+pub async fn cap_check(txn: &mut dyn Transaction, user: &UserInfo, id: InodeId, write: bool) -> MetaResult<()> {
+    let inode = load_inode(txn, id).await?;
+    if inode.file().is_none() {
+        return Err(MetaError::InvalidArgument(format!("{id} is not a regular file: chunk capabilities are for files")));
+    }
+    perm::check(&inode, user, if write { WRITE } else { READ })
+}
+
 pub async fn open(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, write: bool) -> MetaResult<MetaReply> {
     let inode = load_live(txn, id).await?;
     perm::check(&inode, ctx.user, if write { WRITE } else { READ })?;

@@ -51,6 +51,9 @@ struct Inner {
     /// Served on `GET /metrics` with the RPC server's metrics.
     registry: Arc<MetricsRegistry>,
     metrics: MetaMetrics,
+    /// The key chunk capabilities are issued with (derived from the
+    /// process's cluster key; `None` without one: then nobody needs them).
+    cap_key: Option<Arc<fskv_rpc::auth::CapKey>>,
 }
 
 /// Aborts the background tasks when the last handle of a service is dropped.
@@ -178,6 +181,7 @@ impl MetaService {
             fsck_permit: Semaphore::new(1),
             metrics: MetaMetrics::register(&registry),
             registry,
+            cap_key: fskv_rpc::auth::current().key.map(|k| Arc::new(k.cap_key())),
         });
         let mut tasks = Vec::new();
         for (i, rx) in receivers.into_iter().enumerate() {
@@ -289,9 +293,28 @@ impl MetaService {
         Ok(reply)
     }
 
+    /// A chunk capability for `principal` acting as `user` on `inode`
+    /// (`meta.IssueCap`): issued only when `user` may read the file (or
+    /// write it with `write`), valid [`fskv_proto::cap::CAP_VALIDITY_MS`].
+    pub async fn issue_cap(&self, principal: &str, user: &UserInfo, inode: InodeId, write: bool) -> MetaResult<fskv_proto::cap::ChunkCap> {
+        use fskv_proto::cap::{CapRights, ChunkCap, CAP_VALIDITY_MS};
+        let key = self.inner.cap_key.as_ref().ok_or_else(|| {
+            MetaError::InvalidArgument("this meta server has no cluster key: storage checks no capabilities, none is issued".into())
+        })?;
+        {
+            let mut txn = self.inner.engine.begin().await?;
+            ops::cap_check(&mut *txn, user, inode, write).await?;
+        }
+        let rights = if write { CapRights::ReadWrite } else { CapRights::Read };
+        let expires_at_ms = fskv_proto::cap::now_ms().saturating_add(CAP_VALIDITY_MS);
+        tracing::debug!(%principal, %inode, ?rights, expires_at_ms, "chunk capability issued");
+        Ok(ChunkCap::issue(key, principal, inode, rights, expires_at_ms))
+    }
+
     /// The RPC routes of this service (`meta.Call`, `meta.Batch`, `meta.Fsck`,
-    /// `meta.Sync`).
+    /// `meta.Sync`, `meta.IssueCap`). Who may call what: `crate::caller`.
     pub fn router(&self) -> Router {
+        let issuer = self.clone();
         let one = self.clone();
         let many = self.clone();
         let checker = self.clone();
@@ -305,9 +328,21 @@ impl MetaService {
                     Ok((SyncReply {}, Bytes::new()))
                 }
             })
-            .route::<MetaFsckCall, _, _>(move |_ctx, req: FsckRequest, _payload| {
+            .route::<MetaFsckCall, _, _>(move |ctx: RequestContext, req: FsckRequest, _payload| {
                 let svc = checker.clone();
-                async move { svc.fsck(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+                async move {
+                    crate::caller::refuse_users(ctx.principal.as_ref(), "Fsck").map_err(Status::from)?;
+                    svc.fsck(&req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+                }
+            })
+            .route::<MetaIssueCap, _, _>(move |ctx: RequestContext, req: CapRequest, _payload| {
+                let svc = issuer.clone();
+                async move {
+                    let user = crate::caller::acting_user(ctx.principal.as_ref(), req.user).map_err(Status::from)?;
+                    let principal = ctx.principal.as_ref().map_or("", |p| p.name());
+                    let cap = svc.issue_cap(principal, &user, req.inode, req.write).await.map_err(Status::from)?;
+                    Ok((CapReply { cap }, Bytes::new()))
+                }
             })
             .route::<MetaCall, _, _>(move |ctx: RequestContext, mut req: MetaRequest, _payload| {
                 let svc = one.clone();

@@ -29,12 +29,18 @@
 //!   |---|---|---|
 //!   | `Heartbeat` (storage) | node `N` | `node:N` |
 //!   | `MetaHeartbeat` | meta server `N` | `meta:N` |
-//!   | either | any | nobody else (`client`, `fuse`, `gateway`, another node): `PermissionDenied` |
+//!   | either | any | nobody else (`client`, `fuse`, `gateway`, `user:…`, another node): `PermissionDenied` |
 //!   | either, server without a key | any | anyone (no authentication: tests, simulation) |
 //!
 //!   With one cluster key every holder of the key can claim any name: this
 //!   stops forged heartbeats from processes that hold no key or claim to be
 //!   clients, not a malicious key holder (per-node keys are the next step).
+//!
+//!   A `user:` principal (a per-user key, docs/security.md) reaches only
+//!   what a client needs to find the cluster: `GetRouting` and
+//!   `MgmtdStatus` (read-only); both heartbeats refuse it as above. Those
+//!   are all of mgmtd's methods: any method added later must say whether
+//!   users may call it.
 
 use crate::clock::Clock;
 use crate::cluster::{ClusterConfig, ClusterState, Heartbeat};

@@ -7,6 +7,7 @@
 //! | [`storage`] | storage service | 2000–2999 |
 //! | [`mgmtd`] | cluster manager | 3000–3999 |
 //! | [`routing`] | (data carried by mgmtd's `GetRouting`) | — |
+//! | [`cap`] | chunk capabilities (meta issues, storage checks) | — |
 //!
 //! **API Boundary**: a server and its callers share only this crate. A server
 //! implements the methods declared here; a client calls them; neither links
@@ -16,6 +17,7 @@
 //!
 //! Plain data and pure functions only: no I/O, no async.
 
+pub mod cap;
 pub mod meta;
 pub mod mgmtd;
 pub mod routing;
@@ -32,6 +34,7 @@ pub fn all_methods() -> Vec<(u16, &'static str)> {
         m::<meta::MetaBatchCall>(),
         m::<meta::MetaFsckCall>(),
         m::<meta::MetaSyncCall>(),
+        m::<meta::MetaIssueCap>(),
         m::<storage::WriteChunk>(),
         m::<storage::ForwardChunk>(),
         m::<storage::BatchRead>(),

@@ -711,6 +711,24 @@ pub struct FsckReply {
     pub elapsed_ms: u64,
 }
 
+// ----- chunk capabilities (`meta.IssueCap`) -----
+
+/// Asks for a chunk capability for `inode` (a regular file), bound to the
+/// caller's principal: read (`write` false) needs the read permission of
+/// the acting user, read-write needs the write permission, as `Open` checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapRequest {
+    pub inode: InodeId,
+    pub write: bool,
+    /// The user the call acts as (trusted principals; a `user:` principal acts as itself).
+    pub user: UserInfo,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapReply {
+    pub cap: crate::cap::ChunkCap,
+}
+
 // ----- methods -----
 
 fskv_rpc::rpc_method!(
@@ -729,6 +747,11 @@ fskv_rpc::rpc_method!(
     /// A durability barrier: every change acknowledged before it is fsync'ed
     /// when it returns (the FUSE mount's fsync(2) / fsyncdir(2)).
     "meta", MetaSyncCall = 1003, SyncRequest => SyncReply
+);
+fskv_rpc::rpc_method!(
+    /// A chunk capability for one inode (docs/security.md): what a `user:`
+    /// principal shows storage with each data-path request.
+    "meta", MetaIssueCap = 1004, CapRequest => CapReply
 );
 
 #[cfg(test)]

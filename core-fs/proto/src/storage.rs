@@ -4,6 +4,7 @@
 //! each message that describes data carries its length and CRC32C, checked
 //! at every hop.
 
+pub use crate::cap::{CapRights, ChunkCap};
 use fskv_types::ids::{ChainId, ChunkId, InodeId, TargetId};
 use fskv_types::Status;
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,9 @@ pub struct WriteReq {
     pub tag: RequestTag,
     /// The file layout's chunk size, if known (block sizing hint).
     pub chunk_size_hint_bytes: Option<u64>,
+    /// Required from `user:` principals: a read-write capability for the
+    /// chunk's inode (`crate::cap`); ignored for trusted principals.
+    pub cap: Option<ChunkCap>,
 }
 
 /// The head's answer once every target of the chain committed.
@@ -106,6 +110,9 @@ pub struct ReadIo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchReadReq {
     pub ios: Vec<ReadIo>,
+    /// Required from `user:` principals: a capability for the inode of
+    /// every io's chunk (at most `MAX_CAPS_PER_REQUEST`); empty otherwise.
+    pub caps: Vec<ChunkCap>,
 }
 
 /// The data of one successful read; its bytes are the next `len_bytes` of
@@ -165,6 +172,8 @@ pub struct QueryLastChunkReq {
     pub chain_ver: u32,
     pub target: TargetId,
     pub inode: InodeId,
+    /// Required from `user:` principals: a capability for `inode`.
+    pub cap: Option<ChunkCap>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,6 +39,23 @@
 //! [`MAX_PRINCIPAL_BYTES`]; nothing a peer sends makes either side allocate
 //! more than 136 bytes.
 //!
+//! # User principals
+//!
+//! A name `user:<uid>:<gid>[:<g1>,<g2>…]` ([`UserPrincipal`]) is proven with
+//! its own key, `K_user = HMAC-SHA256(K, "fskv-user-key-v1" · name)`
+//! ([`ClusterKey::derive_user_key`]), instead of `K`: the server (holding
+//! `K`) derives it from the hello's name, the client holds only `K_user`
+//! (a key file of `fskv admin user-key`, [`KeyFile`]). The bytes on the wire
+//! are the same. So the holder of a user key proves that one name and no
+//! other (`client`, a service, another uid, another group list: its MACs do
+//! not verify), and learns neither `K` nor another user's key.
+//!
+//! | claimed name | key both MACs use |
+//! |---|---|
+//! | `user:…` (well-formed) | `K_user` of that exact name |
+//! | `user:…` (malformed) | none: refused at the hello (`bad_name`) |
+//! | anything else | `K` |
+//!
 //! # Why an HMAC handshake and not mTLS
 //!
 //! * No per-frame cost: after the handshake frames travel exactly as before
@@ -95,6 +112,14 @@ pub const KEY_BYTES: usize = 32;
 
 const SERVER_LABEL: &[u8] = b"fskv-rpc-auth-v1 server";
 const CLIENT_LABEL: &[u8] = b"fskv-rpc-auth-v1 client";
+/// `K_user = HMAC-SHA256(K, USER_KEY_LABEL · name)`.
+pub const USER_KEY_LABEL: &[u8] = b"fskv-user-key-v1";
+/// `K_cap = HMAC-SHA256(K, CAP_KEY_LABEL)`: the key of chunk capabilities.
+pub const CAP_KEY_LABEL: &[u8] = b"fskv-chunk-cap-key-v1";
+/// Label of a capability's MAC input.
+const CAP_MAC_LABEL: &[u8] = b"fskv-chunk-cap-v1";
+/// Prefix of user principal names.
+pub const USER_PREFIX: &str = "user:";
 
 /// Why a handshake failed (the reason byte table in the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -213,17 +238,40 @@ impl ClusterKey {
         format!("{}\n", hex::encode(self.0))
     }
 
-    /// Reads a key file; the error says which file and why (permission
-    /// denied is the usual one for an untrusted user).
+    /// Reads a cluster key file; the error says which file and why
+    /// (permission denied is the usual one for an untrusted user; a user
+    /// key file is refused: services need the cluster key itself).
     pub fn load(path: &Path) -> Result<ClusterKey, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            let why = match e.kind() {
-                std::io::ErrorKind::PermissionDenied => "permission denied — only trusted users may talk to the cluster".to_string(),
-                _ => e.to_string(),
-            };
-            format!("cannot read the cluster key at {}: {why}", path.display())
-        })?;
-        ClusterKey::from_hex(&text).map_err(|e| format!("the cluster key at {} is invalid: {e}", path.display()))
+        match KeyFile::load(path)? {
+            KeyFile::Cluster(key) => Ok(key),
+            KeyFile::User { principal, .. } => Err(format!(
+                "{} is a user key (for {principal}), not the cluster key: services, the FUSE mount and gateways need the cluster key",
+                path.display()
+            )),
+        }
+    }
+
+    /// The key of the user principal `name`:
+    /// `HMAC-SHA256(K, "fskv-user-key-v1" · name)`. Whoever holds the
+    /// cluster key can derive it; a user key reveals neither the cluster key
+    /// nor another user's key.
+    pub fn derive_user_key(&self, name: &str) -> ClusterKey {
+        ClusterKey(self.hmac(&[USER_KEY_LABEL, name.as_bytes()]))
+    }
+
+    /// The key chunk capabilities are MACed with (meta issues, storage verifies).
+    pub fn cap_key(&self) -> CapKey {
+        CapKey(self.hmac(&[CAP_KEY_LABEL]))
+    }
+
+    fn hmac(&self, parts: &[&[u8]]) -> [u8; MAC_BYTES] {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        for p in parts {
+            mac.update(p);
+        }
+        let mut out = [0u8; MAC_BYTES];
+        out.copy_from_slice(&mac.finalize().into_bytes());
+        out
     }
 
     fn mac(&self, label: &[u8], first: &[u8; NONCE_BYTES], second: &[u8; NONCE_BYTES], name: &[u8]) -> [u8; MAC_BYTES] {
@@ -239,6 +287,147 @@ impl ClusterKey {
     }
 }
 
+/// The key of chunk capabilities (`K_cap`, derived from the cluster key).
+/// Debug output never shows it.
+#[derive(Clone)]
+pub struct CapKey([u8; KEY_BYTES]);
+
+impl fmt::Debug for CapKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CapKey(<redacted>)")
+    }
+}
+
+impl CapKey {
+    /// `HMAC-SHA256(K_cap, "fskv-chunk-cap-v1" · len(principal) u8 · principal · inode u64 BE · rights u8 · expires_at_ms u64 BE)`.
+    pub fn mac(&self, principal: &str, inode: u64, rights: u8, expires_at_ms: u64) -> [u8; MAC_BYTES] {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        mac.update(CAP_MAC_LABEL);
+        // Names are at most 64 bytes (valid_principal_name); the length
+        // prefix keeps the encoding unambiguous.
+        mac.update(&[principal.len().min(255) as u8]);
+        mac.update(principal.as_bytes());
+        mac.update(&inode.to_be_bytes());
+        mac.update(&[rights]);
+        mac.update(&expires_at_ms.to_be_bytes());
+        let mut out = [0u8; MAC_BYTES];
+        out.copy_from_slice(&mac.finalize().into_bytes());
+        out
+    }
+
+    /// Whether `mac` is the MAC of these fields (constant-time compare).
+    pub fn verify(&self, principal: &str, inode: u64, rights: u8, expires_at_ms: u64, mac: &[u8]) -> bool {
+        let expected = self.mac(principal, inode, rights, expires_at_ms);
+        mac.len() == MAC_BYTES && bool::from(expected.ct_eq(mac))
+    }
+}
+
+/// Whether `name` is a user principal (`user:…`).
+pub fn is_user_principal(name: &str) -> bool {
+    name.starts_with(USER_PREFIX)
+}
+
+/// A user principal: `user:<uid>:<gid>` or `user:<uid>:<gid>:<g1>,<g2>,…`
+/// (decimal, no sign or leading zeros; at most [`MAX_PRINCIPAL_BYTES`] in all).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserPrincipal {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl UserPrincipal {
+    /// Parses a name; `None` for anything not exactly of the form above.
+    pub fn parse(name: &str) -> Option<UserPrincipal> {
+        fn num(s: &str) -> Option<u32> {
+            if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0')) {
+                return None;
+            }
+            s.parse().ok()
+        }
+        if name.len() > MAX_PRINCIPAL_BYTES {
+            return None;
+        }
+        let rest = name.strip_prefix(USER_PREFIX)?;
+        let mut parts = rest.split(':');
+        let uid = num(parts.next()?)?;
+        let gid = num(parts.next()?)?;
+        let groups = match parts.next() {
+            None => Vec::new(),
+            Some(list) => list.split(',').map(num).collect::<Option<Vec<u32>>>()?,
+        };
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(UserPrincipal { uid, gid, groups })
+    }
+
+    /// The principal name; an error when it would exceed [`MAX_PRINCIPAL_BYTES`].
+    pub fn name(&self) -> Result<String, String> {
+        let mut name = format!("{USER_PREFIX}{}:{}", self.uid, self.gid);
+        if !self.groups.is_empty() {
+            let list: Vec<String> = self.groups.iter().map(u32::to_string).collect();
+            name.push(':');
+            name.push_str(&list.join(","));
+        }
+        if name.len() > MAX_PRINCIPAL_BYTES {
+            return Err(format!(
+                "the principal name {name:?} is {} bytes, more than {MAX_PRINCIPAL_BYTES}: give fewer supplementary groups",
+                name.len()
+            ));
+        }
+        Ok(name)
+    }
+}
+
+/// What a key file holds.
+///
+/// | format | content |
+/// |---|---|
+/// | cluster key | one line: 64 hex digits |
+/// | user key (`fskv admin user-key`) | line 1: the principal name (`user:<uid>:<gid>[:<groups>]`), line 2: 64 hex digits of its derived key |
+///
+/// Blank lines and surrounding whitespace are ignored.
+#[derive(Debug)]
+pub enum KeyFile {
+    Cluster(ClusterKey),
+    User { principal: String, key: ClusterKey },
+}
+
+impl KeyFile {
+    pub fn parse(text: &str) -> Result<KeyFile, String> {
+        let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        match lines.as_slice() {
+            [hex] => Ok(KeyFile::Cluster(ClusterKey::from_hex(hex)?)),
+            [name, hex] => {
+                if UserPrincipal::parse(name).is_none() {
+                    return Err(format!("first line {name:?} is not a user principal (user:<uid>:<gid>[:<g1>,<g2>…])"));
+                }
+                Ok(KeyFile::User { principal: name.to_string(), key: ClusterKey::from_hex(hex)? })
+            }
+            _ => Err(format!("{} non-empty lines; expected 1 (cluster key) or 2 (user principal, user key)", lines.len())),
+        }
+    }
+
+    /// The user key file text: the name, then the key.
+    pub fn user_text(principal: &str, key: &ClusterKey) -> String {
+        format!("{principal}\n{}", key.to_hex())
+    }
+
+    /// Reads and parses a key file; errors name the file and say why.
+    pub fn load(path: &Path) -> Result<KeyFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            let why = match e.kind() {
+                std::io::ErrorKind::PermissionDenied => "permission denied — only trusted users may talk to the cluster".to_string(),
+                _ => e.to_string(),
+            };
+            format!("cannot read the cluster key at {}: {why}", path.display())
+        })?;
+        KeyFile::parse(&text).map_err(|e| format!("the cluster key at {} is invalid: {e}", path.display()))
+    }
+}
+
 /// Whether `name` may be claimed: 1..=64 bytes of printable ASCII, no space.
 pub fn valid_principal_name(name: &[u8]) -> bool {
     !name.is_empty() && name.len() <= MAX_PRINCIPAL_BYTES && name.iter().all(|b| b.is_ascii_graphic())
@@ -247,8 +436,9 @@ pub fn valid_principal_name(name: &[u8]) -> bool {
 /// The authenticated identity of a connection's peer, as claimed in its
 /// hello and proven with the cluster key.
 ///
-/// Names in use: `node:<id>` (a storage or meta process of the layout),
-/// `mgmtd`, `fuse`, `gateway`, `client` (the `fskv` commands, benches).
+/// Names in use: `node:<id>` (a storage process of the layout), `meta:<id>`,
+/// `mgmtd`, `fuse`, `gateway`, `client` (the `fskv` commands, benches),
+/// `user:<uid>:<gid>[:groups]` (a local user with a user key).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Principal(Arc<str>);
 
@@ -265,6 +455,11 @@ impl Principal {
     /// The node id of a `node:<id>` principal.
     pub fn node_id(&self) -> Option<u32> {
         self.0.strip_prefix("node:").and_then(|id| id.parse().ok())
+    }
+
+    /// A `user:` principal (proven with its own derived key, not the cluster key).
+    pub fn is_user(&self) -> bool {
+        is_user_principal(&self.0)
     }
 }
 
@@ -370,7 +565,9 @@ impl Refusal {
 pub struct ServerHandshake {
     key: Arc<ClusterKey>,
     server_nonce: [u8; NONCE_BYTES],
-    hello: Option<([u8; NONCE_BYTES], Principal)>,
+    /// The client's nonce, the claimed principal and the key its MACs use
+    /// (the cluster key, or the user key derived for a `user:` name).
+    hello: Option<([u8; NONCE_BYTES], Principal, ClusterKey)>,
 }
 
 impl ServerHandshake {
@@ -404,23 +601,34 @@ impl ServerHandshake {
         }
         let name = &hello[HELLO_HEAD_BYTES..len - NONCE_BYTES];
         let principal = std::str::from_utf8(name).ok().and_then(Principal::new).ok_or_else(|| Refusal::new(AuthFailure::BadName))?;
+        // A `user:` name is proven with its derived key (only its holder and
+        // the cluster key's holders know it); every other name with the
+        // cluster key. A malformed user name is refused here.
+        let key = if is_user_principal(principal.name()) {
+            if UserPrincipal::parse(principal.name()).is_none() {
+                return Err(Refusal::new(AuthFailure::BadName));
+            }
+            self.key.derive_user_key(principal.name())
+        } else {
+            (*self.key).clone()
+        };
         let mut client_nonce = [0u8; NONCE_BYTES];
         client_nonce.copy_from_slice(&hello[len - NONCE_BYTES..]);
-        let mac = self.key.mac(SERVER_LABEL, &client_nonce, &self.server_nonce, principal.name().as_bytes());
+        let mac = key.mac(SERVER_LABEL, &client_nonce, &self.server_nonce, principal.name().as_bytes());
         let mut challenge = [0u8; CHALLENGE_BYTES];
         challenge[1..1 + NONCE_BYTES].copy_from_slice(&self.server_nonce);
         challenge[1 + NONCE_BYTES..].copy_from_slice(&mac);
-        self.hello = Some((client_nonce, principal));
+        self.hello = Some((client_nonce, principal, key));
         Ok(challenge)
     }
 
     /// Checks the client's proof: the authenticated principal and the
     /// verdict byte `0x00` to send, or the refusal.
     pub fn on_proof(&self, proof: &[u8]) -> Result<(Principal, u8), Refusal> {
-        let Some((client_nonce, principal)) = &self.hello else {
+        let Some((client_nonce, principal, key)) = &self.hello else {
             return Err(Refusal::new(AuthFailure::BadMagic));
         };
-        let expected = self.key.mac(CLIENT_LABEL, &self.server_nonce, client_nonce, principal.name().as_bytes());
+        let expected = key.mac(CLIENT_LABEL, &self.server_nonce, client_nonce, principal.name().as_bytes());
         if proof.len() != PROOF_BYTES || !bool::from(expected.ct_eq(proof)) {
             return Err(Refusal::new(AuthFailure::BadProof));
         }
@@ -589,6 +797,95 @@ mod tests {
         assert!(err.starts_with("cannot read the cluster key at /nonexistent/cluster.key"), "{err}");
         // Two generated keys differ (the OS random source works).
         assert_ne!(ClusterKey::generate().0, k.0);
+    }
+
+    #[test]
+    fn a_user_key_proves_its_own_name_only() {
+        let cluster = key(7);
+        let name = "user:1000:1000:27,100";
+        let user_key = Arc::new(cluster.derive_user_key(name));
+        // The user key's holder proves its name to a server holding the cluster key.
+        let (client, server) = run(user_key.clone(), cluster.clone(), name);
+        assert_eq!(client, Ok(()));
+        let p = server.unwrap();
+        assert!(p.is_user());
+        assert_eq!(p.name(), name);
+        // It cannot claim `client`, another uid, or another group list.
+        for other in ["client", "node:1", "user:1001:1000", "user:1000:1000", "user:1000:1000:27,100,0", "user:0:0"] {
+            let (client, server) = run(user_key.clone(), cluster.clone(), other);
+            assert_eq!(client, Err(ClientAuthError::ServerNotAuthenticated), "{other}");
+            assert_eq!(server, Err(AuthFailure::Closed), "{other}");
+        }
+        // The cluster key's holder cannot claim a user name without deriving
+        // its key (it can derive it: one trust domain).
+        let (client, _) = run(cluster.clone(), cluster.clone(), name);
+        assert_eq!(client, Err(ClientAuthError::ServerNotAuthenticated));
+        // A malformed user name is refused at the hello.
+        let (_, server) = run(key(1), cluster.clone(), "user:abc");
+        assert_eq!(server, Err(AuthFailure::BadName));
+        // Keys differ per name and from the cluster key.
+        assert_ne!(cluster.derive_user_key("user:1:1").0, cluster.derive_user_key("user:2:1").0);
+        assert_ne!(cluster.derive_user_key("user:1:1").0, cluster.0);
+    }
+
+    #[test]
+    fn user_principal_names_parse_strictly() {
+        let p = UserPrincipal::parse("user:1000:100:27,4").unwrap();
+        assert_eq!(p, UserPrincipal { uid: 1000, gid: 100, groups: vec![27, 4] });
+        assert_eq!(p.name().unwrap(), "user:1000:100:27,4");
+        assert_eq!(UserPrincipal::parse("user:0:0").unwrap().name().unwrap(), "user:0:0");
+        for bad in [
+            "user:",
+            "user:1",
+            "user:1:",
+            "user:1:2:",
+            "user:1:2:3,",
+            "user:01:2",
+            "user:+1:2",
+            "user:1:2:3:4",
+            "user:x:1",
+            "node:1",
+            "user:4294967296:1",
+        ] {
+            assert_eq!(UserPrincipal::parse(bad), None, "{bad}");
+        }
+        let many = UserPrincipal { uid: 1, gid: 1, groups: (1_000_000..1_000_010).collect() };
+        assert!(many.name().unwrap_err().contains("more than 64"));
+    }
+
+    #[test]
+    fn key_files_name_their_principal() {
+        let k = ClusterKey::generate();
+        assert!(matches!(KeyFile::parse(&k.to_hex()).unwrap(), KeyFile::Cluster(_)));
+        let text = KeyFile::user_text("user:5:6", &k.derive_user_key("user:5:6"));
+        match KeyFile::parse(&text).unwrap() {
+            KeyFile::User { principal, key } => {
+                assert_eq!(principal, "user:5:6");
+                assert_eq!(key.0, k.derive_user_key("user:5:6").0);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(KeyFile::parse(&format!("client\n{}", k.to_hex())).unwrap_err().contains("not a user principal"));
+        assert!(KeyFile::parse("a\nb\nc").unwrap_err().contains("3 non-empty lines"));
+        let dir = std::env::temp_dir().join(format!("fskv-auth-test-{}", std::process::id()));
+        std::fs::write(&dir, text).unwrap();
+        let err = ClusterKey::load(&dir).unwrap_err();
+        std::fs::remove_file(&dir).unwrap();
+        assert!(err.contains("is a user key (for user:5:6)"), "{err}");
+    }
+
+    #[test]
+    fn capability_macs_bind_every_field() {
+        let cap = key(7).cap_key();
+        let mac = cap.mac("user:1:1", 42, 1, 1000);
+        assert!(cap.verify("user:1:1", 42, 1, 1000, &mac));
+        assert!(!cap.verify("user:2:1", 42, 1, 1000, &mac));
+        assert!(!cap.verify("user:1:1", 43, 1, 1000, &mac));
+        assert!(!cap.verify("user:1:1", 42, 3, 1000, &mac));
+        assert!(!cap.verify("user:1:1", 42, 1, 1001, &mac));
+        assert!(!cap.verify("user:1:1", 42, 1, 1000, &mac[..31]));
+        assert!(!key(8).cap_key().verify("user:1:1", 42, 1, 1000, &mac));
+        assert_eq!(format!("{cap:?}"), "CapKey(<redacted>)");
     }
 
     #[test]

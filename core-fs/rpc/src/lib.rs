@@ -92,7 +92,7 @@ pub use error::RpcError;
 pub use fskv_types::{ErrorCode, Status};
 pub use method::Method;
 pub use metrics::MetricsRegistry;
-pub use server::{RequestContext, Router, Server, ServerConfig};
+pub use server::{ConnLocal, RequestContext, Router, Server, ServerConfig};
 #[cfg(feature = "sim")]
 pub use sim::SimTransport;
 pub use transport::{RemoteBuf, TcpTransport, Transport};

@@ -117,6 +117,29 @@ pub struct RequestContext {
     /// Who the peer proved to be in the connection's handshake; `None` on a
     /// server without a cluster key (no authentication).
     pub principal: Option<Principal>,
+    /// State that lives as long as the connection (one slot per connection,
+    /// shared by its requests): e.g. storage's cache of verified chunk
+    /// capabilities of a user principal.
+    pub conn_local: Arc<ConnLocal>,
+}
+
+/// One per-connection slot of any type, created on first use by a handler
+/// and dropped with the connection. A router uses one type; a request asking
+/// for another type than the slot holds gets `None`.
+#[derive(Default)]
+pub struct ConnLocal(std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>);
+
+impl std::fmt::Debug for ConnLocal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() { "ConnLocal(set)" } else { "ConnLocal(empty)" })
+    }
+}
+
+impl ConnLocal {
+    /// The slot's value, made with `T::default()` on first use.
+    pub fn get_or_default<T: Default + Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        self.0.get_or_init(|| Arc::new(T::default())).clone().downcast::<T>().ok()
+    }
 }
 
 type HandlerResult = std::result::Result<(Bytes, Bytes), Status>;
@@ -422,6 +445,7 @@ struct ConnState {
     tx: mpsc::Sender<OutFrame>,
     peer: Arc<str>,
     principal: Option<Principal>,
+    conn_local: Arc<ConnLocal>,
     shutting_down: bool,
 }
 
@@ -626,7 +650,8 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
         .with_budget(shared.budget.clone())
         .with_frame_read_timeout(Duration::from_millis(shared.config.frame_read_timeout_ms));
     let idle_timeout = Duration::from_millis(shared.config.idle_timeout_ms);
-    let mut state = ConnState { shared, in_flight, tx, peer: peer.into(), principal, shutting_down: *shutdown_rx.borrow() };
+    let mut state =
+        ConnState { shared, in_flight, tx, peer: peer.into(), principal, conn_local: Arc::default(), shutting_down: *shutdown_rx.borrow() };
     let mut protocol_error = false;
     // The idle timer: one timer for the connection's life, checked when it
     // fires (no wake-up per request). It closes the connection when nothing
@@ -738,6 +763,7 @@ impl ConnState {
             peer: self.peer.clone(),
             deadline,
             principal: self.principal.clone(),
+            conn_local: self.conn_local.clone(),
         };
         let guard = RemoveOnDrop { in_flight: self.in_flight.clone(), request_id: header.request_id, seq };
         let fut = (route.handler)(ctx, frame.body, frame.payload);

@@ -36,6 +36,10 @@ pub enum StorageError {
     /// it offline, so mgmtd takes it out of its chain.
     #[error("{target} failed (disk fault: {cause}); it serves nothing until restarted")]
     TargetFailed { target: TargetId, cause: String },
+    /// A `user:` principal without a valid chunk capability, or calling a
+    /// method users may not call (`crate::access`).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -63,6 +67,7 @@ impl StorageError {
             // client sees e.g. StaleChainVersion from anywhere in the chain.
             StorageError::Forward { status, .. } => status.code,
             StorageError::CopySource { status, .. } => status.code,
+            StorageError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             StorageError::Internal(_) => ErrorCode::Internal,
         }
     }

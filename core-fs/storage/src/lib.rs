@@ -9,6 +9,7 @@
 //! executes them (RPC handlers, chunk locks, forwarding, the sync worker).
 //! See `docs/storage.md`.
 
+pub mod access;
 /// `fskv bench storage` (feature `bench`).
 #[cfg(feature = "bench")]
 pub mod bench;

@@ -17,6 +17,7 @@ mod write;
 
 pub use write::MAX_COPY_BYTES;
 
+use crate::access::{refuse_users, UserConn};
 use crate::chain::{self, Origin};
 use crate::error::{Result, StorageError};
 use crate::inflight::InflightUpdates;
@@ -82,6 +83,11 @@ pub struct StorageConfig {
     pub scrub_bytes_per_sec: u64,
     /// Pause between two scrub passes.
     pub scrub_pause_between_passes_ms: u64,
+    /// The key chunk capabilities of `user:` connections verify with
+    /// (derived from the cluster key; `crate::access`). `None`: user
+    /// connections are refused (only possible without a cluster key, where
+    /// no connection is a user's).
+    pub cap_key: Option<Arc<fskv_rpc::auth::CapKey>>,
 }
 
 impl StorageConfig {
@@ -100,6 +106,7 @@ impl StorageConfig {
             copy_read_max_attempts: 6,
             scrub_bytes_per_sec: 0,
             scrub_pause_between_passes_ms: 60_000,
+            cap_key: fskv_rpc::auth::current().key.map(|k| Arc::new(k.cap_key())),
         }
     }
 }
@@ -381,69 +388,111 @@ impl StorageService {
         Ok(RunningStorage { service: self, server, worker, scrubber })
     }
 
-    /// The RPC routes of the service.
+    /// The RPC routes of the service. Who may call what: [`crate::access`].
     pub fn router(&self) -> Router {
         let s = self.clone();
         let router = Router::new().with_metrics(self.inner.registry.clone()).route::<WriteChunk, _, _>(
-            move |_ctx: RequestContext, req: WriteReq, payload: Bytes| {
+            move |ctx: RequestContext, req: WriteReq, payload: Bytes| {
                 let s = s.clone();
-                async move { s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+                async move {
+                    if let Some(user) = UserConn::of(&ctx, s.inner.config.cap_key.as_ref())? {
+                        user.check(req.cap.as_slice(), [req.chunk.inode], true)?;
+                    }
+                    s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+                }
             },
         );
         let s = self.clone();
-        let router = router.route::<CopyRange, _, _>(move |_ctx: RequestContext, req: CopyRangeReq, _payload: Bytes| {
+        let router = router.route::<CopyRange, _, _>(move |ctx: RequestContext, req: CopyRangeReq, _payload: Bytes| {
             let s = s.clone();
-            async move { s.handle_copy_range(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "CopyRange")?;
+                s.handle_copy_range(req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<ForwardChunk, _, _>(move |_ctx, req: ForwardReq, payload: Bytes| {
+        let router = router.route::<ForwardChunk, _, _>(move |ctx: RequestContext, req: ForwardReq, payload: Bytes| {
             let s = s.clone();
-            async move { s.handle_forward(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "ForwardChunk")?;
+                s.handle_forward(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<BatchRead, _, _>(move |_ctx, req: BatchReadReq, _payload| {
+        let router = router.route::<BatchRead, _, _>(move |ctx: RequestContext, req: BatchReadReq, _payload| {
             let s = s.clone();
-            async move { s.handle_batch_read(req).await.map_err(Status::from) }
+            async move {
+                if let Some(user) = UserConn::of(&ctx, s.inner.config.cap_key.as_ref())? {
+                    user.check(&req.caps, req.ios.iter().map(|io| io.chunk.inode), false)?;
+                }
+                s.handle_batch_read(req).await.map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<CommitChunk, _, _>(move |_ctx, req: CommitReq, _payload| {
+        let router = router.route::<CommitChunk, _, _>(move |ctx: RequestContext, req: CommitReq, _payload| {
             let s = s.clone();
-            async move { s.handle_commit(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "CommitChunk")?;
+                s.handle_commit(req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<QueryLastChunk, _, _>(move |_ctx, req: QueryLastChunkReq, _payload| {
+        let router = router.route::<QueryLastChunk, _, _>(move |ctx: RequestContext, req: QueryLastChunkReq, _payload| {
             let s = s.clone();
-            async move { s.handle_query_last(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                if let Some(user) = UserConn::of(&ctx, s.inner.config.cap_key.as_ref())? {
+                    user.check(req.cap.as_slice(), [req.inode], false)?;
+                }
+                s.handle_query_last(req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<QueryChunk, _, _>(move |_ctx, req: QueryChunkReq, _payload| {
+        let router = router.route::<QueryChunk, _, _>(move |ctx: RequestContext, req: QueryChunkReq, _payload| {
             let s = s.clone();
-            async move { s.handle_query_chunk(req).map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "QueryChunk")?;
+                s.handle_query_chunk(req).map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<RemoveChunks, _, _>(move |_ctx, req: RemoveChunksReq, _payload| {
+        let router = router.route::<RemoveChunks, _, _>(move |ctx: RequestContext, req: RemoveChunksReq, _payload| {
             let s = s.clone();
-            async move { s.handle_remove_chunks(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "RemoveChunks")?;
+                s.handle_remove_chunks(req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<SpaceInfo, _, _>(move |_ctx, _req: SpaceInfoReq, _payload| {
+        let router = router.route::<SpaceInfo, _, _>(move |ctx: RequestContext, _req: SpaceInfoReq, _payload| {
             let s = s.clone();
-            async move { Ok((s.space_info(), Bytes::new())) }
+            async move {
+                refuse_users(&ctx, "SpaceInfo")?;
+                Ok((s.space_info(), Bytes::new()))
+            }
         });
         let s = self.clone();
-        let router = router.route::<DumpChunkMeta, _, _>(move |_ctx, req: DumpChunkMetaReq, _payload| {
+        let router = router.route::<DumpChunkMeta, _, _>(move |ctx: RequestContext, req: DumpChunkMetaReq, _payload| {
             let s = s.clone();
-            async move { s.handle_dump(req).await.map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "DumpChunkMeta")?;
+                s.handle_dump(req).await.map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        let router = router.route::<SyncStart, _, _>(move |_ctx, req: SyncReq, _payload| {
+        let router = router.route::<SyncStart, _, _>(move |ctx: RequestContext, req: SyncReq, _payload| {
             let s = s.clone();
-            async move { s.handle_sync_mark(req, false).map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "SyncStart")?;
+                s.handle_sync_mark(req, false).map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         });
         let s = self.clone();
-        router.route::<SyncDone, _, _>(move |_ctx, req: SyncReq, _payload| {
+        router.route::<SyncDone, _, _>(move |ctx: RequestContext, req: SyncReq, _payload| {
             let s = s.clone();
-            async move { s.handle_sync_mark(req, true).map(|r| (r, Bytes::new())).map_err(Status::from) }
+            async move {
+                refuse_users(&ctx, "SyncDone")?;
+                s.handle_sync_mark(req, true).map(|r| (r, Bytes::new())).map_err(Status::from)
+            }
         })
     }
 

@@ -150,6 +150,7 @@ async fn stale_chain_version_is_rejected_and_retried_request_applies_once() {
             op: UpdateOp::Write { offset_bytes: 0, len_bytes: 5, crc: crc32c::crc32c(&data) },
             tag: RequestTag { client: 77, request: 1 },
             chunk_size_hint_bytes: None,
+            cap: None,
         };
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let err = rpc.call::<WriteChunk>(&head_addr, &req, data.clone(), CallOptions::default()).await.unwrap_err();

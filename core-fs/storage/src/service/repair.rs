@@ -103,7 +103,11 @@ impl StorageService {
                 len_bytes: meta.committed.len_bytes,
                 relaxed: false,
             };
-            let got = self.inner.rpc.call::<BatchRead>(addr, &BatchReadReq { ios: vec![io] }, Bytes::new(), self.call_opts()).await;
+            let got = self
+                .inner
+                .rpc
+                .call::<BatchRead>(addr, &BatchReadReq { ios: vec![io], caps: Vec::new() }, Bytes::new(), self.call_opts())
+                .await;
             let (resp, payload) = match got {
                 Ok(r) => r,
                 Err(e) => {

@@ -153,6 +153,7 @@ impl StorageService {
                 op,
                 tag: req.tag,
                 chunk_size_hint_bytes: req.chunk_size_hint_bytes,
+                cap: None,
             };
             let write = self.head_write(&write, data).await?;
             debug!(version = write.version, duplicate = write.duplicate, src_found_bytes, "copied");
@@ -571,6 +572,7 @@ mod tests {
             op: UpdateOp::Write { offset_bytes: 0, len_bytes: data.len() as u32, crc: crc32c::crc32c(&data) },
             tag: RequestTag { client: 1, request: 1 },
             chunk_size_hint_bytes: None,
+            cap: None,
         };
         // Cancel the write once its forward reached the tail.
         let write = service.handle_write(req, data);
