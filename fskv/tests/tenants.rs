@@ -199,7 +199,7 @@ async fn scenario(data: &Path, base: u16, mnt: Option<&Path>) {
     let bob = Key { ak: u["access_key"].as_str().unwrap().into(), sk: u["secret_key"].as_str().unwrap().into() };
     let bob_token = u["bearer_token"].as_str().expect("bob's bearer token").to_string();
     assert!(run_err(&["admin", "user", "create", "alice", "--tenant", "acme"]).contains("exists"));
-    assert!(run_err(&["admin", "user", "create", "bob", "--tenant", "nope"]).contains("does not exist"));
+    assert!(run_err(&["admin", "user", "create", "carol", "--tenant", "nope"]).contains("does not exist"));
     assert!(run_err(&["admin", "user", "revoke", "nobody"]).contains("no user"));
     let users = run_ok(&["admin", "user", "list"]);
     assert!(users.contains("alice") && users.contains(&alice.ak) && !users.contains(&alice.sk), "{users}");
