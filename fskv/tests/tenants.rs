@@ -531,7 +531,8 @@ async fn groups_and_dead_letters(h: &Http, mq: &str, (alice, bob): (&str, &str))
     assert_eq!(r.0, StatusCode::OK, "alice joins her group: {}", String::from_utf8_lossy(&r.1));
     let v: serde_json::Value = serde_json::from_slice(&r.1).unwrap();
     let generation = v["generation"].as_u64().expect("generation");
-    let commit = serde_json::json!({"member_id": "a1", "generation": generation, "offsets": [{"topic": "alicet", "partition": 0, "offset": 0}]});
+    let commit =
+        serde_json::json!({"member_id": "a1", "generation": generation, "offsets": [{"topic": "alicet", "partition": 0, "offset": 0}]});
     let r = h.send(call(alice, Method::POST, "/v1/groups/ag/commit", commit.clone())).await;
     assert_eq!(r.0, StatusCode::OK, "alice commits: {}", String::from_utf8_lossy(&r.1));
     for (what, method, target, body) in [
@@ -539,14 +540,39 @@ async fn groups_and_dead_letters(h: &Http, mq: &str, (alice, bob): (&str, &str))
         ("heartbeat", Method::POST, "/v1/groups/ag/heartbeat", serde_json::json!({"member_id": "a1"})),
         ("leave", Method::POST, "/v1/groups/ag/leave", serde_json::json!({"member_id": "a1"})),
         ("commit", Method::POST, "/v1/groups/ag/commit", commit.clone()),
-        ("commit standalone", Method::POST, "/v1/groups/ag/commit", serde_json::json!({"offsets": [{"topic": "bobt", "partition": 0, "offset": 0}]})),
+        (
+            "commit standalone",
+            Method::POST,
+            "/v1/groups/ag/commit",
+            serde_json::json!({"offsets": [{"topic": "bobt", "partition": 0, "offset": 0}]}),
+        ),
         ("describe (fetch offsets)", Method::GET, "/v1/groups/ag", null.clone()),
         ("delete", Method::DELETE, "/v1/groups/ag", null.clone()),
         ("join with alice's topic", Method::POST, "/v1/groups/bg/join", serde_json::json!({"topics": ["alicet"]})),
-        ("commit to alice's topic", Method::POST, "/v1/groups/bg/commit", serde_json::json!({"offsets": [{"topic": "alicet", "partition": 0, "offset": 0}]})),
-        ("dead letters to alice's topic", Method::PUT, "/v1/topics/bobt/queues/q", serde_json::json!({"dead_letter_topic": "alicedlq", "max_deliveries": 2})),
-        ("topic update with alice's dead-letter topic", Method::PATCH, "/v1/topics/bobt", serde_json::json!({"queues": {"q2": {"dead_letter_topic": "alicedlq"}}})),
-        ("topic creation with alice's dead-letter topic", Method::PUT, "/v1/topics/bobt2", serde_json::json!({"queues": {"q": {"dead_letter_topic": "alicedlq"}}})),
+        (
+            "commit to alice's topic",
+            Method::POST,
+            "/v1/groups/bg/commit",
+            serde_json::json!({"offsets": [{"topic": "alicet", "partition": 0, "offset": 0}]}),
+        ),
+        (
+            "dead letters to alice's topic",
+            Method::PUT,
+            "/v1/topics/bobt/queues/q",
+            serde_json::json!({"dead_letter_topic": "alicedlq", "max_deliveries": 2}),
+        ),
+        (
+            "topic update with alice's dead-letter topic",
+            Method::PATCH,
+            "/v1/topics/bobt",
+            serde_json::json!({"queues": {"q2": {"dead_letter_topic": "alicedlq"}}}),
+        ),
+        (
+            "topic creation with alice's dead-letter topic",
+            Method::PUT,
+            "/v1/topics/bobt2",
+            serde_json::json!({"queues": {"q": {"dead_letter_topic": "alicedlq"}}}),
+        ),
     ] {
         let r = h.send(call(bob, method.clone(), target, body)).await;
         assert_code(&r, StatusCode::FORBIDDEN, "AccessDenied", &format!("bob: {what} ({method} {target})"));
@@ -565,12 +591,25 @@ async fn groups_and_dead_letters(h: &Http, mq: &str, (alice, bob): (&str, &str))
     let text = String::from_utf8_lossy(&r.1);
     assert!(text.contains("a1") && !text.contains("b1"), "alice's group after bob's attempts: {text}");
     // Her own dead-letter topic is accepted.
-    let r = h.send(call(alice, Method::PUT, "/v1/topics/alicet/queues/q", serde_json::json!({"dead_letter_topic": "alicedlq", "max_deliveries": 2}))).await;
+    let r = h
+        .send(call(
+            alice,
+            Method::PUT,
+            "/v1/topics/alicet/queues/q",
+            serde_json::json!({"dead_letter_topic": "alicedlq", "max_deliveries": 2}),
+        ))
+        .await;
     assert!(r.0.is_success(), "alice's own dead-letter topic: {}", String::from_utf8_lossy(&r.1));
 }
 
 /// Each tenant's Consul token works in its own namespace.
-async fn consul_per_tenant(h: &Http, (consul, kv): (&str, &str), (alice, bob): (&str, &str), (alice_key, bob_key): (&Key, &Key), beta: u32) {
+async fn consul_per_tenant(
+    h: &Http,
+    (consul, kv): (&str, &str),
+    (alice, bob): (&str, &str),
+    (alice_key, bob_key): (&Key, &Key),
+    beta: u32,
+) {
     let req = |token: &str, method: Method, target: &str, body: &'static [u8]| {
         Request::builder()
             .method(method)

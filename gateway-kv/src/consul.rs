@@ -331,7 +331,7 @@ impl ConsulHttp {
         if let Some(m) = &kv.maint {
             m.admit(ns, key.as_bytes(), 0).await?;
         }
-        let mut w = ValueWriter::new(kv.store.owned_by(&ns), ns.dir, store::value_mode(&rec), max, kv.cfg.limits.max_inflight_write_bytes);
+        let mut w = ValueWriter::new(kv.store.owned_by(ns), ns.dir, store::value_mode(&rec), max, kv.cfg.limits.max_inflight_write_bytes);
         while let Some(piece) = crate::ops::next_data(&mut body).await {
             w.push(piece?).await?;
         }

@@ -535,7 +535,10 @@ impl Maintainer {
             let Some(s) = st.get_mut(name) else { return Ok(()) };
             let now = record::now_ns();
             s.index.expire_pins(now);
-            (s.index.expired(now, 1024), Namespace { name: name.to_string(), dir: s.dir, config: s.config.clone(), owner_uid: 0, owner_gid: 0 })
+            (
+                s.index.expired(now, 1024),
+                Namespace { name: name.to_string(), dir: s.dir, config: s.config.clone(), owner_uid: 0, owner_gid: 0 },
+            )
         };
         if victims.is_empty() {
             return Ok(());

@@ -437,11 +437,9 @@ impl Store {
             attempt += 1;
             let parent = self.ensure_parent(ns, path).await?;
             let r = match data {
-                Data::Inline(b) => fs
-                    .meta()
-                    .create_write_publish(parent, &path.file, mode, b, expected.clone(), attrs.clone())
-                    .await
-                    .map_err(|e| e.code()),
+                Data::Inline(b) => {
+                    fs.meta().create_write_publish(parent, &path.file, mode, b, expected.clone(), attrs.clone()).await.map_err(|e| e.code())
+                }
                 Data::Temp(h) => self.fs.publish(h, parent, &path.file, expected.clone(), attrs.clone()).await.map_err(|e| e.code()),
             };
             match r {

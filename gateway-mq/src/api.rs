@@ -263,7 +263,9 @@ impl Mq {
             DescribeGroup(g) => self.describe_group(&g, tenant).await,
             DeleteGroup(g) => {
                 check_topic_name(&g)?;
-                let cur = read_json::<GroupState>(&self.store.fs, self.store.groups, &g).await?.ok_or_else(|| MqError::GroupNotFound(g.clone()))?;
+                let cur = read_json::<GroupState>(&self.store.fs, self.store.groups, &g)
+                    .await?
+                    .ok_or_else(|| MqError::GroupNotFound(g.clone()))?;
                 cur.value.check_owner(tenant, &g)?;
                 // Removed only if it is still the file whose owner was checked.
                 match self.store.fs.meta().unlink_expected(self.store.groups, &g, cur.expected()).await {
@@ -1000,13 +1002,16 @@ impl Mq {
                 let client = s("client_id").unwrap_or_default();
                 let timeout = v.get("session_timeout_ms").and_then(Value::as_u64).unwrap_or(10_000);
                 let view = self
-                    .group_update(g, tenant, true, &topics, |st, parts| st.join(&member, &client, topics.clone(), timeout, now, parts, &limits))
+                    .group_update(g, tenant, true, &topics, |st, parts| {
+                        st.join(&member, &client, topics.clone(), timeout, now, parts, &limits)
+                    })
                     .await?;
                 Ok(ok(view_json(&view)))
             }
             "heartbeat" => {
                 let member = s("member_id").ok_or_else(|| MqError::InvalidRequest("heartbeat needs member_id".into()))?;
-                let view: MemberView = self.group_update(g, tenant, false, &BTreeSet::new(), |st, parts| st.heartbeat(&member, now, parts)).await?;
+                let view: MemberView =
+                    self.group_update(g, tenant, false, &BTreeSet::new(), |st, parts| st.heartbeat(&member, now, parts)).await?;
                 Ok(ok(view_json(&view)))
             }
             "leave" => {
