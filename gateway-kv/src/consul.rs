@@ -5,8 +5,9 @@
 //! through FUSE as `ROOT/consul/<encoded name>`).
 //!
 //! Tenants ([`consul_namespace_for`]): the token's user's tenant picks the
-//! namespace, owned by that tenant like any other (made on its first
-//! Consul request, owned from the transaction that makes it):
+//! namespace, owned by that tenant like any other (made by its first
+//! Consul PUT, owned from the transaction that makes it; before it, reads
+//! answer 404 and deletes `true`):
 //!
 //! | token of a user of | namespace (`C` = `consul_namespace`, default `consul`) |
 //! |---|---|
@@ -218,7 +219,12 @@ impl ConsulHttp {
         if q.has("acquire") || q.has("release") {
             return Err(KvError::InvalidArgument("sessions and locks (acquire/release) are not supported".into()));
         }
-        let ns = self.tenant_namespace(ids).await?;
+        let ns = match self.tenant_namespace(ids, matches!(op, ConsulOp::Put { .. })).await {
+            Ok(ns) => ns,
+            // Nothing put yet: nothing to delete (Consul answers `true`).
+            Err(KvError::NoSuchKey) if matches!(op, ConsulOp::Delete { .. }) => return Ok(bool_response(true)),
+            Err(e) => return Err(e),
+        };
         match op {
             ConsulOp::Get { key } => self.get(&ns, &key, &q).await,
             ConsulOp::Put { key } => self.put(&ns, &key, &q, body).await,
@@ -227,12 +233,15 @@ impl ConsulHttp {
         }
     }
 
-    /// The Consul namespace of the tenant `ids`, made (owned by it) on its
-    /// first use; one owned by anybody else is refused (403).
-    async fn tenant_namespace(&self, ids: fskv_gateway::TenantIds) -> Result<std::sync::Arc<Namespace>> {
+    /// The Consul namespace of the tenant `ids`, made (owned by it) by its
+    /// first PUT (reads and deletes before that answer as for a missing key,
+    /// and create nothing: a reader process writes nothing); one owned by
+    /// anybody else is refused (403).
+    async fn tenant_namespace(&self, ids: fskv_gateway::TenantIds, create: bool) -> Result<std::sync::Arc<Namespace>> {
         let name = consul_namespace_for(&self.kv.cfg.consul_namespace, ids.uid);
         let ns = match self.kv.store.namespace(&name).await {
             Ok(ns) => ns,
+            Err(KvError::NoSuchNamespace(_)) if !create => return Err(KvError::NoSuchKey),
             Err(KvError::NoSuchNamespace(_)) => {
                 let (ns, created) = self.kv.store.put_namespace(&name, &Default::default(), ids).await?;
                 if let Some(m) = &self.kv.maint {
