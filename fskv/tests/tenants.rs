@@ -10,6 +10,9 @@
 //! | MQ (SQS): another tenant's queue | GetQueueUrl, SendMessage, ReceiveMessage, DeleteQueue → 403 `AccessDenied`; ListQueues shows one's own only; the queue still holds its message |
 //! | files on the filesystem | `/s3` and `/kv` 0711, `/kv/.fskv-kv` 0700; a tenant's bucket directory owned by the tenant's uid/gid, 0700; objects 0600; `/.fskv-admin` root's 0700, `users.json` 0600 |
 //! | the mount (`fskv up --mount`, when FUSE is there; else reported skipped) | the bucket's uid/gid/mode and an object's mode through FUSE; `nobody` can read no object, list no bucket, `/s3`, a namespace, `/mq` or `users.json`; the tenant's uid lists its bucket |
+//! | files written as the tenant | alice's objects (small inline, large chunked), prefix directories, both multipart completions (in place, and copied after a re-sent part), KV values (inline and chunked) and continuation directories: owned by the tenant's uid/gid, 0600 / 0700, through meta; the staging `.fskv-uploads/<bucket>` stays root's; through the mount the tenant's uid reads its objects and `nobody` cannot |
+//! | MQ consumer groups | a group is its creator's tenant's: bob (tenant beta) gets 403 on join / heartbeat / commit / describe / delete of alice's group and does not list it; nobody joins a group with another tenant's topic; a dead-letter topic of another tenant is refused (403) |
+//! | Consul with tenants | each tenant's token works in its own namespace (`consul` for default, `consul.<uid>` otherwise): bob does not see, list or overwrite alice's key; the native API cannot take another tenant's Consul namespace |
 //! | revocation | after `fskv admin user revoke`, the key is refused (403 `InvalidAccessKeyId`) within the poll interval (1 s) plus slack |
 
 mod common;
@@ -185,10 +188,18 @@ async fn scenario(data: &Path, base: u16, mnt: Option<&Path>) {
     assert_eq!(acme_uid, 20_000);
     assert!(run_err(&["admin", "tenant", "create", "acme"]).contains("exists"));
     assert!(run_err(&["admin", "tenant", "create", "Bad/Name"]).contains("lowercase"));
-    let u: serde_json::Value = serde_json::from_str(&run_ok(&["admin", "user", "create", "alice", "--tenant", "acme", "--json"])).unwrap();
+    let u: serde_json::Value =
+        serde_json::from_str(&run_ok(&["admin", "user", "create", "alice", "--tenant", "acme", "--bearer-token", "--json"])).unwrap();
     let alice = Key { ak: u["access_key"].as_str().unwrap().into(), sk: u["secret_key"].as_str().unwrap().into() };
+    let alice_token = u["bearer_token"].as_str().expect("alice's bearer token").to_string();
+    let t: serde_json::Value = serde_json::from_str(&run_ok(&["admin", "tenant", "create", "beta", "--json"])).unwrap();
+    let beta_uid = t["uid"].as_u64().unwrap() as u32;
+    let u: serde_json::Value =
+        serde_json::from_str(&run_ok(&["admin", "user", "create", "bob", "--tenant", "beta", "--bearer-token", "--json"])).unwrap();
+    let bob = Key { ak: u["access_key"].as_str().unwrap().into(), sk: u["secret_key"].as_str().unwrap().into() };
+    let bob_token = u["bearer_token"].as_str().expect("bob's bearer token").to_string();
     assert!(run_err(&["admin", "user", "create", "alice", "--tenant", "acme"]).contains("exists"));
-    assert!(run_err(&["admin", "user", "create", "bob", "--tenant", "nope"]).contains("does not exist"));
+    assert!(run_err(&["admin", "user", "create", "carol", "--tenant", "nope"]).contains("does not exist"));
     assert!(run_err(&["admin", "user", "revoke", "nobody"]).contains("no user"));
     let users = run_ok(&["admin", "user", "list"]);
     assert!(users.contains("alice") && users.contains(&alice.ak) && !users.contains(&alice.sk), "{users}");
@@ -304,6 +315,9 @@ async fn scenario(data: &Path, base: u16, mnt: Option<&Path>) {
 
     // ---- Files on the filesystem.
     let meta = MetaClient::new(MetaClientConfig::new(vec![port(12)])).expect("meta client");
+    written_as_the_tenant(&h, &meta, (&s3, &kv), (&alice, &bob), (acme_uid, beta_uid)).await;
+    groups_and_dead_letters(&h, &port(2), (&alice_token, &bob_token)).await;
+    consul_per_tenant(&h, (&port(3), &kv), (&alice_token, &bob_token), (&alice, &bob), beta_uid).await;
     let s3_root = meta.lookup(InodeId::ROOT, "s3").await.expect("/s3");
     assert_eq!(s3_root.acl.mode & 0o7777, 0o711, "/s3 mode");
     let aliceb = meta.lookup(s3_root.id, "aliceb").await.expect("/s3/aliceb");
@@ -330,8 +344,9 @@ async fn scenario(data: &Path, base: u16, mnt: Option<&Path>) {
     assert_eq!((users_file.acl.uid, users_file.acl.mode & 0o7777), (0, 0o600), "users.json");
 
     if let Some(m) = mnt {
-        let m = m.to_path_buf();
-        tokio::task::spawn_blocking(move || check_mount(&m, acme_uid)).await.expect("mount checks");
+        let (m1, m2) = (m.to_path_buf(), m.to_path_buf());
+        tokio::task::spawn_blocking(move || check_mount(&m1, acme_uid)).await.expect("mount checks");
+        tokio::task::spawn_blocking(move || tenant_reads_through_the_mount(&m2, acme_uid)).await.expect("tenant reads through the mount");
     }
 
     // ---- Revocation: refused within the bound.
@@ -358,4 +373,298 @@ async fn scenario(data: &Path, base: u16, mnt: Option<&Path>) {
     }
     println!("a revoked key was refused after {s3_after:?} (S3) and {:?} (KV)", start.elapsed());
     assert!(!run_ok(&["admin", "user", "list"]).contains("alice"));
+}
+
+/// A 5 MiB part 1 (the minimum for a part that is not the last) and more.
+fn big_part() -> Vec<u8> {
+    (0..(5u32 << 20)).map(|i| (i % 251) as u8).collect()
+}
+
+/// The bytes of an XML element's text (`<Tag>text</Tag>`), first match.
+fn xml_text(body: &Bytes, tag: &str) -> String {
+    let text = String::from_utf8_lossy(body);
+    let open = format!("<{tag}>");
+    let start = text.find(&open).unwrap_or_else(|| panic!("no <{tag}> in {text}")) + open.len();
+    let end = text[start..].find(&format!("</{tag}>")).unwrap_or_else(|| panic!("no </{tag}> in {text}")) + start;
+    text[start..end].to_string()
+}
+
+/// Owner and mode of an inode as a tuple for assertions.
+fn owner_mode(i: &fskv_proto::meta::Inode) -> (u32, u32, u32) {
+    (i.acl.uid, i.acl.gid, i.acl.mode & 0o777)
+}
+
+/// Alice's objects, prefix directories, multipart objects and KV values
+/// are the tenant's (uid/gid acme, 0600 files / 0700 directories) from the
+/// transaction that made them; the gateway's staging stays root's.
+async fn written_as_the_tenant(h: &Http, meta: &MetaClient, (s3, kv): (&str, &str), (alice, bob): (&Key, &Key), (acme, beta): (u32, u32)) {
+    let _ = beta;
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    assert_eq!(h.s3(alice, s3, Method::PUT, "/aliceb/p/q/small", b"small").await.0, StatusCode::OK);
+    assert_eq!(h.s3(alice, s3, Method::PUT, "/aliceb/p/big", &big).await.0, StatusCode::OK);
+
+    // Multipart, completed in place: part 1 of 5 MiB, part 2 small.
+    let (st, b) = h.s3(alice, s3, Method::POST, "/aliceb/mp/inplace?uploads", b"").await;
+    assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let id = xml_text(&b, "UploadId");
+    let part1 = big_part();
+    let mut etags = Vec::new();
+    for (n, body) in [(1, &part1[..]), (2, &b"tail"[..])] {
+        let (st, b) = h.s3(alice, s3, Method::PUT, &format!("/aliceb/mp/inplace?partNumber={n}&uploadId={id}"), body).await;
+        assert_eq!(st, StatusCode::OK, "part {n}: {}", String::from_utf8_lossy(&b));
+        // No ETag listed: the attempt that started last (docs/s3.md).
+        etags.push(format!("<Part><PartNumber>{n}</PartNumber></Part>"));
+    }
+    // Another tenant cannot add a part to it (the bucket is not bob's).
+    let r = h.s3(bob, s3, Method::PUT, &format!("/aliceb/mp/inplace?partNumber=3&uploadId={id}"), b"x").await;
+    assert_code(&r, StatusCode::FORBIDDEN, "AccessDenied", "bob uploads a part to alice's upload");
+    let done = format!("<CompleteMultipartUpload>{}</CompleteMultipartUpload>", etags.concat());
+    let (st, b) = h.s3(alice, s3, Method::POST, &format!("/aliceb/mp/inplace?uploadId={id}"), done.as_bytes()).await;
+    assert_eq!(st, StatusCode::OK, "complete in place: {}", String::from_utf8_lossy(&b));
+    assert!(!String::from_utf8_lossy(&b).contains("<Error>"), "{}", String::from_utf8_lossy(&b));
+
+    // Multipart, completed by a copy: part 1 sent twice (the second
+    // attempt is a file of its own, so completion assembles a new file).
+    let (st, b) = h.s3(alice, s3, Method::POST, "/aliceb/mp/copied?uploads", b"").await;
+    assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let id2 = xml_text(&b, "UploadId");
+    for body in [&b"first attempt"[..], b"second attempt"] {
+        let (st, b) = h.s3(alice, s3, Method::PUT, &format!("/aliceb/mp/copied?partNumber=1&uploadId={id2}"), body).await;
+        assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    }
+    let done = "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber></Part></CompleteMultipartUpload>".to_string();
+    let (st, b) = h.s3(alice, s3, Method::POST, &format!("/aliceb/mp/copied?uploadId={id2}"), done.as_bytes()).await;
+    assert_eq!(st, StatusCode::OK, "complete by copy: {}", String::from_utf8_lossy(&b));
+    assert!(!String::from_utf8_lossy(&b).contains("<Error>"), "{}", String::from_utf8_lossy(&b));
+    let (st, b) = h.s3(alice, s3, Method::GET, "/aliceb/mp/copied", b"").await;
+    assert_eq!((st, b.as_ref()), (StatusCode::OK, &b"second attempt"[..]));
+    let (st, b) = h.s3(alice, s3, Method::GET, "/aliceb/mp/inplace", b"").await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(b.len(), part1.len() + 4, "the in-place object's length");
+
+    // An upload left open: its directory is the tenant's, in root's staging.
+    let (st, b) = h.s3(alice, s3, Method::POST, "/aliceb/mp/open?uploads", b"").await;
+    assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&b));
+    let id3 = xml_text(&b, "UploadId");
+    assert_eq!(h.s3(alice, s3, Method::PUT, &format!("/aliceb/mp/open?partNumber=1&uploadId={id3}"), b"p").await.0, StatusCode::OK);
+
+    let s3_root = meta.lookup(InodeId::ROOT, "s3").await.expect("/s3");
+    let bucket = meta.lookup(s3_root.id, "aliceb").await.expect("/s3/aliceb");
+    let p = meta.lookup(bucket.id, "p").await.expect("prefix p");
+    let q = meta.lookup(p.id, "q").await.expect("prefix p/q");
+    let mp = meta.lookup(bucket.id, "mp").await.expect("prefix mp");
+    for (what, inode, want) in [
+        ("prefix directory p", p.clone(), (acme, acme, 0o700)),
+        ("prefix directory p/q", q.clone(), (acme, acme, 0o700)),
+        ("small object", meta.lookup(q.id, "small").await.unwrap(), (acme, acme, 0o600)),
+        ("large object", meta.lookup(p.id, "big").await.unwrap(), (acme, acme, 0o600)),
+        ("multipart object (in place)", meta.lookup(mp.id, "inplace").await.unwrap(), (acme, acme, 0o600)),
+        ("multipart object (copied)", meta.lookup(mp.id, "copied").await.unwrap(), (acme, acme, 0o600)),
+    ] {
+        assert_eq!(owner_mode(&inode), want, "{what}");
+    }
+    let staging = meta.lookup(s3_root.id, ".fskv-uploads").await.expect("the staging directory");
+    assert_eq!(owner_mode(&staging), (0, 0, 0o700), "the multipart staging is root's");
+    let per_bucket = meta.lookup(staging.id, "aliceb").await.expect("the bucket's staging");
+    assert_eq!(owner_mode(&per_bucket), (0, 0, 0o700), "the bucket's staging is root's");
+    let upload = meta.lookup(per_bucket.id, &id3).await.expect("the open upload");
+    assert_eq!(owner_mode(&upload), (acme, acme, 0o700), "an upload directory");
+    let (entries, _) = meta.readdir(upload.id, "", 100, true).await.expect("list the upload");
+    assert!(entries.len() >= 2, "data and part 1: {entries:?}");
+    for e in &entries {
+        let a = e.attr.as_ref().expect("attrs");
+        assert_eq!((a.acl.uid, a.acl.gid, a.acl.mode & 0o777), (acme, acme, 0o600), "upload file {}", e.name);
+    }
+
+    // KV: inline and chunked values, a long key's continuation directory.
+    let long_key = format!("/v1/kv/alicens/{}", "l".repeat(400));
+    let big_value = vec![7u8; 100_000];
+    for (target, body) in [("/v1/kv/alicens/v", &b"value"[..]), ("/v1/kv/alicens/big", &big_value[..]), (long_key.as_str(), b"long")] {
+        let (st, b) = h.kv(alice, kv, Method::PUT, target, body).await;
+        assert!(st.is_success(), "alice PUT {target}: {st} {}", String::from_utf8_lossy(&b));
+    }
+    let kv_root = meta.lookup(InodeId::ROOT, "kv").await.expect("/kv");
+    let ns = meta.lookup(kv_root.id, "alicens").await.expect("/kv/alicens");
+    let mut seen = (0, 0);
+    let mut dirs = vec![ns.id];
+    while let Some(d) = dirs.pop() {
+        let (entries, _) = meta.readdir(d, "", 1000, true).await.expect("list the namespace");
+        for e in entries {
+            let a = e.attr.as_ref().expect("attrs");
+            if e.kind == fskv_proto::meta::InodeKind::Directory {
+                assert_eq!((a.acl.uid, a.acl.gid, a.acl.mode & 0o777), (acme, acme, 0o700), "continuation directory {}", e.name);
+                dirs.push(e.inode);
+                seen.1 += 1;
+            } else {
+                assert_eq!((a.acl.uid, a.acl.gid, a.acl.mode & 0o777), (acme, acme, 0o600), "value {}", e.name);
+                seen.0 += 1;
+            }
+        }
+    }
+    assert!(seen.0 >= 3 && seen.1 >= 1, "values and continuation directories seen: {seen:?}");
+}
+
+/// Consumer groups belong to the tenant that made them; dead-letter topics
+/// must be the queue's tenant's.
+async fn groups_and_dead_letters(h: &Http, mq: &str, (alice, bob): (&str, &str)) {
+    let call = |token: &str, method: Method, target: &str, body: serde_json::Value| {
+        let auth = format!("Bearer {token}");
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://{mq}{target}"))
+            .header("host", mq)
+            .header("authorization", auth)
+            .header("content-type", "application/json");
+        if body.is_null() {
+            req = req.header("content-length", "0");
+        }
+        let body = if body.is_null() { Bytes::new() } else { Bytes::from(body.to_string()) };
+        req.body(Full::new(body)).unwrap()
+    };
+    let null = serde_json::Value::Null;
+    for (token, topic) in [(alice, "alicet"), (alice, "alicedlq"), (bob, "bobt")] {
+        let r = h.send(call(token, Method::PUT, &format!("/v1/topics/{topic}"), serde_json::json!({"partitions": 1}))).await;
+        assert!(r.0.is_success(), "create {topic}: {} {}", r.0, String::from_utf8_lossy(&r.1));
+    }
+    let join = serde_json::json!({"topics": ["alicet"], "member_id": "a1"});
+    let r = h.send(call(alice, Method::POST, "/v1/groups/ag/join", join)).await;
+    assert_eq!(r.0, StatusCode::OK, "alice joins her group: {}", String::from_utf8_lossy(&r.1));
+    let v: serde_json::Value = serde_json::from_slice(&r.1).unwrap();
+    let generation = v["generation"].as_u64().expect("generation");
+    let commit =
+        serde_json::json!({"member_id": "a1", "generation": generation, "offsets": [{"topic": "alicet", "partition": 0, "offset": 0}]});
+    let r = h.send(call(alice, Method::POST, "/v1/groups/ag/commit", commit.clone())).await;
+    assert_eq!(r.0, StatusCode::OK, "alice commits: {}", String::from_utf8_lossy(&r.1));
+    for (what, method, target, body) in [
+        ("join", Method::POST, "/v1/groups/ag/join", serde_json::json!({"topics": ["bobt"], "member_id": "b1"})),
+        ("heartbeat", Method::POST, "/v1/groups/ag/heartbeat", serde_json::json!({"member_id": "a1"})),
+        ("leave", Method::POST, "/v1/groups/ag/leave", serde_json::json!({"member_id": "a1"})),
+        ("commit", Method::POST, "/v1/groups/ag/commit", commit.clone()),
+        (
+            "commit standalone",
+            Method::POST,
+            "/v1/groups/ag/commit",
+            serde_json::json!({"offsets": [{"topic": "bobt", "partition": 0, "offset": 0}]}),
+        ),
+        ("describe (fetch offsets)", Method::GET, "/v1/groups/ag", null.clone()),
+        ("delete", Method::DELETE, "/v1/groups/ag", null.clone()),
+        ("join with alice's topic", Method::POST, "/v1/groups/bg/join", serde_json::json!({"topics": ["alicet"]})),
+        (
+            "commit to alice's topic",
+            Method::POST,
+            "/v1/groups/bg/commit",
+            serde_json::json!({"offsets": [{"topic": "alicet", "partition": 0, "offset": 0}]}),
+        ),
+        (
+            "dead letters to alice's topic",
+            Method::PUT,
+            "/v1/topics/bobt/queues/q",
+            serde_json::json!({"dead_letter_topic": "alicedlq", "max_deliveries": 2}),
+        ),
+        (
+            "topic update with alice's dead-letter topic",
+            Method::PATCH,
+            "/v1/topics/bobt",
+            serde_json::json!({"queues": {"q2": {"dead_letter_topic": "alicedlq"}}}),
+        ),
+        (
+            "topic creation with alice's dead-letter topic",
+            Method::PUT,
+            "/v1/topics/bobt2",
+            serde_json::json!({"queues": {"q": {"dead_letter_topic": "alicedlq"}}}),
+        ),
+    ] {
+        let r = h.send(call(bob, method.clone(), target, body)).await;
+        assert_code(&r, StatusCode::FORBIDDEN, "AccessDenied", &format!("bob: {what} ({method} {target})"));
+    }
+    let r = h.send(call(bob, Method::GET, "/v1/topics/bobt2", null.clone())).await;
+    assert_eq!(r.0, StatusCode::NOT_FOUND, "the refused topic was not created: {}", String::from_utf8_lossy(&r.1));
+    let r = h.send(call(bob, Method::GET, "/v1/groups/bg", null.clone())).await;
+    assert_eq!(r.0, StatusCode::NOT_FOUND, "the refused join made no group: {}", String::from_utf8_lossy(&r.1));
+    let r = h.send(call(bob, Method::GET, "/v1/groups", null.clone())).await;
+    assert!(r.0.is_success() && !String::from_utf8_lossy(&r.1).contains("\"ag\""), "bob's ListGroups: {}", String::from_utf8_lossy(&r.1));
+    let r = h.send(call(alice, Method::GET, "/v1/groups", null.clone())).await;
+    assert!(r.0.is_success() && String::from_utf8_lossy(&r.1).contains("\"ag\""), "alice's ListGroups: {}", String::from_utf8_lossy(&r.1));
+    // Alice's group is intact: one member, her committed offset.
+    let r = h.send(call(alice, Method::GET, "/v1/groups/ag", null.clone())).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", String::from_utf8_lossy(&r.1));
+    let text = String::from_utf8_lossy(&r.1);
+    assert!(text.contains("a1") && !text.contains("b1"), "alice's group after bob's attempts: {text}");
+    // Her own dead-letter topic is accepted.
+    let r = h
+        .send(call(
+            alice,
+            Method::PUT,
+            "/v1/topics/alicet/queues/q",
+            serde_json::json!({"dead_letter_topic": "alicedlq", "max_deliveries": 2}),
+        ))
+        .await;
+    assert!(r.0.is_success(), "alice's own dead-letter topic: {}", String::from_utf8_lossy(&r.1));
+}
+
+/// Each tenant's Consul token works in its own namespace.
+async fn consul_per_tenant(
+    h: &Http,
+    (consul, kv): (&str, &str),
+    (alice, bob): (&str, &str),
+    (alice_key, bob_key): (&Key, &Key),
+    beta: u32,
+) {
+    let req = |token: &str, method: Method, target: &str, body: &'static [u8]| {
+        Request::builder()
+            .method(method)
+            .uri(format!("http://{consul}{target}"))
+            .header("host", consul)
+            .header("x-consul-token", token)
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap()
+    };
+    let r = h.send(req(alice, Method::PUT, "/v1/kv/shared/name", b"alice's")).await;
+    assert_eq!((r.0, r.1.as_ref()), (StatusCode::OK, &b"true"[..]), "alice's Consul PUT");
+    let r = h.send(req(bob, Method::GET, "/v1/kv/shared/name?raw", b"")).await;
+    assert_eq!(r.0, StatusCode::NOT_FOUND, "bob does not see alice's key: {}", String::from_utf8_lossy(&r.1));
+    let r = h.send(req(bob, Method::GET, "/v1/kv/?recurse", b"")).await;
+    assert!(!String::from_utf8_lossy(&r.1).contains("shared/name"), "bob's listing: {}", String::from_utf8_lossy(&r.1));
+    let r = h.send(req(bob, Method::GET, "/v1/kv/?keys", b"")).await;
+    assert!(!String::from_utf8_lossy(&r.1).contains("shared/name"), "bob's key names: {}", String::from_utf8_lossy(&r.1));
+    let r = h.send(req(bob, Method::PUT, "/v1/kv/shared/name", b"bob's")).await;
+    assert_eq!((r.0, r.1.as_ref()), (StatusCode::OK, &b"true"[..]), "bob's Consul PUT (his own key)");
+    let r = h.send(req(bob, Method::DELETE, "/v1/kv/shared?recurse", b"")).await;
+    assert_eq!(r.0, StatusCode::OK, "bob deletes his prefix");
+    let r = h.send(req(alice, Method::GET, "/v1/kv/shared/name?raw", b"")).await;
+    assert_eq!((r.0, r.1.as_ref()), (StatusCode::OK, &b"alice's"[..]), "alice's key is unchanged");
+    // A blocking query of bob's on the name returns on his changes only,
+    // and never shows alice's value.
+    let r = h.send(req(bob, Method::GET, "/v1/kv/shared/name?index=1&wait=100ms", b"")).await;
+    assert_eq!(r.0, StatusCode::NOT_FOUND, "bob's watch: {}", String::from_utf8_lossy(&r.1));
+    // The namespaces: alice's (tenant acme) and bob's are apart, each owned.
+    let bobs = format!("/v1/ns/consul.{beta}");
+    let r = h.kv(alice_key, kv, Method::PUT, &bobs, b"").await;
+    assert_code(&r, StatusCode::FORBIDDEN, "AccessDenied", "alice takes bob's Consul namespace natively");
+    let r = h.kv(alice_key, kv, Method::GET, &format!("/v1/kv/consul.{beta}/shared/name"), b"").await;
+    assert_eq!(r.0, StatusCode::FORBIDDEN, "alice reads bob's Consul namespace natively: {}", String::from_utf8_lossy(&r.1));
+    let r = h.kv(bob_key, kv, Method::GET, "/v1/ns", b"").await;
+    assert!(String::from_utf8_lossy(&r.1).contains(&format!("consul.{beta}")), "bob's namespaces: {}", String::from_utf8_lossy(&r.1));
+}
+
+/// Through the mount (`allow_other`): the tenant's local user reads its
+/// objects (written by the gateway as the tenant); `nobody` cannot.
+fn tenant_reads_through_the_mount(mnt: &Path, acme_uid: u32) {
+    use std::os::unix::process::CommandExt;
+    let run_as = |uid: u32, script: String| Command::new("sh").args(["-c", &script]).uid(uid).gid(uid).output().unwrap();
+    for (path, want) in [("s3/aliceb/k", &b"alice's"[..]), ("s3/aliceb/p/q/small", b"small"), ("s3/aliceb/mp/copied", b"second attempt")] {
+        let p = mnt.join(path);
+        let out = run_as(acme_uid, format!("cat {}", p.display()));
+        assert!(out.status.success(), "the tenant's uid reads {path}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, want, "{path} through the mount");
+        let out = run_as(65534, format!("cat {}", p.display()));
+        assert!(!out.status.success(), "nobody read {path}");
+    }
+    let out = run_as(acme_uid, format!("wc -c < {}", mnt.join("s3/aliceb/mp/inplace").display()));
+    assert!(out.status.success(), "the tenant reads its multipart object: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), ((5u64 << 20) + 4).to_string());
+    let out = run_as(acme_uid, format!("ls {}", mnt.join("kv/alicens").display()));
+    assert!(out.status.success(), "the tenant lists its namespace: {}", String::from_utf8_lossy(&out.stderr));
+    let out = run_as(acme_uid, format!("cat {}", mnt.join("kv/alicens/v").display()));
+    assert!(out.status.success() && out.stdout == b"value", "the tenant reads its value: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -1,8 +1,25 @@
-//! The Consul-KV-compatible subset, on its own port, over one namespace
-//! (`consul_namespace`, default `consul`): a Consul key (UTF-8) is the KV
-//! key with the same bytes, so `GET /v1/kv/consul/<key>` on the native API
-//! reads what a Consul client put, and the value is the same file
-//! (readable through FUSE and S3 as `ROOT/consul/<encoded name>`).
+//! The Consul-KV-compatible subset, on its own port, over one namespace per
+//! tenant: a Consul key (UTF-8) is the KV key with the same bytes, so
+//! `GET /v1/kv/consul/<key>` on the native API reads what a Consul client
+//! of tenant `default` put, and the value is the same file (readable
+//! through FUSE as `ROOT/consul/<encoded name>`).
+//!
+//! Tenants ([`consul_namespace_for`]): the token's user's tenant picks the
+//! namespace, owned by that tenant like any other (made by its first
+//! Consul PUT, owned from the transaction that makes it; before it, reads
+//! answer 404 and deletes `true`):
+//!
+//! | token of a user of | namespace (`C` = `consul_namespace`, default `consul`) |
+//! |---|---|
+//! | tenant `default` (uid 0) | `C` (as before tenants) |
+//! | any other tenant, uid `U` | `C.U` (e.g. `consul.20001`: uids are unique and short; tenant names may be 64 bytes, too long for a namespace name) |
+//! | a tenant the gateway does not know | 403 |
+//!
+//! A tenant's token reads, writes, lists and watches only its namespace:
+//! another tenant's keys are not addressable from the Consul port. Names
+//! `C.<anything>` are reserved: the native `PUT /v1/ns/C.U` is refused (403)
+//! to every tenant but the one of uid `U`, so nobody can take another
+//! tenant's Consul namespace first.
 //!
 //! | Consul | here |
 //! |---|---|
@@ -106,6 +123,26 @@ pub fn parse_wait(s: &str) -> Option<u64> {
     (v.is_finite() && v >= 0.0).then_some((v * mult) as u64)
 }
 
+/// The namespace the Consul API of tenant uid `uid` works in (see the
+/// module doc): `base` for uid 0 (tenant `default`), `base.<uid>` otherwise.
+pub fn consul_namespace_for(base: &str, uid: u32) -> String {
+    if uid == 0 {
+        base.to_string()
+    } else {
+        format!("{base}.{uid}")
+    }
+}
+
+/// Whether the native API may create or change namespace `name` for the
+/// tenant of uid `uid`: names `base.<x>` are the Consul namespaces, each
+/// reserved to its tenant.
+pub fn native_may_use(base: &str, name: &str, uid: u32) -> bool {
+    match name.strip_prefix(base).and_then(|r| r.strip_prefix('.')) {
+        Some(_) => name == consul_namespace_for(base, uid),
+        None => true,
+    }
+}
+
 /// The token a Consul client sent.
 fn token<'a>(parts: &'a Parts, q: &'a Query) -> Option<&'a str> {
     if let Some(t) = crate::ops::header(parts, "x-consul-token") {
@@ -166,24 +203,58 @@ impl ConsulHttp {
             let body = if parts.uri.path().ends_with("peers") { format!("[{addr}]") } else { addr };
             return Ok(with_index(StatusCode::OK, 1, "application/json", body));
         }
-        match token(parts, &q) {
+        let key = match token(parts, &q) {
             None => return Err(KvError::Gateway(GatewayError::Auth(fskv_gateway::AuthError::Missing))),
-            Some(t) => {
-                if self.kv.cfg.keys.by_bearer_token(t).is_none() {
-                    return Err(KvError::Gateway(GatewayError::Auth(fskv_gateway::AuthError::BadBearerToken)));
-                }
-            }
-        }
+            Some(t) => match self.kv.cfg.keys.by_bearer_token(t) {
+                Some(k) => k,
+                None => return Err(KvError::Gateway(GatewayError::Auth(fskv_gateway::AuthError::BadBearerToken))),
+            },
+        };
+        let ids = self
+            .kv
+            .cfg
+            .keys
+            .tenant(&key.tenant)
+            .ok_or_else(|| KvError::AccessDenied("the token's tenant is not known to this gateway".into()))?;
         if q.has("acquire") || q.has("release") {
             return Err(KvError::InvalidArgument("sessions and locks (acquire/release) are not supported".into()));
         }
-        let ns = self.kv.store.namespace(&self.kv.cfg.consul_namespace).await?;
+        let ns = match self.tenant_namespace(ids, matches!(op, ConsulOp::Put { .. })).await {
+            Ok(ns) => ns,
+            // Nothing put yet: nothing to delete (Consul answers `true`).
+            Err(KvError::NoSuchKey) if matches!(op, ConsulOp::Delete { .. }) => return Ok(bool_response(true)),
+            Err(e) => return Err(e),
+        };
         match op {
             ConsulOp::Get { key } => self.get(&ns, &key, &q).await,
             ConsulOp::Put { key } => self.put(&ns, &key, &q, body).await,
             ConsulOp::Delete { key } => self.delete(&ns, &key, &q).await,
             ConsulOp::Status => Err(KvError::Internal("unreachable".into())),
         }
+    }
+
+    /// The Consul namespace of the tenant `ids`, made (owned by it) by its
+    /// first PUT (reads and deletes before that answer as for a missing key,
+    /// and create nothing: a reader process writes nothing); one owned by
+    /// anybody else is refused (403).
+    async fn tenant_namespace(&self, ids: fskv_gateway::TenantIds, create: bool) -> Result<std::sync::Arc<Namespace>> {
+        let name = consul_namespace_for(&self.kv.cfg.consul_namespace, ids.uid);
+        let ns = match self.kv.store.namespace(&name).await {
+            Ok(ns) => ns,
+            Err(KvError::NoSuchNamespace(_)) if !create => return Err(KvError::NoSuchKey),
+            Err(KvError::NoSuchNamespace(_)) => {
+                let (ns, created) = self.kv.store.put_namespace(&name, &Default::default(), ids).await?;
+                if let Some(m) = &self.kv.maint {
+                    m.namespace_changed(&ns, created);
+                }
+                ns
+            }
+            Err(e) => return Err(e),
+        };
+        if ns.owner_uid != ids.uid {
+            return Err(KvError::AccessDenied(format!("namespace {name:?} belongs to another tenant")));
+        }
+        Ok(ns)
     }
 
     async fn get(&self, ns: &Namespace, key: &str, q: &Query) -> Result<Response<KvBody>> {
@@ -269,7 +340,7 @@ impl ConsulHttp {
         if let Some(m) = &kv.maint {
             m.admit(ns, key.as_bytes(), 0).await?;
         }
-        let mut w = ValueWriter::new(kv.store.clone(), ns.dir, store::value_mode(&rec), max, kv.cfg.limits.max_inflight_write_bytes);
+        let mut w = ValueWriter::new(kv.store.owned_by(ns), ns.dir, store::value_mode(&rec), max, kv.cfg.limits.max_inflight_write_bytes);
         while let Some(piece) = crate::ops::next_data(&mut body).await {
             w.push(piece?).await?;
         }
@@ -331,6 +402,21 @@ fn bool_response(ok: bool) -> Response<KvBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_tenant_has_its_consul_namespace() {
+        assert_eq!(consul_namespace_for("consul", 0), "consul");
+        assert_eq!(consul_namespace_for("consul", 20001), "consul.20001");
+        assert!(crate::keys::is_namespace_name(&consul_namespace_for("consul", u32::MAX)));
+        // Reserved names: only their tenant may take them natively.
+        assert!(native_may_use("consul", "consul.20001", 20001));
+        assert!(!native_may_use("consul", "consul.20001", 20002));
+        assert!(!native_may_use("consul", "consul.20001", 0));
+        assert!(!native_may_use("consul", "consul.x", 20001));
+        assert!(native_may_use("consul", "consul", 0));
+        assert!(native_may_use("consul", "consulx", 20001));
+        assert!(native_may_use("consul", "other", 20001));
+    }
 
     #[test]
     fn waits() {

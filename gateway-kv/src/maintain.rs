@@ -535,7 +535,10 @@ impl Maintainer {
             let Some(s) = st.get_mut(name) else { return Ok(()) };
             let now = record::now_ns();
             s.index.expire_pins(now);
-            (s.index.expired(now, 1024), Namespace { name: name.to_string(), dir: s.dir, config: s.config.clone(), owner_uid: 0 })
+            (
+                s.index.expired(now, 1024),
+                Namespace { name: name.to_string(), dir: s.dir, config: s.config.clone(), owner_uid: 0, owner_gid: 0 },
+            )
         };
         if victims.is_empty() {
             return Ok(());
@@ -622,7 +625,7 @@ impl Maintainer {
             let Some(s) = st.get(name) else { return Ok(0) };
             (
                 s.index.plan_eviction(&s.config, record::now_ns(), self.cfg.eviction_batch),
-                Namespace { name: name.into(), dir: s.dir, config: s.config.clone(), owner_uid: 0 },
+                Namespace { name: name.into(), dir: s.dir, config: s.config.clone(), owner_uid: 0, owner_gid: 0 },
             )
         };
         if victims.is_empty() {

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const XATTR_RECORD: &str = "user.kv.meta";
 /// Mode of a value without a record.
-pub const VALUE_MODE: u32 = 0o644;
+pub const VALUE_MODE: u32 = 0o600;
 /// Mode bit: the file has a [`Record`] in [`XATTR_RECORD`].
 pub const MODE_HAS_RECORD: u32 = 0o1000;
 /// Mode bit: the evictor picked this file and is about to remove it.

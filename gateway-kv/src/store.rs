@@ -18,7 +18,7 @@ use crate::keys::{self, KeyPath};
 use crate::record::{self, Record, XATTR_RECORD};
 use fskv_client::FsClient;
 use fskv_gateway::TenantIds;
-use fskv_proto::meta::{Expected, Inode, InodeKind, MetaOp, MetaReply, PublishAttrs, XattrFlag};
+use fskv_proto::meta::{Expected, Inode, InodeKind, MetaOp, MetaReply, NewOwner, PublishAttrs, XattrFlag};
 use fskv_types::{ErrorCode, InodeId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 pub const SYSTEM_DIR: &str = ".fskv-kv";
 pub const XATTR_NAMESPACE: &str = "user.kv.ns";
-pub const DIR_MODE: u32 = 0o755;
+/// Mode of continuation directories (and the gateway's own under `.fskv-kv`).
+pub const DIR_MODE: u32 = 0o700;
 /// Mode of a namespace's directory: only its tenant's uid (and root) gets
 /// in, so other local users see nothing of it through the FUSE mount.
 pub const NAMESPACE_DIR_MODE: u32 = 0o700;
@@ -49,6 +50,16 @@ pub struct Namespace {
     /// Owner uid of the namespace's directory: the uid of the tenant that
     /// owns it (root, 0, for tenant `default` and everything made before tenants).
     pub owner_uid: u32,
+    /// Owner gid of the namespace's directory (the tenant's gid).
+    pub owner_gid: u32,
+}
+
+impl Namespace {
+    /// Who owns the values and continuation directories made in it: the
+    /// namespace's tenant (set by meta in the creating transaction).
+    pub fn new_owner(&self) -> Option<NewOwner> {
+        Some(NewOwner { uid: self.owner_uid, gid: self.owner_gid })
+    }
 }
 
 /// The gateway's directories under `ROOT/.fskv-kv`.
@@ -84,6 +95,12 @@ pub enum Data {
 }
 
 impl Store {
+    /// The same store creating every inode owned by `ns`'s tenant (a
+    /// value's temp inode: see `body::ValueWriter`).
+    pub fn owned_by(&self, ns: &Namespace) -> Store {
+        Store { fs: self.fs.with_owner(ns.new_owner()), ..self.clone() }
+    }
+
     /// Resolves (and creates) `root_path` and the gateway's own directories.
     pub async fn open(fs: FsClient, root_path: &str) -> std::result::Result<Store, String> {
         let mut cur = InodeId::ROOT;
@@ -168,7 +185,7 @@ impl Store {
             Err(e) if e.code() == ErrorCode::NotFound => NamespaceConfig::default(),
             Err(e) => return Err(meta_err(e, name, no_such())),
         };
-        Ok(Namespace { name: name.into(), dir: dir.id, config, owner_uid: dir.acl.uid })
+        Ok(Namespace { name: name.into(), dir: dir.id, config, owner_uid: dir.acl.uid, owner_gid: dir.acl.gid })
     }
 
     pub fn forget_namespace(&self, name: &str) {
@@ -177,21 +194,15 @@ impl Store {
     }
 
     /// Creates the namespace if missing (owned by `owner`: its directory is
-    /// made 0700 and given to the tenant's uid/gid) and sets its settings.
-    /// An existing namespace of another owner is refused (403).
+    /// made 0700, the tenant's uid/gid from the transaction that makes it)
+    /// and sets its settings. An existing namespace of another owner is
+    /// refused (403).
     pub async fn put_namespace(&self, name: &str, config: &NamespaceConfig, owner: TenantIds) -> Result<(Arc<Namespace>, bool)> {
         if !keys::is_namespace_name(name) {
             return Err(KvError::InvalidNamespace(name.into()));
         }
-        let (dir, created) = match self.fs.meta().mkdir(self.root, name, NAMESPACE_DIR_MODE).await {
-            Ok(i) if i.acl.uid != owner.uid || i.acl.gid != owner.gid => {
-                let attr = fskv_proto::meta::SetAttr { uid: Some(owner.uid), gid: Some(owner.gid), ..Default::default() };
-                if let Err(e) = self.fs.meta().setattr(i.id, attr).await {
-                    let _ = self.fs.meta().rmdir(self.root, name).await;
-                    return Err(meta_err(e, name, KvError::NoSuchNamespace(name.into())));
-                }
-                (i.id, true)
-            }
+        let owned = self.fs.with_owner(Some(NewOwner { uid: owner.uid, gid: owner.gid }));
+        let (dir, created) = match owned.meta().mkdir(self.root, name, NAMESPACE_DIR_MODE).await {
             Ok(i) => (i.id, true),
             Err(e) if e.code() == ErrorCode::AlreadyExists => {
                 let i =
@@ -212,7 +223,7 @@ impl Store {
             .set_xattr(dir, XATTR_NAMESPACE, &json, XattrFlag::Any)
             .await
             .map_err(|e| meta_err(e, name, KvError::NoSuchNamespace(name.into())))?;
-        let ns = Arc::new(Namespace { name: name.into(), dir, config: config.clone(), owner_uid: owner.uid });
+        let ns = Arc::new(Namespace { name: name.into(), dir, config: config.clone(), owner_uid: owner.uid, owner_gid: owner.gid });
         self.namespaces.lock().insert(name.into(), (Arc::clone(&ns), Instant::now()));
         Ok((ns, created))
     }
@@ -389,13 +400,14 @@ impl Store {
     /// where missing.
     pub async fn ensure_parent(&self, ns: &Namespace, path: &KeyPath) -> Result<InodeId> {
         let mut cur = ns.dir;
+        let fs = self.fs.with_owner(ns.new_owner());
         for d in &path.dirs {
             if let Some(id) = self.cached_dir(cur, d) {
                 cur = id;
                 continue;
             }
             let parent = cur;
-            cur = mkdir_p(&self.fs, cur, d).await.map_err(KvError::KeyConflict)?;
+            cur = mkdir_p(&fs, cur, d).await.map_err(KvError::KeyConflict)?;
             self.cache_dir(parent, d, cur);
         }
         Ok(cur)
@@ -419,17 +431,15 @@ impl Store {
         }
         let attrs = PublishAttrs { length: None, mtime_ns: Some(index), xattrs };
         let mode = value_mode(record);
+        let fs = self.fs.with_owner(ns.new_owner());
         let mut attempt = 0;
         loop {
             attempt += 1;
             let parent = self.ensure_parent(ns, path).await?;
             let r = match data {
-                Data::Inline(b) => self
-                    .fs
-                    .meta()
-                    .create_write_publish(parent, &path.file, mode, b, expected.clone(), attrs.clone())
-                    .await
-                    .map_err(|e| e.code()),
+                Data::Inline(b) => {
+                    fs.meta().create_write_publish(parent, &path.file, mode, b, expected.clone(), attrs.clone()).await.map_err(|e| e.code())
+                }
                 Data::Temp(h) => self.fs.publish(h, parent, &path.file, expected.clone(), attrs.clone()).await.map_err(|e| e.code()),
             };
             match r {

@@ -42,6 +42,8 @@ pub struct Mq {
 
 /// One offset commit waiting for its group's next CAS.
 pub struct PendingCommit {
+    /// The tenant the commit is made for (checked against the group's owner).
+    tenant: String,
     member: Option<(String, u64)>,
     offsets: Vec<(String, u32, u64, String)>,
     reply: tokio::sync::oneshot::Sender<Result<()>>,
@@ -159,6 +161,8 @@ impl Mq {
             }
             CreateTopic(t) => {
                 let b: TopicBody = read_json_body(body, ctl, true).await?;
+                self.check_dead_letter_targets(&t, b.queues.iter().flatten().filter_map(|(_, q)| q.dead_letter_topic.as_deref()), tenant)
+                    .await?;
                 let meta = self.topic_from_body(&t, b, tenant)?;
                 self.store.create_topic(&meta).await?;
                 Ok(json_response(StatusCode::CREATED, &topic_json(&meta)))
@@ -166,6 +170,8 @@ impl Mq {
             DescribeTopic(t) => self.describe_topic(&t).await,
             UpdateTopic(t) => {
                 let b: TopicBody = read_json_body(body, ctl, false).await?;
+                self.check_dead_letter_targets(&t, b.queues.iter().flatten().filter_map(|(_, q)| q.dead_letter_topic.as_deref()), tenant)
+                    .await?;
                 self.update_topic(&t, b).await
             }
             DeleteTopic(t) => {
@@ -189,7 +195,7 @@ impl Mq {
             }
             PutQueue(t, q) => {
                 let b: QueueBody = read_json_body(body, ctl, true).await?;
-                self.put_queue(&t, &q, b).await
+                self.put_queue(&t, &q, b, tenant).await
             }
             DeleteQueue(t, q) => {
                 self.edit_topic(&t, |m| m.queues.remove(&q).map(drop).ok_or_else(|| MqError::NotFound(format!("queue {q:?}")))).await?;
@@ -245,21 +251,35 @@ impl Mq {
                 Ok(ok(json!({ "results": results })))
             }
             ListGroups => {
-                let names = list_names(&self.store.fs, self.store.groups).await?;
-                Ok(ok(json!({ "groups": names })))
+                let mut mine = Vec::new();
+                for name in list_names(&self.store.fs, self.store.groups).await? {
+                    match read_json::<GroupState>(&self.store.fs, self.store.groups, &name).await {
+                        Ok(Some(s)) if s.value.owner() == tenant => mine.push(name),
+                        _ => {}
+                    }
+                }
+                Ok(ok(json!({ "groups": mine })))
             }
-            DescribeGroup(g) => self.describe_group(&g).await,
+            DescribeGroup(g) => self.describe_group(&g, tenant).await,
             DeleteGroup(g) => {
                 check_topic_name(&g)?;
-                match self.store.fs.meta().unlink(self.store.groups, &g).await {
+                let cur = read_json::<GroupState>(&self.store.fs, self.store.groups, &g)
+                    .await?
+                    .ok_or_else(|| MqError::GroupNotFound(g.clone()))?;
+                cur.value.check_owner(tenant, &g)?;
+                // Removed only if it is still the file whose owner was checked.
+                match self.store.fs.meta().unlink_expected(self.store.groups, &g, cur.expected()).await {
                     Ok(()) => Ok(ok(json!({ "deleted": g }))),
                     Err(e) if e.code() == ErrorCode::NotFound => Err(MqError::GroupNotFound(g)),
+                    Err(e) if e.code() == ErrorCode::PreconditionFailed => {
+                        Err(MqError::Conflict(format!("group {g:?} changed while it was deleted; retry")))
+                    }
                     Err(e) => Err(crate::error::from_meta(e, &g)),
                 }
             }
             JoinGroup(g) | Heartbeat(g) | LeaveGroup(g) | CommitOffsets(g) => {
                 let v: Value = read_json_body(body, ctl, false).await?;
-                self.group_op(&g, op_kind(parts), v).await
+                self.group_op(&g, op_kind(parts), v, tenant).await
             }
         }
     }
@@ -412,12 +432,32 @@ impl Mq {
         Ok(ok(topic_json(&m)))
     }
 
-    async fn put_queue(&self, t: &str, q: &str, b: QueueBody) -> Result<Response<Bytes>> {
+    /// A queue's dead-letter topic must be another topic of the same
+    /// tenant: one of another tenant is refused (403 `AccessDenied`), as a
+    /// missing one is by `PUT …/queues/{q}` (404). Create and update of a
+    /// topic accept a target that does not exist yet; the move itself
+    /// checks the owners again (`partition::dead_letter_copy`), so a topic
+    /// another tenant creates later under that name never receives them.
+    async fn check_dead_letter_targets<'a>(&self, t: &str, targets: impl Iterator<Item = &'a str>, tenant: &str) -> Result<()> {
+        for d in targets {
+            if d == t {
+                return Err(MqError::InvalidRequest("a queue's dead-letter topic must be another topic".into()));
+            }
+            match self.store.topic(d).await {
+                Ok(m) => m.check_owner(tenant)?,
+                Err(MqError::TopicNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn put_queue(&self, t: &str, q: &str, b: QueueBody, tenant: &str) -> Result<Response<Bytes>> {
         if let Some(d) = &b.dead_letter_topic {
             if d == t {
                 return Err(MqError::InvalidRequest("a queue's dead-letter topic must be another topic".into()));
             }
-            self.store.topic(d).await?;
+            self.store.topic(d).await?.check_owner(tenant)?;
         }
         let this = self.clone();
         let mut b = Some(b);
@@ -755,16 +795,46 @@ impl Mq {
         Ok(qs.counts(state.hw, now_ms()))
     }
 
-    async fn describe_group(&self, g: &str) -> Result<Response<Bytes>> {
+    async fn describe_group(&self, g: &str, tenant: &str) -> Result<Response<Bytes>> {
         check_topic_name(g)?;
         let s = read_json::<GroupState>(&self.store.fs, self.store.groups, g).await?.ok_or_else(|| MqError::GroupNotFound(g.into()))?.value;
+        s.check_owner(tenant, g)?;
         Ok(ok(group_json(g, &s)))
     }
 
-    /// Runs one group transition with CAS, retried on conflicts.
+    /// Runs one group transition with CAS, retried on conflicts. The group
+    /// must be `tenant`'s (403 otherwise); one it creates is `tenant`'s,
+    /// recorded in the same CAS (`Expected::Absent`) that creates it.
     pub async fn group_update<R>(
         &self,
         g: &str,
+        tenant: &str,
+        create: bool,
+        extra_topics: &BTreeSet<String>,
+        mut f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
+    ) -> Result<R> {
+        self.group_update_inner(g, tenant, true, create, extra_topics, |st, parts| f(st, parts)).await
+    }
+
+    /// [`Mq::group_update`] without the owner check of an existing group:
+    /// for the commit leader, whose closure checks each queued commit's
+    /// tenant on its own (a group it creates is still `tenant`'s).
+    async fn group_update_any_owner<R>(
+        &self,
+        g: &str,
+        tenant: &str,
+        create: bool,
+        extra_topics: &BTreeSet<String>,
+        f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
+    ) -> Result<R> {
+        self.group_update_inner(g, tenant, false, create, extra_topics, f).await
+    }
+
+    async fn group_update_inner<R>(
+        &self,
+        g: &str,
+        tenant: &str,
+        check_owner: bool,
         create: bool,
         extra_topics: &BTreeSet<String>,
         mut f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
@@ -775,7 +845,15 @@ impl Mq {
             if cur.is_none() && !create {
                 return Err(MqError::GroupNotFound(g.into()));
             }
-            let mut state = cur.as_ref().map(|c| c.value.clone()).unwrap_or_default();
+            let mut state = match &cur {
+                Some(c) => {
+                    if check_owner {
+                        c.value.check_owner(tenant, g)?;
+                    }
+                    c.value.clone()
+                }
+                None => GroupState { tenant: tenant.to_string(), ..GroupState::default() },
+            };
             let mut counts: HashMap<String, u32> = HashMap::new();
             for t in state.subscribed_topics().iter().chain(extra_topics) {
                 if !counts.contains_key(t) {
@@ -815,17 +893,24 @@ impl Mq {
     /// | a commit arrives, a leader runs | it queues and waits for its answer |
     /// | leader round | take the queue; read the group; apply each commit to a copy, keeping it only if it succeeds; one CAS (retried from a fresh read on conflict); answer each |
     /// | queue empty after a round | the leader leaves (under the same lock the queue is checked with) |
-    pub async fn commit_coalesced(&self, g: &str, member: Option<(String, u64)>, offsets: Vec<(String, u32, u64, String)>) -> Result<()> {
+    pub async fn commit_coalesced(
+        &self,
+        g: &str,
+        tenant: &str,
+        member: Option<(String, u64)>,
+        offsets: Vec<(String, u32, u64, String)>,
+    ) -> Result<()> {
+        let tenant = tenant.to_string();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let lead = {
             let mut m = self.commits.lock();
             match m.get_mut(g) {
                 Some(q) => {
-                    q.push(PendingCommit { member, offsets, reply: tx });
+                    q.push(PendingCommit { tenant, member, offsets, reply: tx });
                     false
                 }
                 None => {
-                    m.insert(g.to_string(), vec![PendingCommit { member, offsets, reply: tx }]);
+                    m.insert(g.to_string(), vec![PendingCommit { tenant, member, offsets, reply: tx }]);
                     true
                 }
             }
@@ -855,10 +940,17 @@ impl Mq {
                 }
             };
             let now = now_ms();
+            // A group this round creates is the first commit's tenant's;
+            // every commit is checked against the owner on its own.
+            let creator = batch.first().map(|c| c.tenant.clone()).unwrap_or_default();
             let r = self
-                .group_update(g, true, &BTreeSet::new(), |st, parts| {
+                .group_update_any_owner(g, &creator, true, &BTreeSet::new(), |st, parts| {
                     let mut results = Vec::with_capacity(batch.len());
                     for c in &batch {
+                        if let Err(e) = st.check_owner(&c.tenant, g) {
+                            results.push(Err(e));
+                            continue;
+                        }
                         let mut trial = st.clone();
                         let who = c.member.as_ref().map(|(m, gen)| (m.as_str(), *gen));
                         match trial.commit(who, &c.offsets, now, parts, &limits) {
@@ -887,7 +979,7 @@ impl Mq {
         }
     }
 
-    async fn group_op(&self, g: &str, kind: &str, v: Value) -> Result<Response<Bytes>> {
+    async fn group_op(&self, g: &str, kind: &str, v: Value, tenant: &str) -> Result<Response<Bytes>> {
         let limits = GroupLimits::default();
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
         let now = now_ms();
@@ -901,7 +993,7 @@ impl Mq {
                     None => return Err(MqError::InvalidRequest("join needs \"topics\": [..]".into())),
                 };
                 for t in &topics {
-                    self.store.topic(t).await?;
+                    self.store.topic(t).await?.check_owner(tenant)?;
                 }
                 let member = s("member_id").filter(|m| !m.is_empty()).unwrap_or_else(|| format!("m-{:016x}", rand::random::<u64>()));
                 if member.len() > 255 {
@@ -910,18 +1002,21 @@ impl Mq {
                 let client = s("client_id").unwrap_or_default();
                 let timeout = v.get("session_timeout_ms").and_then(Value::as_u64).unwrap_or(10_000);
                 let view = self
-                    .group_update(g, true, &topics, |st, parts| st.join(&member, &client, topics.clone(), timeout, now, parts, &limits))
+                    .group_update(g, tenant, true, &topics, |st, parts| {
+                        st.join(&member, &client, topics.clone(), timeout, now, parts, &limits)
+                    })
                     .await?;
                 Ok(ok(view_json(&view)))
             }
             "heartbeat" => {
                 let member = s("member_id").ok_or_else(|| MqError::InvalidRequest("heartbeat needs member_id".into()))?;
-                let view: MemberView = self.group_update(g, false, &BTreeSet::new(), |st, parts| st.heartbeat(&member, now, parts)).await?;
+                let view: MemberView =
+                    self.group_update(g, tenant, false, &BTreeSet::new(), |st, parts| st.heartbeat(&member, now, parts)).await?;
                 Ok(ok(view_json(&view)))
             }
             "leave" => {
                 let member = s("member_id").ok_or_else(|| MqError::InvalidRequest("leave needs member_id".into()))?;
-                self.group_update(g, false, &BTreeSet::new(), |st, parts| st.leave(&member, now, parts)).await?;
+                self.group_update(g, tenant, false, &BTreeSet::new(), |st, parts| st.leave(&member, now, parts)).await?;
                 Ok(ok(json!({ "left": member })))
             }
             _ => {
@@ -937,6 +1032,7 @@ impl Mq {
                     .and_then(Value::as_array)
                     .ok_or_else(|| MqError::InvalidRequest("commit needs \"offsets\": [..]".into()))?;
                 let mut offsets = Vec::with_capacity(list.len());
+                let mut checked = BTreeSet::new();
                 for o in list {
                     let topic = o
                         .get("topic")
@@ -952,6 +1048,10 @@ impl Mq {
                         .ok_or_else(|| MqError::InvalidRequest("offset entry without offset".into()))?;
                     let metadata = o.get("metadata").and_then(Value::as_str).unwrap_or("").to_string();
                     check_topic_name(topic)?;
+                    if !checked.contains(topic) {
+                        self.store.topic(topic).await?.check_owner(tenant)?;
+                        checked.insert(topic.to_string());
+                    }
                     let partition = u32::try_from(partition).map_err(|_| MqError::InvalidRequest("partition out of range".into()))?;
                     offsets.push((topic.to_string(), partition, offset, metadata));
                 }
@@ -959,7 +1059,7 @@ impl Mq {
                     return Err(MqError::InvalidRequest("commit needs at least one offset".into()));
                 }
                 let n = offsets.len();
-                self.commit_coalesced(g, who.map(|(m, gen)| (m.to_string(), gen)), offsets).await?;
+                self.commit_coalesced(g, tenant, who.map(|(m, gen)| (m.to_string(), gen)), offsets).await?;
                 Ok(ok(json!({ "committed": n })))
             }
         }

@@ -15,6 +15,13 @@
 //! | commit with (member, generation) | member must exist (`UnknownMemberId`) and generation be current (`IllegalGeneration`): a consumer of an old generation cannot commit |
 //! | commit without a member | only while the group has no members (a standalone consumer, as Kafka's generation -1) |
 //!
+//! Ownership: a group belongs to the tenant whose join or commit created it
+//! ([`GroupState::tenant`], in the same file and CAS as the group itself);
+//! every call of another tenant (join, heartbeat, leave, commit, describe —
+//! which is how offsets are fetched —, delete) gets 403 `AccessDenied` and
+//! changes nothing; ListGroups lists the caller's groups only. Group names
+//! stay global, as topic names.
+//!
 //! Assignment: per topic, the members subscribed to it in member-id order
 //! get contiguous ranges of its partitions, the first `n % m` one more
 //! (Kafka's range assignor).
@@ -69,6 +76,11 @@ pub struct GroupState {
     pub assignment: BTreeMap<String, Vec<(String, u32)>>,
     /// "topic/partition" → committed offset.
     pub offsets: BTreeMap<String, Committed>,
+    /// The tenant owning the group: written with the group's file when the
+    /// first join or commit creates it (one CAS with `Expected::Absent`);
+    /// empty for groups made before tenants (`default`'s).
+    #[serde(default)]
+    pub tenant: String,
 }
 
 /// What a member learns from join or heartbeat.
@@ -85,6 +97,24 @@ pub fn offset_key(topic: &str, partition: u32) -> String {
 }
 
 impl GroupState {
+    /// The owning tenant (`default` for a group made before tenants).
+    pub fn owner(&self) -> &str {
+        if self.tenant.is_empty() {
+            "default"
+        } else {
+            &self.tenant
+        }
+    }
+
+    /// `Ok` when `tenant` owns the group, else 403 `AccessDenied`.
+    pub fn check_owner(&self, tenant: &str, name: &str) -> Result<(), MqError> {
+        if self.owner() == tenant {
+            Ok(())
+        } else {
+            Err(MqError::AccessDenied(format!("group {name:?} belongs to another tenant")))
+        }
+    }
+
     /// Removes members whose session timed out; true if any was.
     pub fn expire(&mut self, now_ms: u64) -> bool {
         let before = self.members.len();

@@ -1278,7 +1278,7 @@ impl Actor {
         let (topic, partition) = self.key.clone();
         let DeadLetter { target: dlq, queue, offset, record: rec } = d;
         tokio::spawn(async move {
-            let ok = match dead_letter_copy(&writer, &dlq, &rec).await {
+            let ok = match dead_letter_copy(&writer, &topic, &dlq, &rec).await {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(dead_letter_topic = %dlq, offset, error = %e, "moving a message to its dead-letter topic failed; it stays in the queue");
@@ -1550,9 +1550,16 @@ async fn discard(store: &Store, pdir: InodeId, seg: FileHandle, idx: FileHandle,
     let _ = store.fs.meta().unlink(pdir, &name.replace(".log", ".idx")).await;
 }
 
-/// Copies a message to a dead-letter topic (partition by key hash, 0 without a key).
-async fn dead_letter_copy(writer: &Writer, dlq: &str, rec: &StoredRecord) -> Result<()> {
+/// Copies a message of `topic` to its dead-letter topic (partition by key
+/// hash, 0 without a key), only if both belong to the same tenant (a target
+/// named before another tenant created a topic of that name is refused:
+/// the message stays in its queue).
+async fn dead_letter_copy(writer: &Writer, topic: &str, dlq: &str, rec: &StoredRecord) -> Result<()> {
     let meta = writer.inner.store.topic(dlq).await?;
+    let source = writer.inner.store.topic(topic).await?;
+    if meta.owner() != source.owner() {
+        return Err(MqError::AccessDenied(format!("dead-letter topic {dlq:?} belongs to another tenant than {topic:?}")));
+    }
     let partition = match &rec.record.key {
         Some(k) => crate::record::partition_for_key(k, meta.partitions),
         None => 0,

@@ -106,9 +106,30 @@ impl Store {
         Ok(store)
     }
 
-    /// The same store acting for `caller`.
+    /// The same store acting for `caller`: every inode it creates (the
+    /// bucket, prefix directories, objects and their temp inodes, upload
+    /// directories and parts) is owned by the tenant's uid/gid, set by meta
+    /// in the creating transaction (`MetaRequest::owner`; the gateway acts
+    /// as root, which alone may name an owner).
     pub fn for_caller(&self, caller: Caller) -> Store {
-        Store { caller: Some(caller), ..self.clone() }
+        let owner = fskv_proto::meta::NewOwner { uid: caller.ids.uid, gid: caller.ids.gid };
+        Store { fs: self.fs.with_owner(Some(owner)), caller: Some(caller), ..self.clone() }
+    }
+
+    /// The same store creating root-owned inodes: for the gateway's own
+    /// directories (the multipart staging `.fskv-uploads/<bucket>`), which
+    /// no tenant's local user may enter.
+    pub fn system(&self) -> Store {
+        Store { fs: self.fs.with_owner(None), ..self.clone() }
+    }
+
+    /// The owner a chown gives an inode of this store's tenant (`None`:
+    /// the gateway's own work).
+    pub fn owner_attr(&self) -> (Option<u32>, Option<u32>) {
+        match &self.caller {
+            Some(c) => (Some(c.ids.uid), Some(c.ids.gid)),
+            None => (None, None),
+        }
     }
 
     /// Puts the root to [`ROOT_MODE`] and every bucket made before tenants

@@ -27,7 +27,7 @@ use crate::meta::{CloseEnd, MetaClient, MetaClientConfig, MetaClientError};
 use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use crate::storage::{ReadSpec, StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
-use fskv_proto::meta::{chain_for_chunk, Expected, FileLayout, Inode, PublishAttrs, UserInfo};
+use fskv_proto::meta::{chain_for_chunk, Expected, FileLayout, Inode, NewOwner, PublishAttrs, UserInfo};
 use fskv_proto::storage::CopySource;
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
@@ -319,6 +319,12 @@ impl FsClient {
     /// routing and counters); the FUSE mount uses one per request's caller.
     pub fn with_user(&self, user: UserInfo) -> FsClient {
         FsClient { meta: self.meta.with_user(user), ..self.clone() }
+    }
+
+    /// The same client with every inode it creates owned by `owner`
+    /// ([`MetaClient::with_owner`]; the client must act as root).
+    pub fn with_owner(&self, owner: Option<NewOwner>) -> FsClient {
+        FsClient { meta: self.meta.with_owner(owner), ..self.clone() }
     }
 
     /// The same client with metadata changes acknowledged before they are

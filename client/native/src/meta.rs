@@ -72,6 +72,8 @@ pub struct MetaClientConfig {
     pub rpc: ClientConfig,
     /// Send changes as `relaxed` (see [`MetaClient::with_relaxed_durability`]).
     pub relaxed: bool,
+    /// Owner of every inode created (`MetaRequest::owner`; see [`MetaClient::with_owner`]).
+    pub owner: Option<NewOwner>,
 }
 
 impl MetaClientConfig {
@@ -84,6 +86,7 @@ impl MetaClientConfig {
             retry_backoff_ms: 5,
             rpc: ClientConfig::default(),
             relaxed: false,
+            owner: None,
         }
     }
 }
@@ -131,7 +134,17 @@ impl MetaClient {
             user: self.cfg.user.clone(),
             op,
             relaxed: self.cfg.relaxed,
+            owner: self.cfg.owner,
         }
+    }
+
+    /// The same client with every inode it creates owned by `owner` (set by
+    /// meta in the creating transaction; meta accepts it only from a client
+    /// acting as uid 0). The gateways use one per request of a tenant.
+    pub fn with_owner(&self, owner: Option<NewOwner>) -> Self {
+        let mut cfg = (*self.cfg).clone();
+        cfg.owner = owner;
+        MetaClient { rpc: self.rpc.clone(), cfg: Arc::new(cfg), client_id: self.client_id, next_request_id: self.next_request_id.clone() }
     }
 
     /// The same client with every change sent as `relaxed` (acknowledged

@@ -89,6 +89,9 @@ pub struct OpCtx<'a> {
     pub user: &'a UserInfo,
     pub client_id: u64,
     pub prep: &'a Prepared,
+    /// Owner of the inodes the op creates (`MetaRequest::owner`); only for
+    /// a uid-0 user, checked in [`new_inode`].
+    pub owner: Option<NewOwner>,
 }
 
 // ---------- small helpers ----------
@@ -263,13 +266,24 @@ pub async fn drop_link(txn: &mut dyn Transaction, id: InodeId, now_ns: u64) -> M
 
 fn new_inode(ctx: &OpCtx<'_>, data: InodeData, mode: u32, nlink: u32, parent: &Inode) -> MetaResult<Inode> {
     let id = ctx.prep.new_id.ok_or_else(|| MetaError::Internal("no inode id prepared".into()))?;
-    // setgid directory: children inherit its group.
-    let gid = if parent.acl.mode & 0o2000 != 0 { parent.acl.gid } else { ctx.user.gid };
+    // | request | new inode's uid | gid |
+    // |---|---|---|
+    // | no owner named | the user's | the parent's if it is setgid, else the user's |
+    // | owner named, user uid 0 | the owner's | the owner's (it is explicit) |
+    // | owner named, any other user | refused: `PermissionDenied` (only root may give an inode away) | |
+    let (uid, gid) = match ctx.owner {
+        Some(o) if ctx.user.uid == 0 => (o.uid, o.gid),
+        Some(o) => {
+            return Err(MetaError::PermissionDenied(format!("uid {} may not create inodes owned by uid {}", ctx.user.uid, o.uid)));
+        }
+        None if parent.acl.mode & 0o2000 != 0 => (ctx.user.uid, parent.acl.gid),
+        None => (ctx.user.uid, ctx.user.gid),
+    };
     let now = ctx.prep.now_ns;
     Ok(Inode {
         id,
         data,
-        acl: Acl { uid: ctx.user.uid, gid, mode: mode & MODE_PERM_MASK },
+        acl: Acl { uid, gid, mode: mode & MODE_PERM_MASK },
         nlink,
         atime_ns: now,
         mtime_ns: now,

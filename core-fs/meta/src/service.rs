@@ -431,7 +431,7 @@ impl Inner {
     async fn cut_chunks_first(&self, req: &MetaRequest, prep: &Prepared, id: InodeId, length: u64, session: u64) -> MetaResult<()> {
         let layout = {
             let mut txn = self.engine.begin().await?;
-            let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep };
+            let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep, owner: req.owner };
             ops::truncate_check(&mut *txn, &ctx, id, session).await?
         };
         if let Some(layout) = layout {
@@ -556,7 +556,7 @@ impl Inner {
                 return Ok(rec.reply);
             }
         }
-        let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep };
+        let ctx = OpCtx { cfg: &self.cfg, user: &req.user, client_id: req.client_id, prep, owner: req.owner };
         let reply = ops::apply(txn, &ctx, &req.op).await?;
         if recorded {
             txn.set(&key, &encode(&IdempotencyValue { created_ns: prep.now_ns, op: op_name(&req.op).to_string(), reply: reply.clone() })?)?;

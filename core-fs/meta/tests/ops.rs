@@ -69,6 +69,46 @@ async fn root_exists_and_basic_namespace_ops() {
     fs.fsck_clean().await;
 }
 
+/// `MetaRequest::owner`: root creates inodes owned by another uid/gid in
+/// the creating transaction (the gateways' tenants); nobody else may.
+#[tokio::test]
+async fn an_owner_named_by_root_owns_what_it_creates() {
+    let fs = Fs::new().await;
+    let tenant = fs.owning_as(20001, 20001);
+    let bucket = tenant.inode(MetaOp::Mkdir { parent: ROOT, name: "b".into(), mode: 0o700 }).await.unwrap();
+    assert_eq!((bucket.acl.uid, bucket.acl.gid, bucket.acl.mode), (20001, 20001, 0o700));
+    // A setgid parent does not override the named owner's gid.
+    let sg = fs.mkdir(ROOT, "sg").await.unwrap();
+    fs.op(MetaOp::SetAttr { inode: sg.id, attr: SetAttr { mode: Some(0o2711), gid: Some(5), ..Default::default() } }).await.unwrap();
+    let f = tenant.create(sg.id, "f").await.unwrap();
+    assert_eq!((f.acl.uid, f.acl.gid), (20001, 20001));
+    let temp = tenant.inode(MetaOp::CreateUnlinked { parent: bucket.id, mode: 0o600 }).await.unwrap();
+    assert_eq!((temp.acl.uid, temp.acl.gid), (20001, 20001));
+    let small = tenant
+        .inode(MetaOp::CreateWritePublish {
+            parent: bucket.id,
+            name: "small".into(),
+            mode: 0o600,
+            data: b"x".to_vec(),
+            expected: None,
+            attrs: PublishAttrs::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!((small.acl.uid, small.acl.gid), (20001, 20001));
+    // Without an owner, root's creations stay root's.
+    assert_eq!(fs.create(bucket.id, "g").await.unwrap().acl.uid, 0);
+    // Any other user naming an owner is refused and nothing is created.
+    let alice = fs.as_user(1000, 1000).owning_as(1000, 1000);
+    let home = fs.mkdir(ROOT, "home").await.unwrap();
+    fs.op(MetaOp::SetAttr { inode: home.id, attr: SetAttr { uid: Some(1000), gid: Some(1000), ..Default::default() } }).await.unwrap();
+    assert_eq!(code(alice.mkdir(home.id, "d").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(alice.create(home.id, "f").await), ErrorCode::PermissionDenied);
+    assert_eq!(code(fs.lookup(home.id, "d").await), ErrorCode::NotFound);
+    assert_eq!(code(fs.lookup(home.id, "f").await), ErrorCode::NotFound);
+    fs.fsck_clean().await;
+}
+
 #[tokio::test]
 async fn permission_checks() {
     let fs = Fs::new().await;
@@ -549,7 +589,7 @@ async fn concurrent_creates_in_one_directory_do_not_conflict() {
     let mut t1 = engine.begin().await.unwrap();
     let mut t2 = engine.begin().await.unwrap();
     for (txn, (prep, name)) in [(&mut t1, (&preps[0], "a")), (&mut t2, (&preps[1], "b"))] {
-        let ctx = OpCtx { cfg: &cfg, user: &user, client_id: 1, prep };
+        let ctx = OpCtx { cfg: &cfg, user: &user, client_id: 1, prep, owner: None };
         let op = MetaOp::Create { parent: d.id, name: name.into(), mode: 0o644, exclusive: true, write: false };
         ops::apply(&mut **txn, &ctx, &op).await.unwrap();
     }

@@ -576,6 +576,21 @@ pub struct MetaRequest {
     pub user: UserInfo,
     pub op: MetaOp,
     pub relaxed: bool,
+    /// Owner of every inode this request creates (`Mkdir`, `Create`,
+    /// `CreateUnlinked`, `CreateWritePublish`, …) instead of `user`'s
+    /// uid/gid, set in the same transaction as the inode (no window where it
+    /// is the creator's). Only a request acting as uid 0 may name one
+    /// (anyone else: `PermissionDenied`, nothing created): the gateways act
+    /// as root and create a tenant's buckets, objects and values owned by
+    /// the tenant's uid/gid (docs/security.md, "Tenants, users and owners").
+    pub owner: Option<NewOwner>,
+}
+
+/// The uid/gid a request's new inodes get (see [`MetaRequest::owner`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewOwner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Asks meta to make every change it acknowledged so far durable.

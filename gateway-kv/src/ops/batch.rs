@@ -286,6 +286,8 @@ impl Kv {
         let mut cur: Option<(ItemHead, Record, ValueWriter, u64)> = None;
         let mut guards = Vec::new();
         let default_ttl = (ns.config.default_ttl_ms > 0).then_some(ns.config.default_ttl_ms);
+        // Temp inodes of the values: the namespace's tenant's.
+        let owned = self.store.owned_by(ns);
         let mut ended = false;
         loop {
             while let Some(ev) = dec.next()? {
@@ -300,7 +302,7 @@ impl Kv {
                             m.admit(ns, &h.key, h.value_len).await?;
                         }
                         let w = ValueWriter::new(
-                            self.store.clone(),
+                            owned.clone(),
                             ns.dir,
                             store::value_mode(&rec),
                             limits.max_value_bytes,

@@ -37,6 +37,9 @@ impl Kv {
     }
 
     pub async fn put_namespace(&self, name: &str, body: RequestBody, owner: fskv_gateway::TenantIds) -> Result<Response<KvBody>> {
+        if !crate::consul::native_may_use(&self.cfg.consul_namespace, name, owner.uid) {
+            return Err(KvError::AccessDenied(format!("namespace {name:?} is reserved for another tenant's Consul API")));
+        }
         let bytes = collect(body).await?;
         let existing = match self.store.namespace(name).await {
             Ok(ns) if ns.owner_uid != owner.uid => {

@@ -248,7 +248,7 @@ impl Kv {
             m.admit(&ns, key, declared.unwrap_or(0)).await?;
         }
         let limits = &self.cfg.limits;
-        let mut w = ValueWriter::new(self.store.clone(), ns.dir, store::value_mode(&rec), max, limits.max_inflight_write_bytes);
+        let mut w = ValueWriter::new(self.store.owned_by(&ns), ns.dir, store::value_mode(&rec), max, limits.max_inflight_write_bytes);
         while let Some(piece) = next_data(&mut body).await {
             w.push(piece?).await?;
         }

@@ -32,20 +32,10 @@ impl Gateway {
             ));
         }
         let meta = self.store.fs.meta();
+        // The store of a request creates as its tenant: the directory is
+        // the tenant's uid/gid from the transaction that makes it.
         match meta.mkdir(self.store.root, name, DIR_MODE).await {
-            Ok(dir) => match &self.store.caller {
-                // Made as root (the gateway's identity), then given to the
-                // tenant: until the chown it is root's (tenant `default`'s).
-                Some(c) if dir.acl.uid != c.ids.uid || dir.acl.gid != c.ids.gid => {
-                    let attr = fskv_proto::meta::SetAttr { uid: Some(c.ids.uid), gid: Some(c.ids.gid), ..Default::default() };
-                    if let Err(e) = meta.setattr(dir.id, attr).await {
-                        let _ = meta.rmdir(self.store.root, name).await;
-                        return Err(error::from_meta(e, name));
-                    }
-                    Ok(())
-                }
-                _ => Ok(()),
-            },
+            Ok(_) => Ok(()),
             Err(e) if e.code() == ErrorCode::AlreadyExists => match meta.lookup(self.store.root, name).await {
                 Ok(dir) if self.store.owns(&dir) => {
                     Err(S3Error::with_message(S3ErrorCode::BucketAlreadyOwnedByYou, format!("bucket {name:?} exists and is yours")))

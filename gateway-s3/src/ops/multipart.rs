@@ -196,7 +196,8 @@ impl Gateway {
     async fn uploads_dir(&self, bucket: &str, create: bool) -> Result<Option<InodeId>, S3Error> {
         let comps = [UPLOADS_DIR.to_string(), bucket.to_string()];
         if create {
-            return self.store.ensure_dirs(self.store.root, &comps, bucket).await.map(Some);
+            // Root's, whoever asks: the staging is shared by every bucket.
+            return self.store.system().ensure_dirs(self.store.root, &comps, bucket).await.map(Some);
         }
         Ok(self.store.ensure_dirs_existing(self.store.root, &comps).await)
     }
@@ -762,7 +763,12 @@ impl Gateway {
         }
         let data = fs.meta().lookup(dir, DATA_FILE).await.map_err(|e| error::from_meta(e, "upload data"))?;
         meta.mtime_ns = write::now_ns();
-        let attr = fskv_proto::meta::SetAttr { mtime_ns: Some(meta.mtime_ns), atime_ns: Some(meta.mtime_ns), ..Default::default() };
+        // The owner too: `data` of an upload started before objects were
+        // created owned by their tenant is root's; it becomes the tenant's
+        // here, in the call that sets the mtime (no extra call).
+        let (uid, gid) = self.store.owner_attr();
+        let attr =
+            fskv_proto::meta::SetAttr { mtime_ns: Some(meta.mtime_ns), atime_ns: Some(meta.mtime_ns), uid, gid, ..Default::default() };
         fs.meta().setattr(data.id, attr).await.map_err(|e| error::from_meta(e, key))?;
         fs.meta().set_xattr(data.id, XATTR_META, &meta.encode(), XattrFlag::Any).await.map_err(|e| error::from_meta(e, key))?;
         if let Some(t) = tags {

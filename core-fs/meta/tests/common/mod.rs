@@ -18,6 +18,8 @@ pub struct Fs {
     pub storage: Arc<FakeStorage>,
     pub user: UserInfo,
     pub client_id: u64,
+    /// `MetaRequest::owner` of every request.
+    pub owner: Option<NewOwner>,
     next: Arc<AtomicU64>,
 }
 
@@ -30,7 +32,7 @@ impl Fs {
         let storage = Arc::new(FakeStorage::new());
         let svc = MetaService::open(engine, storage.clone() as Arc<dyn StorageBackend>, cfg).await.unwrap();
         // Random like a real client: two Fs on one engine must not share request ids.
-        Fs { svc, storage, user: UserInfo::root(), client_id: rand::random::<u64>() | 1, next: Arc::new(AtomicU64::new(1)) }
+        Fs { svc, storage, user: UserInfo::root(), client_id: rand::random::<u64>() | 1, owner: None, next: Arc::new(AtomicU64::new(1)) }
     }
 
     /// Acting as root on an existing service (whose storage is not the fake).
@@ -40,6 +42,7 @@ impl Fs {
             storage: Arc::new(FakeStorage::new()),
             user: UserInfo::root(),
             client_id: rand::random::<u64>() | 1,
+            owner: None,
             next: Arc::new(AtomicU64::new(1)),
         }
     }
@@ -50,6 +53,19 @@ impl Fs {
             storage: self.storage.clone(),
             user: UserInfo::new(uid, gid),
             client_id: self.client_id + u64::from(uid) * 1000,
+            owner: None,
+            next: self.next.clone(),
+        }
+    }
+
+    /// The same user, every inode it creates owned by `uid`/`gid`.
+    pub fn owning_as(&self, uid: u32, gid: u32) -> Fs {
+        Fs {
+            svc: self.svc.clone(),
+            storage: self.storage.clone(),
+            user: self.user.clone(),
+            client_id: self.client_id + 7,
+            owner: Some(NewOwner { uid, gid }),
             next: self.next.clone(),
         }
     }
@@ -61,6 +77,7 @@ impl Fs {
             user: self.user.clone(),
             op,
             relaxed: false,
+            owner: self.owner,
         }
     }
 
