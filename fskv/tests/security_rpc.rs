@@ -417,6 +417,7 @@ fn a_user_key_acts_as_its_user_and_storage_wants_capabilities() {
         user: UserInfo::root(),
         op: MetaOp::SetAttr { inode: secret.id, attr: fskv_proto::meta::SetAttr { mode: Some(0o666), ..Default::default() } },
         relaxed: false,
+        owner: None,
     };
     let err = rt.block_on(user.call::<MetaCall>(&meta_addr, &chmod, Bytes::new(), opts)).unwrap_err();
     assert_eq!(err.code(), ErrorCode::PermissionDenied, "{err}");
