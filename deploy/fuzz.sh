@@ -32,6 +32,7 @@ kv_fields          gateway-kv/fuzz           none
 mq_records         gateway-mq/fuzz           none
 mq_sqs             gateway-mq/fuzz           none
 request_fields     gateway-s3/fuzz           none
+gateway_auth       gateway/fuzz              none
 usrbio_names       client/usrbio/fuzz        none
 usrbio_ring        client/usrbio/fuzz        address
 chunk_records      core-fs/chunk-engine/fuzz none
