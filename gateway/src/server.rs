@@ -38,7 +38,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -149,6 +149,8 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     state: watch::Sender<RunState>,
     accept: tokio::task::JoinHandle<()>,
+    /// The accept loop of the Unix socket named by [`UNIX_SOCKET_ENV`], if any.
+    accept_unix: Option<(tokio::task::JoinHandle<()>, UnixSocketFile)>,
     sweep: tokio::task::JoinHandle<()>,
     conns: Arc<Semaphore>,
     max_connections: u32,
@@ -159,9 +161,12 @@ impl ServerHandle {
     /// Stops accepting, lets requests in flight finish (idle connections
     /// close at once) for up to `shutdown_grace_ms`, then closes the rest.
     pub async fn stop(self) {
-        let ServerHandle { state, accept, sweep, conns, max_connections, grace, .. } = self;
+        let ServerHandle { state, accept, accept_unix, sweep, conns, max_connections, grace, .. } = self;
         let _ = state.send(RunState::Draining);
         let _ = accept.await;
+        if let Some((a, _file)) = accept_unix {
+            let _ = a.await;
+        }
         let all = |conns: Arc<Semaphore>| async move { conns.acquire_many_owned(max_connections).await.map(drop) };
         if tokio::time::timeout(grace, all(Arc::clone(&conns))).await.is_err() {
             tracing::info!(
@@ -228,10 +233,121 @@ pub fn serve_on<P: Protocol>(
         conns: Arc::clone(&conns),
         peers: Arc::default(),
     });
-    tracing::info!(%addr, protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
+    let unix = match unix_socket_from_env() {
+        None => None,
+        Some(path) => {
+            let l = UnixListener::bind(&path)
+                .map_err(|e| GatewayError::Setup(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
+            Some((l, UnixSocketFile(path)))
+        }
+    };
+    tracing::info!(%addr, unix = ?unix.as_ref().map(|(_, f)| &f.0), protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
+    let accept_unix = unix.map(|(l, file)| (tokio::spawn(accept_loop(UnixAccept(l), Arc::clone(&inner), state_rx.clone())), file));
+    let unix_path = accept_unix.as_ref().map(|(_, f)| f.0.clone());
     let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
-    notify_ready(addr);
-    Ok(ServerHandle { addr, state, accept, sweep, conns, max_connections, grace })
+    notify_ready(addr, unix_path.as_deref());
+    Ok(ServerHandle { addr, state, accept, accept_unix, sweep, conns, max_connections, grace })
+}
+
+/// The environment variable naming a Unix socket path on which a gateway
+/// process also serves, besides `--listen` (the first server that starts in
+/// the process; ignored when unset). The front starts its gateway processes
+/// with a path in its own 0700 directory and sends their requests there:
+/// on one host a Unix socket costs less per request than a loopback TCP
+/// connection (no TCP/IP stack, no acknowledgements). The path must not
+/// exist; the server removes the file when it stops.
+pub const UNIX_SOCKET_ENV: &str = "FSKV_GATEWAY_UNIX_SOCKET";
+
+fn unix_socket_from_env() -> Option<std::path::PathBuf> {
+    static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let v = std::env::var_os(UNIX_SOCKET_ENV).filter(|v| !v.is_empty())?;
+    if USED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
+    Some(std::path::PathBuf::from(v))
+}
+
+/// A bound Unix socket's file, removed when the server is done with it.
+struct UnixSocketFile(std::path::PathBuf);
+
+impl Drop for UnixSocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// What the accept loop needs of a listener.
+trait Accept: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static;
+    fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, SocketAddr)>> + Send;
+}
+
+/// How long, and for how many bytes, a connection whose HTTP exchange ended
+/// keeps reading (and discarding) what its peer still sends before it is
+/// closed ("lingering close").
+///
+/// | the connection ended … | without lingering | with it |
+/// |---|---|---|
+/// | the peer closed it (keep-alive over) | — | the first read sees EOF: closed at once |
+/// | the response went out before the request body was read (an early 4xx: 411, 413, 403) | the socket closes with the body's rest arriving: TCP answers it with RST, which can destroy the response still in the peer's receive buffer; on a Unix socket the peer's next write fails at once (the front then reports 502 instead of the answer) | the peer finishes sending, reads the answer, closes |
+/// | by a timeout or an abort (`Signal::Close`) | closed | closed (no lingering) |
+const LINGER_MS: u64 = 1_000;
+const LINGER_MAX_BYTES: usize = 1 << 20;
+
+/// A second descriptor of an accepted socket, kept while hyper owns the
+/// stream, so the socket outlives hyper's close for [`linger`].
+struct LingerFd(std::os::fd::OwnedFd);
+
+impl LingerFd {
+    fn of(stream: &impl std::os::fd::AsRawFd) -> Option<LingerFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: dup(2) of a descriptor the stream owns; the new one is ours.
+        let fd = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        // SAFETY: fd is a fresh descriptor owned by nothing else.
+        (fd >= 0).then(|| LingerFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+}
+
+/// Reads and discards what the peer still sends, until EOF, [`LINGER_MS`]
+/// or [`LINGER_MAX_BYTES`], then closes (hyper has already sent its FIN).
+async fn linger(fd: LingerFd) {
+    // The socket is a stream socket either way; reading through a UnixStream
+    // wrapper is plain read(2) on it.
+    let std = std::os::unix::net::UnixStream::from(fd.0);
+    if std.set_nonblocking(true).is_err() {
+        return;
+    }
+    let Ok(mut s) = tokio::net::UnixStream::from_std(std) else { return };
+    let deadline = Instant::now() + Duration::from_millis(LINGER_MS);
+    let mut buf = vec![0u8; 16 << 10];
+    let mut total = 0usize;
+    while total < LINGER_MAX_BYTES {
+        match tokio::time::timeout_at(deadline, tokio::io::AsyncReadExt::read(&mut s, &mut buf)).await {
+            Ok(Ok(n)) if n > 0 => total += n,
+            _ => return,
+        }
+    }
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+    async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
+        let (s, peer) = TcpListener::accept(self).await?;
+        let _ = s.set_nodelay(true);
+        Ok((s, peer))
+    }
+}
+
+/// A Unix listener; its peers (on this host, with access to the socket's
+/// directory) count as `127.0.0.1` for the per-peer cap and in logs.
+struct UnixAccept(UnixListener);
+
+impl Accept for UnixAccept {
+    type Stream = tokio::net::UnixStream;
+    async fn accept(&self) -> std::io::Result<(tokio::net::UnixStream, SocketAddr)> {
+        let (s, _) = self.0.accept().await?;
+        Ok((s, SocketAddr::from(([127, 0, 0, 1], 0))))
+    }
 }
 
 /// The environment variable naming an inherited file descriptor (the write
@@ -242,7 +358,7 @@ pub fn serve_on<P: Protocol>(
 /// first server that starts); ignored when unset.
 pub const READY_FD_ENV: &str = "FSKV_GATEWAY_READY_FD";
 
-fn notify_ready(addr: SocketAddr) {
+fn notify_ready(addr: SocketAddr, unix: Option<&std::path::Path>) {
     use std::io::Write;
     use std::os::fd::FromRawFd;
     static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -266,7 +382,11 @@ fn notify_ready(addr: SocketAddr) {
     // one use (nothing else in the process knows its number); the File owns
     // and closes it.
     let mut pipe = unsafe { std::fs::File::from_raw_fd(fd) };
-    if let Err(e) = pipe.write_all(format!("{addr}\n").as_bytes()) {
+    let line = match unix {
+        Some(path) => format!("{addr} unix:{}\n", path.display()),
+        None => format!("{addr}\n"),
+    };
+    if let Err(e) = pipe.write_all(line.as_bytes()) {
         tracing::warn!(fd, error = %e, "cannot report readiness on {READY_FD_ENV}");
     }
 }
@@ -317,7 +437,7 @@ async fn stopping(state: &mut watch::Receiver<RunState>) {
     }
 }
 
-async fn accept_loop<P: Protocol>(listener: TcpListener, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
+async fn accept_loop<P: Protocol, L: Accept>(listener: L, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
     let protocol = inner.protocol.name();
     let limits = &inner.cfg.limits;
     loop {
@@ -356,9 +476,9 @@ impl Drop for OpenGuard {
     }
 }
 
-async fn serve_connection<P: Protocol>(
+async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static>(
     inner: Arc<Inner<P>>,
-    stream: TcpStream,
+    stream: S,
     peer: SocketAddr,
     _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
 ) {
@@ -366,15 +486,24 @@ async fn serve_connection<P: Protocol>(
     let open = inner.metrics.connections_open.get_or_create_owned(&ProtocolLabels { protocol });
     open.inc();
     let _open = OpenGuard(open);
-    let _ = stream.set_nodelay(true);
     let clock = Arc::new(ConnClock::new(Instant::now(), inner.timeouts));
     let _registered = inner.sweeper.register(Arc::clone(&clock));
     match inner.tls.clone() {
-        None => drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer).await,
+        None => {
+            let spare = LingerFd::of(&stream);
+            let ended = drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer).await;
+            if ended == Ended::ByHttp {
+                if let Some(fd) = spare {
+                    linger(fd).await;
+                }
+            }
+        }
         Some(acceptor) => {
             let limit = Duration::from_millis(inner.cfg.limits.tls_handshake_timeout_ms);
             match tokio::time::timeout(limit, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer).await,
+                Ok(Ok(tls)) => {
+                    drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer).await;
+                }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => {
                     inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: "tls_handshake" }).inc();
@@ -385,7 +514,16 @@ async fn serve_connection<P: Protocol>(
     }
 }
 
-async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr)
+/// How [`drive`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// hyper finished the connection (the peer closed it, or hyper closed it after a response).
+    ByHttp,
+    /// A timeout or an abort closed it.
+    Closed,
+}
+
+async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr) -> Ended
 where
     P: Protocol,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -416,7 +554,7 @@ where
                 if let Err(e) = r {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
-                return;
+                return Ended::ByHttp;
             }
             s = clock.signal_above(seen) => {
                 seen = s;
@@ -427,7 +565,7 @@ where
                             inner.metrics.connections_timed_out.get_or_create(&ReasonLabels { protocol, reason: expiry.label() }).inc();
                             tracing::debug!(%peer, timeout = expiry.label(), "closing the connection: timed out");
                         }
-                        return;
+                        return Ended::Closed;
                     }
                     Signal::None => {}
                 }
