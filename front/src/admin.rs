@@ -140,9 +140,10 @@ pub fn render_status(addr: &str, st: &FrontStatus) -> String {
         );
         for proc in &p.processes {
             let idle = proc.idle_ms.map(|ms| format!(", idle {:.1} s", ms as f64 / 1000.0)).unwrap_or_default();
+            let socket = proc.unix_socket.as_deref().map(|p| format!(", via {p}")).unwrap_or_default();
             let _ = writeln!(
                 s,
-                "    #{:<4} {:<9} {:<22} pid {:<8} in flight {}, requests {}, up {:.1} s{idle}",
+                "    #{:<4} {:<9} {:<22} pid {:<8} in flight {}, requests {}, up {:.1} s{idle}{socket}",
                 proc.id,
                 proc.state,
                 proc.address.as_deref().unwrap_or("-"),

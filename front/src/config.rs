@@ -93,6 +93,14 @@ pub struct FrontConfig {
     /// An idempotent read (GET/HEAD without a body) whose process failed
     /// before answering is sent again, at most this many times.
     pub max_retries: u32,
+    /// Reach the gateway processes the front starts over Unix sockets (in a
+    /// private temporary directory) rather than loopback TCP.
+    pub unix_sockets: bool,
+    /// Threads of the front's async runtime (0: a quarter of the CPUs, at
+    /// least 1). The front's work per request is small; on a machine whose
+    /// cores the gateways and storage need, fewer threads hand work between
+    /// each other less.
+    pub worker_threads: usize,
     pub s3: ProtocolPools,
     pub kv: ProtocolPools,
     /// The Consul-compatible API (processes of `fskv gateway kv --consul-only`).
@@ -120,6 +128,8 @@ impl Default for FrontConfig {
             upstream_idle_timeout_ms: 20_000,
             max_idle_connections_per_process: 64,
             max_retries: 1,
+            unix_sockets: true,
+            worker_threads: 0,
             s3: ProtocolPools::default(),
             // One KV writer: each writer runs the maintenance (eviction, TTL,
             // stats) on its own index; two would evict more than needed.
@@ -172,7 +182,20 @@ impl FrontConfig {
 
     /// Checks every value; `gateway_idle_timeout_ms` is the gateways'
     /// keep-alive bound (`gateway.idle_timeout_ms`).
+    /// The front runtime's worker threads: `worker_threads`, or for 0 a
+    /// quarter of `cpus` (at least 1).
+    pub fn runtime_threads(&self, cpus: usize) -> usize {
+        if self.worker_threads > 0 {
+            self.worker_threads
+        } else {
+            (cpus / 4).max(1)
+        }
+    }
+
     pub fn validate(&self, gateway_idle_timeout_ms: u64) -> Result<(), String> {
+        if self.worker_threads > 1024 {
+            return Err(format!("front.worker_threads = {}: at most 1024", self.worker_threads));
+        }
         for (name, pools) in [("s3", &self.s3), ("kv", &self.kv), ("consul", &self.consul), ("mq", &self.mq)] {
             for role in [Role::Reader, Role::Writer] {
                 self.pool_settings(pools.bounds(role)).validate().map_err(|e| format!("front.{name}.{role}: {e}"))?;

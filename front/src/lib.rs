@@ -85,6 +85,8 @@ pub struct FrontHandle {
     pub admin: Option<ServerHandle>,
     pub pools: Vec<Arc<Pool>>,
     stop_grace: Duration,
+    /// The gateway processes' Unix sockets (removed after the pools stop).
+    _socket_dir: Option<tempfile::TempDir>,
 }
 
 impl FrontHandle {
@@ -168,7 +170,28 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
         max_idle_per_process: cfg.max_idle_connections_per_process,
         max_retries: cfg.max_retries,
     };
-    let client = proxy::upstream_client(&upstream);
+    // Gateway processes started here serve on a Unix socket in a private
+    // (0700) directory and the front sends their requests there.
+    let socket_dir = if cfg.unix_sockets {
+        // 0700 whatever the umask: only the front's user may reach the sockets.
+        let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700);
+        match tempfile::Builder::new().prefix("fskv-front-").permissions(private).tempdir() {
+            // Room for `consul-reader-<id>.sock` within sun_path (108 bytes).
+            Ok(d) if d.path().as_os_str().len() <= 72 => Some(d),
+            Ok(d) => {
+                tracing::warn!(dir = %d.path().display(), "the temporary directory's path is too long for Unix sockets; gateway processes are reached over TCP");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create a directory for the gateways' Unix sockets; gateway processes are reached over TCP");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let unix_routes = pool::UnixRoutes::default();
+    let client = proxy::upstream_client(&upstream, unix_routes.clone());
     let scheme = if opts.tls.is_some() { "https" } else { "http" };
 
     // One reader and one writer pool per protocol that has a listener.
@@ -196,6 +219,7 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
                     program: opts.launch.program.clone(),
                     args: gateway_args(&opts.launch, spec, role, writer_endpoint.as_deref()),
                     log_file,
+                    socket_dir: socket_dir.as_ref().map(|d| d.path().to_path_buf()),
                 })
             } else {
                 Source::Static(upstreams.to_vec())
@@ -209,7 +233,8 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
             }
             let settings = cfg.pool_settings(pp.bounds(role));
             let pm = front_metrics.pool(spec.name, role.as_str());
-            let pool = Pool::start(spec.name, role, settings, source, timing, pm).map_err(|e| FrontError::Setup(e.to_string()))?;
+            let pool = Pool::start(spec.name, role, settings, source, timing, unix_routes.clone(), pm)
+                .map_err(|e| FrontError::Setup(e.to_string()))?;
             made.push(Arc::clone(&pool));
             pools.push(pool);
         }
@@ -264,7 +289,7 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
             }
         }
     };
-    Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms) })
+    Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms), _socket_dir: socket_dir })
 }
 
 #[cfg(test)]

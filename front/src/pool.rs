@@ -37,6 +37,10 @@ pub struct Launch {
     pub args: Vec<String>,
     /// Where the process's stdout and stderr are appended (else inherited).
     pub log_file: Option<PathBuf>,
+    /// A private directory for the processes' Unix sockets: each is started
+    /// with `FSKV_GATEWAY_UNIX_SOCKET` = `DIR/<protocol>-<role>-<proc>.sock`
+    /// and the front sends its requests there (None: over TCP to `--listen`).
+    pub socket_dir: Option<PathBuf>,
 }
 
 /// Where a pool's processes come from.
@@ -70,6 +74,10 @@ enum Ctl {
 
 struct ProcEntry {
     authority: Option<Authority>,
+    /// The process's Unix socket, when requests go there (see [`UnixRoutes`]).
+    unix: Option<PathBuf>,
+    /// Its TCP address (`--listen`; also where its metrics are scraped).
+    tcp: Option<std::net::SocketAddr>,
     pid: Option<u32>,
     ctl: Option<watch::Sender<Ctl>>,
 }
@@ -90,6 +98,7 @@ pub struct Pool {
     pub role: Role,
     source: Source,
     timing: ShellTiming,
+    unix_routes: UnixRoutes,
     inner: Mutex<Inner>,
     wake: Notify,
 }
@@ -111,6 +120,7 @@ impl Pool {
         settings: PoolSettings,
         source: Source,
         timing: ShellTiming,
+        unix_routes: UnixRoutes,
         metrics: PoolMetrics,
     ) -> Result<Arc<Pool>, PoolError> {
         let err = |message: String| PoolError { protocol, role, message };
@@ -125,7 +135,7 @@ impl Pool {
                 }
                 for (i, u) in upstreams.iter().enumerate() {
                     let authority: Authority = u.parse().map_err(|e| err(format!("upstream {u:?}: {e}")))?;
-                    procs.insert(i as ProcId, ProcEntry { authority: Some(authority), pid: None, ctl: None });
+                    procs.insert(i as ProcId, ProcEntry { authority: Some(authority), unix: None, tcp: None, pid: None, ctl: None });
                 }
                 PoolKind::Static { upstreams: upstreams.len() }
             }
@@ -136,6 +146,7 @@ impl Pool {
             role,
             source,
             timing,
+            unix_routes,
             inner: Mutex::new(Inner { m, waiters: HashMap::new(), procs, next_req: 0, metrics, wake_at: None }),
             wake: Notify::new(),
         });
@@ -180,7 +191,7 @@ impl Pool {
             match a {
                 Action::Start(p) => {
                     let (tx, rx) = watch::channel(Ctl::Run);
-                    inner.procs.insert(p, ProcEntry { authority: None, pid: None, ctl: Some(tx) });
+                    inner.procs.insert(p, ProcEntry { authority: None, unix: None, tcp: None, pid: None, ctl: Some(tx) });
                     tokio::spawn(Arc::clone(self).run_process(p, rx));
                 }
                 Action::Stop(p) | Action::Kill(p) => {
@@ -195,9 +206,9 @@ impl Pool {
                         });
                     }
                 }
-                Action::Probe(p) => match inner.procs.get(&p).and_then(|e| e.authority.clone()) {
-                    Some(authority) => {
-                        tokio::spawn(Arc::clone(self).probe(p, authority));
+                Action::Probe(p) => match inner.procs.get(&p).and_then(|e| e.authority.clone().map(|a| (a, e.unix.clone()))) {
+                    Some((authority, unix)) => {
+                        tokio::spawn(Arc::clone(self).probe(p, authority, unix));
                     }
                     None => inner.m.probed(p, false, now),
                 },
@@ -281,11 +292,12 @@ impl Pool {
         }
     }
 
-    async fn probe(self: Arc<Self>, p: ProcId, authority: Authority) {
-        let ok = matches!(
-            tokio::time::timeout(self.timing.connect_timeout, tokio::net::TcpStream::connect(authority.as_str())).await,
-            Ok(Ok(_))
-        );
+    async fn probe(self: Arc<Self>, p: ProcId, authority: Authority, unix: Option<PathBuf>) {
+        let limit = self.timing.connect_timeout;
+        let ok = match unix {
+            Some(path) => matches!(tokio::time::timeout(limit, tokio::net::UnixStream::connect(path)).await, Ok(Ok(_))),
+            None => matches!(tokio::time::timeout(limit, tokio::net::TcpStream::connect(authority.as_str())).await, Ok(Ok(_))),
+        };
         if !ok {
             tracing::warn!(protocol = self.protocol, role = %self.role, proc = p, upstream = %authority, "probe failed: no connection");
         }
@@ -315,7 +327,8 @@ impl Pool {
     /// One gateway process from spawn to exit.
     async fn run_process(self: Arc<Self>, p: ProcId, mut ctl: watch::Receiver<Ctl>) {
         let Source::Managed(launch) = &self.source else { return };
-        let (mut child, mut ready) = match spawn_gateway(launch) {
+        let socket = launch.socket_dir.as_ref().map(|d| d.join(format!("{}-{}-{p}.sock", self.protocol, self.role.as_str())));
+        let (mut child, mut ready) = match spawn_gateway(launch, socket.as_deref()) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(protocol = self.protocol, role = %self.role, proc = p, error = %e, program = %launch.program.display(), "cannot start a gateway process");
@@ -358,7 +371,11 @@ impl Pool {
                         m.exited(p, now);
                         asked
                     });
-                    self.inner.lock().procs.remove(&p);
+                    if let Some(e) = self.inner.lock().procs.remove(&p) {
+                        if let (Some(a), Some(_)) = (e.authority, e.unix) {
+                            self.unix_routes.remove(&a);
+                        }
+                    }
                     if asked {
                         tracing::info!(protocol = self.protocol, role = %self.role, proc = p, pid, exit = %what, "gateway process stopped");
                     } else {
@@ -369,13 +386,27 @@ impl Pool {
                 line = &mut ready_line, if waiting_ready => {
                     waiting_ready = false;
                     match line {
-                        Ok(addr) => {
-                            let authority: Option<Authority> = addr.to_string().parse().ok();
+                        Ok((addr, unix)) => {
+                            // Requests go to the Unix socket when the process serves one: under a
+                            // name of its own (the pooled connections' key), which the connector
+                            // maps to the path.
+                            let authority: Option<Authority> = match &unix {
+                                Some(path) => {
+                                    let a: Option<Authority> = format!("{}-{}-{p}.unix", self.protocol, self.role.as_str()).parse().ok();
+                                    if let Some(a) = &a {
+                                        self.unix_routes.insert(a.clone(), path.clone());
+                                    }
+                                    a
+                                }
+                                None => addr.to_string().parse().ok(),
+                            };
                             let took = {
                                 let now = Instant::now();
                                 let mut inner = self.inner.lock();
                                 if let Some(e) = inner.procs.get_mut(&p) {
                                     e.authority = authority;
+                                    e.unix = unix;
+                                    e.tcp = Some(addr);
                                 }
                                 let took = inner.m.ready(p, now);
                                 if let Some(d) = took {
@@ -451,7 +482,11 @@ impl Pool {
                 ProcStatus {
                     id: v.id,
                     state: v.state.as_str().to_string(),
-                    address: e.and_then(|e| e.authority.as_ref()).map(|a| a.to_string()),
+                    address: e.and_then(|e| match e.tcp {
+                        Some(a) => Some(a.to_string()),
+                        None => e.authority.as_ref().map(|a| a.to_string()),
+                    }),
+                    unix_socket: e.and_then(|e| e.unix.as_ref()).map(|p| p.display().to_string()),
                     pid: e.and_then(|e| e.pid),
                     in_flight: v.in_flight,
                     requests: v.dispatched,
@@ -585,7 +620,11 @@ pub struct PoolStatus {
 pub struct ProcStatus {
     pub id: ProcId,
     pub state: String,
+    /// `host:port` (of the process's `--listen`, or the static upstream).
     pub address: Option<String>,
+    /// The Unix socket the front sends the process's requests to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_socket: Option<String>,
     pub pid: Option<u32>,
     pub in_flight: usize,
     pub requests: u64,
@@ -595,11 +634,51 @@ pub struct ProcStatus {
 
 /// The environment variable through which a gateway started by the front
 /// reports its address (see `fskv_gateway::server::READY_FD_ENV`).
-pub use fskv_gateway::server::READY_FD_ENV;
+pub use fskv_gateway::server::{READY_FD_ENV, UNIX_SOCKET_ENV};
+
+/// A gateway's ready line: its TCP address, then `unix:PATH` when it also
+/// serves on a Unix socket.
+fn parse_ready_line(line: &str) -> Result<(std::net::SocketAddr, Option<PathBuf>), String> {
+    let (addr, rest) = match line.split_once(' ') {
+        Some((a, r)) => (a, Some(r.trim())),
+        None => (line, None),
+    };
+    let addr = addr.parse().map_err(|e| format!("ready line {line:?}: {e}"))?;
+    let unix = match rest {
+        None => None,
+        Some(r) => match r.strip_prefix("unix:") {
+            Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+            _ => return Err(format!("ready line {line:?}: expected `unix:PATH` after the address")),
+        },
+    };
+    Ok((addr, unix))
+}
+
+/// Which upstream authorities are Unix sockets of gateway processes (the
+/// pools fill it as processes become ready, the connector reads it).
+#[derive(Clone, Default)]
+pub struct UnixRoutes(Arc<parking_lot::RwLock<HashMap<Authority, PathBuf>>>);
+
+impl UnixRoutes {
+    pub fn insert(&self, authority: Authority, path: PathBuf) {
+        self.0.write().insert(authority, path);
+    }
+
+    pub fn remove(&self, authority: &Authority) {
+        self.0.write().remove(authority);
+    }
+
+    pub fn get(&self, authority: &Authority) -> Option<PathBuf> {
+        self.0.read().get(authority).cloned()
+    }
+}
 
 /// Spawns one gateway process with the write end of a pipe in
 /// [`READY_FD_ENV`]; returns the child and the read end.
-fn spawn_gateway(launch: &Launch) -> std::io::Result<(tokio::process::Child, tokio::net::unix::pipe::Receiver)> {
+fn spawn_gateway(
+    launch: &Launch,
+    socket: Option<&std::path::Path>,
+) -> std::io::Result<(tokio::process::Child, tokio::net::unix::pipe::Receiver)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -610,6 +689,10 @@ fn spawn_gateway(launch: &Launch) -> std::io::Result<(tokio::process::Child, tok
     let wfd = write_end.as_raw_fd();
     let mut cmd = tokio::process::Command::new(&launch.program);
     cmd.args(&launch.args).env(READY_FD_ENV, wfd.to_string()).stdin(Stdio::null()).kill_on_drop(true);
+    match socket {
+        Some(path) => cmd.env(UNIX_SOCKET_ENV, path),
+        None => cmd.env_remove(UNIX_SOCKET_ENV),
+    };
     match &launch.log_file {
         Some(path) => {
             let log = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
@@ -637,8 +720,11 @@ fn spawn_gateway(launch: &Launch) -> std::io::Result<(tokio::process::Child, tok
     Ok((child, rx))
 }
 
-/// Reads the gateway's `ADDRESS\n` (at most 256 bytes).
-async fn read_ready_line(rx: &mut tokio::net::unix::pipe::Receiver, buf: &mut Vec<u8>) -> std::io::Result<std::net::SocketAddr> {
+/// Reads the gateway's `ADDRESS[ unix:PATH]\n` (at most 1 KiB).
+async fn read_ready_line(
+    rx: &mut tokio::net::unix::pipe::Receiver,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<(std::net::SocketAddr, Option<PathBuf>)> {
     let bad = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
     let mut chunk = [0u8; 64];
     loop {
@@ -649,10 +735,38 @@ async fn read_ready_line(rx: &mut tokio::net::unix::pipe::Receiver, buf: &mut Ve
         buf.extend_from_slice(&chunk[..n]);
         if let Some(end) = buf.iter().position(|b| *b == b'\n') {
             let line = String::from_utf8_lossy(&buf[..end]).trim().to_string();
-            return line.parse().map_err(|e| bad(format!("ready line {line:?}: {e}")));
+            return parse_ready_line(&line).map_err(bad);
         }
-        if buf.len() > 256 {
+        if buf.len() > 1024 {
             return Err(bad("ready line too long".into()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_lines_name_the_address_and_maybe_a_unix_socket() {
+        let (a, u) = parse_ready_line("127.0.0.1:4000").unwrap();
+        assert_eq!((a.port(), u), (4000, None));
+        let (a, u) = parse_ready_line("127.0.0.1:4001 unix:/tmp/fskv-front-x/s3-reader-3.sock").unwrap();
+        assert_eq!(a.port(), 4001);
+        assert_eq!(u.as_deref(), Some(std::path::Path::new("/tmp/fskv-front-x/s3-reader-3.sock")));
+        for bad in ["", "nonsense", "127.0.0.1:1 tcp:/x", "127.0.0.1:1 unix:", "127.0.0.1:99999"] {
+            assert!(parse_ready_line(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn unix_routes_map_authorities_to_paths() {
+        let r = UnixRoutes::default();
+        let a: Authority = "s3-reader-1.unix".parse().unwrap();
+        assert_eq!(r.get(&a), None);
+        r.insert(a.clone(), "/tmp/x.sock".into());
+        assert_eq!(r.get(&a).as_deref(), Some(std::path::Path::new("/tmp/x.sock")));
+        r.remove(&a);
+        assert_eq!(r.get(&a), None);
     }
 }

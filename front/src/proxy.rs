@@ -14,7 +14,9 @@
 //! `Keep-Alive`, `Proxy-Connection`, `Upgrade`) are dropped, and not when
 //! the request's SigV4 `SignedHeaders` names them. Responses come back the
 //! same way (status, headers, streamed body and trailers). Upstream
-//! connections are pooled per gateway process (hyper-util's client).
+//! connections are pooled per gateway process (hyper-util's client); a
+//! process the front started is reached over its Unix socket
+//! ([`UpstreamConnector`]), a static upstream over TCP.
 //!
 //! | failure | before the response head | after it |
 //! |---|---|---|
@@ -24,7 +26,7 @@
 //! | the pool refuses (queue full, queue timeout, no process) | 503 with `Retry-After` | — |
 
 use crate::error::FrontError;
-use crate::pool::{Pool, Ticket};
+use crate::pool::{Pool, Ticket, UnixRoutes};
 use crate::protocols::ProtocolSpec;
 use bytes::Bytes;
 use fskv_gateway::{Access, AuthPolicy, BoxError, GatewayError, Protocol, RequestBody, RequestContext, Route};
@@ -33,9 +35,10 @@ use http::request::Parts;
 use http::{HeaderMap, Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -154,7 +157,107 @@ impl Body for FrontBody {
 }
 
 /// The pooled HTTP/1.1 client to gateway processes.
-pub type UpstreamClient = Client<HttpConnector, UpBody>;
+pub type UpstreamClient = Client<UpstreamConnector, UpBody>;
+
+/// Connects to an upstream: the Unix socket [`UnixRoutes`] names for the
+/// request's authority (a process the front started), else TCP to the
+/// authority (`host:port`, a static upstream), with `TCP_NODELAY`; both
+/// within the connect timeout.
+#[derive(Clone)]
+pub struct UpstreamConnector {
+    unix: UnixRoutes,
+    connect_timeout: Duration,
+}
+
+/// A connection to a gateway process.
+pub enum UpstreamStream {
+    Tcp(TokioIo<tokio::net::TcpStream>),
+    Unix(TokioIo<tokio::net::UnixStream>),
+}
+
+impl tower_service::Service<Uri> for UpstreamConnector {
+    type Response = UpstreamStream;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<UpstreamStream>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let unix = uri.authority().and_then(|a| self.unix.get(a));
+        let limit = self.connect_timeout;
+        Box::pin(async move {
+            let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {uri} took over {limit:?}"));
+            match unix {
+                Some(path) => {
+                    let s = tokio::time::timeout(limit, tokio::net::UnixStream::connect(&path)).await.map_err(|_| timed_out())??;
+                    Ok(UpstreamStream::Unix(TokioIo::new(s)))
+                }
+                None => {
+                    let authority = uri.authority().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no authority"))?;
+                    let s = tokio::time::timeout(limit, tokio::net::TcpStream::connect(authority.as_str()))
+                        .await
+                        .map_err(|_| timed_out())??;
+                    s.set_nodelay(true)?;
+                    Ok(UpstreamStream::Tcp(TokioIo::new(s)))
+                }
+            }
+        })
+    }
+}
+
+impl Connection for UpstreamStream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl hyper::rt::Read for UpstreamStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: hyper::rt::ReadBufCursor<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamStream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl hyper::rt::Write for UpstreamStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamStream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamStream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamStream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            UpstreamStream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamStream::Tcp(s) => s.is_write_vectored(),
+            UpstreamStream::Unix(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            UpstreamStream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamStream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamStream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// Upstream connection settings.
 #[derive(Clone, Copy, Debug)]
@@ -166,11 +269,8 @@ pub struct UpstreamSettings {
     pub max_retries: u32,
 }
 
-pub fn upstream_client(s: &UpstreamSettings) -> UpstreamClient {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(s.connect_timeout));
-    conn.enforce_http(true);
+pub fn upstream_client(s: &UpstreamSettings, unix: UnixRoutes) -> UpstreamClient {
+    let conn = UpstreamConnector { unix, connect_timeout: s.connect_timeout };
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(s.idle_timeout)
         .pool_max_idle_per_host(s.max_idle_per_process)

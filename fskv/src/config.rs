@@ -168,6 +168,11 @@ max_idle_connections_per_process = 64
 # An idempotent read (GET/HEAD without body) whose process failed before
 # answering is sent again this many times.
 max_retries = 1
+# Gateway processes started by the front are reached over Unix sockets in a
+# private temporary directory (cheaper per request than loopback TCP).
+unix_sockets = true
+# Threads of the front's runtime (0: a quarter of the CPUs, at least 1).
+worker_threads = 0
 
 # Per protocol: processes per pool (min..max; min 0 = start from zero), or
 # static upstreams ("host:port" of gateways elsewhere) instead of processes.

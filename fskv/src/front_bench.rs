@@ -424,6 +424,8 @@ impl Cluster {
             .arg(&self.credentials)
             .arg("--log-dir")
             .arg(self.data.join("logs"))
+            // Its gateway processes inherit it: services refuse to start without the cluster key.
+            .env("FSKV_CLUSTER_KEY_FILE", self.data.join("cluster.key"))
             .env("FSKV_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())

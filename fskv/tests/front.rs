@@ -285,12 +285,25 @@ async fn scenario(data: &Path, base: u16) {
     }
     let mut most_readers = 0;
     let mut reader_addrs = std::collections::BTreeSet::new();
+    let mut unix_sockets = std::collections::BTreeSet::new();
     while Instant::now() < burst_end {
         let st = status(&admin).await;
         let p = pool(&st, "reader");
         most_readers = most_readers.max(live(p));
         reader_addrs.extend(p.processes.iter().filter_map(|x| x.address.clone()));
+        // The front reaches the processes it started over their Unix sockets (`[front] unix_sockets`).
+        for x in p.processes.iter().filter(|x| x.state == "ready") {
+            let sock = x.unix_socket.as_deref().unwrap_or_else(|| panic!("ready reader {:?} has no Unix socket", x.address));
+            unix_sockets.insert(sock.to_string());
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!unix_sockets.is_empty(), "no ready reader seen during the burst");
+    for sock in &unix_sockets {
+        assert!(sock.ends_with(".sock") && sock.contains("/fskv-front-"), "socket path {sock}");
+        let dir = std::path::Path::new(sock).parent().unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(dir).unwrap().permissions()) & 0o777;
+        assert_eq!(mode, 0o700, "the sockets' directory {} is {mode:o}", dir.display());
     }
     for t in tasks {
         t.await.unwrap();
