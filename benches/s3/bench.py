@@ -13,6 +13,7 @@ Usage (after `cargo build --release -p fskv`; the conformance venv has
 s5cmd and rclone: run conformance/s3/run.sh once, or pass --venv):
   benches/s3/bench.py [--small 2000] [--large 4] [--workers 32] [--rounds 3]
                       [--servers fskv-r1,fskv-r3,rclone,s3s-fs] [--json out.json]
+                      [--fskv-base OLD_BIN --servers base-r1,fskv-r1,...]
 
 Every server runs on loopback with its data under --work (default a fresh
 temp dir on the same disk), all at once, and is stopped at the end. Rounds
@@ -82,10 +83,11 @@ class Server:
                 self.proc.wait()
 
 
-def start_fskv(work, fskv, replicas):
-    data = os.path.join(work, f"fskv-r{replicas}")
+def start_fskv(work, fskv, replicas, name=None):
+    name = name or f"fskv-r{replicas}"
+    data = os.path.join(work, name)
     base = free_base()
-    log = open(os.path.join(work, f"fskv-r{replicas}.log"), "w")
+    log = open(os.path.join(work, f"{name}.log"), "w")
     proc = subprocess.Popen([fskv, "up", "--data", data, "--base-port", str(base), "--replicas", str(replicas)],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 300
@@ -98,7 +100,7 @@ def start_fskv(work, fskv, replicas):
         time.sleep(0.2)
     e = json.load(open(ep))
     creds = (e["access_key"], e["secret_key"])
-    return Server(f"fskv-r{replicas}", e["s3"], proc), creds
+    return Server(name, e["s3"], proc), creds
 
 
 def start_rclone(work, venv):
@@ -171,6 +173,8 @@ def bench_round(srv, creds, venv, out_root, sdir, ldir, small, large, workers, r
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fskv", default=os.path.join(REPO, "target", "release", "fskv"))
+    ap.add_argument("--fskv-base", default=None,
+                    help="a baseline fskv binary (e.g. built from main): servers base-r1/base-r3 run it, in the same rounds")
     ap.add_argument("--venv", default=os.path.join(REPO, "conformance", ".venv"))
     ap.add_argument("--work", default=None, help="scratch directory (default: a fresh temp dir, removed at the end)")
     ap.add_argument("--small", type=int, default=2000)
@@ -197,6 +201,10 @@ def main():
         for name in a.servers.split(","):
             if name.startswith("fskv-r"):
                 servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):])))
+            elif name.startswith("base-r"):
+                if not a.fskv_base:
+                    raise SystemExit("base-rN needs --fskv-base BIN")
+                servers.append(start_fskv(work, a.fskv_base, int(name[len("base-r"):]), name))
             elif name == "rclone":
                 servers.append(start_rclone(work, a.venv))
             elif name == "s3s-fs":
@@ -218,7 +226,7 @@ def main():
         shutil.rmtree(out_root, ignore_errors=True)
         if a.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    peers = [n for n in results if not n.startswith("fskv")]
+    peers = [n for n in results if not n.startswith(("fskv", "base"))]
     keys = ["put-small", "get-small", "put-large", "get-large"]
     units = {"put-small": "ops/s", "get-small": "ops/s", "put-large": "MiB/s", "get-large": "MiB/s"}
     print()
@@ -228,7 +236,7 @@ def main():
         cells = []
         for k in keys:
             cell = f"{r[k]:.1f}"
-            if n.startswith("fskv") and peers:
+            if n.startswith(("fskv", "base")) and peers:
                 best_peer = max(results[p][k] for p in peers)
                 cell += f" ({r[k] / best_peer:.2f}x best peer)"
             cells.append(cell)

@@ -1,12 +1,18 @@
 //! SigV4 (header, presigned query, aws-chunked chunk signatures) is verified
-//! by s3s with the secrets of the shared key store ([`fskv_gateway::KeyStore`]).
-//! The reader role, SigV2 refusal, credential scope and presigned expiry are
-//! the shared layer's, before s3s runs (see `route.rs` and docs/gateway.md);
-//! here s3s learns secrets and refuses anonymous requests.
+//! by s3s with the secrets of the shared key store ([`fskv_gateway::KeyStore`])
+//! — except large signed-payload PUTs, verified by the shared layer's
+//! verifier before s3s runs (`server::PreVerified`). The reader role, SigV2
+//! refusal, credential scope and presigned expiry are the shared layer's,
+//! before s3s runs (see `route.rs` and docs/gateway.md). Here s3s learns
+//! secrets, and [`Access`] decides every request with `crate::access::decide`.
 
+use crate::access::{self, Action, Decision, Facts, Principal, Resource};
+use crate::ops::Gateway;
+use crate::server::PreVerified;
 use fskv_gateway::KeyStore;
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
+use s3s::path::S3Path;
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use std::sync::Arc;
 
@@ -23,15 +29,89 @@ impl S3Auth for Keys {
     }
 }
 
-/// Every request must be signed by a known key.
-pub struct Access;
+/// A request allowed on a bucket its principal's tenant does not own (by
+/// an ACL or the bucket policy), anonymous ones included: the handler acts
+/// as the bucket's owner ([`Gateway::for_request`]). Set only by [`Access`].
+#[derive(Clone, Copy, Debug)]
+pub struct Acting {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Every request is decided here, after s3s checked its signature (if any)
+/// and before its handler runs:
+///
+/// | request | decision |
+/// |---|---|
+/// | unsigned, on no bucket (ListBuckets) or CreateBucket | 403 AccessDenied |
+/// | signed, on no bucket or CreateBucket | allowed (the handler acts for the key's tenant) |
+/// | on a bucket that does not exist | signed: the handler answers NoSuchBucket; unsigned: 404 NoSuchBucket |
+/// | on a bucket | `access::decide` (owner, policy, ACLs); Deny → 403 AccessDenied |
+pub struct Access(pub Gateway);
+
+fn denied(why: &str) -> S3Error {
+    S3Error::with_message(S3ErrorCode::AccessDenied, why.to_string())
+}
 
 #[async_trait::async_trait]
 impl S3Access for Access {
     async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        if cx.credentials().is_none() {
-            return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "the request is not signed"));
+        let keys = &self.0.cfg.keys;
+        let access_key = match cx.credentials() {
+            Some(c) => Some(c.access_key.clone()),
+            None => cx.extensions_mut().get::<PreVerified>().map(|p| p.access_key.clone()),
+        };
+        let (principal, ids) = match access_key {
+            Some(k) => {
+                let key = keys.get(&k).ok_or_else(|| denied("the access key is not known to this gateway"))?;
+                let ids = keys.tenant(&key.tenant).ok_or_else(|| denied("the key's tenant is not known to this gateway"))?;
+                (Principal::User { tenant: key.tenant.clone(), user: key.user.clone() }, Some(ids))
+            }
+            None => (Principal::Anonymous, None),
+        };
+        let op = cx.s3_op().name();
+        let (bucket, key) = match cx.s3_path() {
+            S3Path::Root => (None, None),
+            S3Path::Bucket { bucket } => (Some(bucket.to_string()), None),
+            S3Path::Object { bucket, key } => (Some(bucket.to_string()), Some(key.to_string())),
+        };
+        let Some(bucket) = bucket.filter(|_| op != "CreateBucket") else {
+            return match ids {
+                Some(_) => Ok(()),
+                None => Err(denied("the request is not signed")),
+            };
+        };
+        let Some((dir, settings)) = self.0.bucket_for_access(&bucket).await? else {
+            return match ids {
+                Some(_) => Ok(()),
+                None => Err(crate::error::no_such_bucket(&bucket)),
+            };
+        };
+        let owner = ids.is_some_and(|i| i.uid == dir.acl.uid);
+        let action = Action::of_operation(op);
+        let resource = match (op, key.clone()) {
+            ("DeleteObjects", _) => Resource::AnyObject(bucket.clone()),
+            (_, Some(k)) => Resource::Object(bucket.clone(), k),
+            (_, None) => Resource::Bucket(bucket.clone()),
+        };
+        let mut facts =
+            Facts { owner, bucket_acl: settings.acl, object_acl: None, ownership: settings.ownership(), policy: settings.policy.as_ref() };
+        if access::needs_object_acl(&action, &facts) {
+            if let Some(k) = &key {
+                facts.object_acl = self.0.object_acl_for_access(&dir, k).await?;
+            }
         }
-        Ok(())
+        match access::decide(&principal, &action, &resource, &facts) {
+            Decision::Allow => {
+                if !owner {
+                    cx.extensions_mut().insert(Acting { uid: dir.acl.uid, gid: dir.acl.gid });
+                }
+                Ok(())
+            }
+            Decision::Deny { explicit } => {
+                tracing::debug!(?principal, action = action.name, %bucket, explicit, "access denied");
+                Err(denied("Access Denied"))
+            }
+        }
     }
 }

@@ -19,10 +19,14 @@ use std::task::{Context, Poll};
 /// The checksum algorithms S3 defines, by the suffix of their header.
 pub const ALGORITHMS: [&str; 5] = ["crc32", "crc32c", "crc64nvme", "sha1", "sha256"];
 
-/// Digests computed over a body as it streams in.
+/// Digests computed over a body as it streams in, on the caller's thread
+/// (copies, small bodies; [`BodyDigests`] for request bodies).
 pub struct Digests {
     md5: Md5,
     sums: ChecksumHasher,
+    /// The SHA-256 of the payload, when the request signed it and the
+    /// gateway (not s3s) checks it ([`crate::server::PreVerified`]).
+    payload: Option<Sha256>,
     pub size: u64,
 }
 
@@ -40,12 +44,15 @@ impl Digests {
                 _ => {}
             }
         }
-        Digests { md5: Md5::new(), sums, size: 0 }
+        Digests { md5: Md5::new(), sums, payload: None, size: 0 }
     }
 
     pub fn update(&mut self, data: &[u8]) {
         self.md5.update(data);
         self.sums.update(data);
+        if let Some(p) = &mut self.payload {
+            p.update(data);
+        }
         self.size += data.len() as u64;
     }
 
@@ -61,6 +68,98 @@ impl Digests {
             kind: None,
         };
         (self.md5.finalize(), sums)
+    }
+
+    /// [`Digests::finish`], also checking the payload SHA-256 against
+    /// `want` when the payload hash is the gateway's to check.
+    fn finish_checked(mut self, want: Option<&[u8; 32]>) -> Result<([u8; 16], Checksums), S3Error> {
+        if let (Some(want), Some(p)) = (want, self.payload.take()) {
+            if p.finalize().as_slice() != want.as_slice() {
+                return Err(error::payload_sha256_mismatch());
+            }
+        }
+        Ok(self.finish())
+    }
+}
+
+/// Bodies up to this size are hashed on the request's task; beyond it
+/// [`BodyDigests`] moves the hashing to a blocking-pool thread.
+pub const OFFLOAD_MIN_BYTES: u64 = 1 << 20;
+/// Pieces queued for the hashing thread (hyper's pieces are at most a few
+/// hundred KiB, so this bounds the queue to a few MiB per request).
+pub const OFFLOAD_QUEUE_PIECES: usize = 16;
+
+/// The digests of a request body, computed off the request's critical path:
+///
+/// | body so far | where the pieces are hashed |
+/// |---|---|
+/// | < [`OFFLOAD_MIN_BYTES`] | inline, on the request's task (no thread hop for small objects) |
+/// | ≥ [`OFFLOAD_MIN_BYTES`] | on one blocking-pool thread fed through a bounded channel of `Bytes` (no copy), pipelined with receiving and the chain writes; a full queue makes the receiver wait (back-pressure) |
+///
+/// Hashed: MD5 (the ETag, Content-MD5), the checksums the request asks
+/// for, and the payload SHA-256 only when the gateway checks it
+/// ([`BodyDigests::expect_payload_sha256`]: a signed payload the shared
+/// layer pre-verified; s3s checks the others, and `UNSIGNED-PAYLOAD` has none).
+/// [`BodyDigests::finish`] waits for the thread, so nothing is published
+/// before every digest is known and checked.
+pub struct BodyDigests {
+    inline: Option<Digests>,
+    offload: Option<(tokio::sync::mpsc::Sender<Bytes>, tokio::task::JoinHandle<Digests>)>,
+    payload_sha256: Option<[u8; 32]>,
+    pub size: u64,
+}
+
+impl BodyDigests {
+    pub fn new(algorithms: &[String]) -> BodyDigests {
+        BodyDigests { inline: Some(Digests::new(algorithms)), offload: None, payload_sha256: None, size: 0 }
+    }
+
+    /// Also hash the payload with SHA-256 and fail [`BodyDigests::finish`]
+    /// with `XAmzContentSHA256Mismatch` unless it is `want`.
+    pub fn expect_payload_sha256(mut self, want: Option<[u8; 32]>) -> BodyDigests {
+        if let (Some(w), Some(d)) = (want, self.inline.as_mut()) {
+            d.payload = Some(Sha256::new());
+            self.payload_sha256 = Some(w);
+        }
+        self
+    }
+
+    /// Hashes `piece` (inline or on the hashing thread).
+    pub async fn feed(&mut self, piece: &Bytes) -> Result<(), S3Error> {
+        self.size += piece.len() as u64;
+        if let Some(d) = self.inline.as_mut() {
+            d.update(piece);
+            if self.size >= OFFLOAD_MIN_BYTES {
+                if let Some(d) = self.inline.take() {
+                    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(OFFLOAD_QUEUE_PIECES);
+                    let done = tokio::task::spawn_blocking(move || {
+                        let mut d = d;
+                        while let Some(b) = rx.blocking_recv() {
+                            d.update(&b);
+                        }
+                        d
+                    });
+                    self.offload = Some((tx, done));
+                }
+            }
+            return Ok(());
+        }
+        match &self.offload {
+            Some((tx, _)) => tx.send(piece.clone()).await.map_err(|_| error::internal("the hashing thread of the body stopped")),
+            None => Err(error::internal("body digests fed after they finished")),
+        }
+    }
+
+    /// (binary MD5, checksums as base64), once every piece is hashed.
+    pub async fn finish(mut self) -> Result<([u8; 16], Checksums), S3Error> {
+        let want = self.payload_sha256;
+        if let Some(d) = self.inline.take() {
+            return d.finish_checked(want.as_ref());
+        }
+        let Some((tx, done)) = self.offload.take() else { return Err(error::internal("body digests finished twice")) };
+        drop(tx);
+        let d = done.await.map_err(|e| error::internal(format_args!("the hashing thread of the body failed: {e}")))?;
+        d.finish_checked(want.as_ref())
     }
 }
 
@@ -189,4 +288,74 @@ pub fn stream_range(fs: FsClient, handle: FileHandle, plan: ReadPlan) -> Channel
         }
     });
     ChannelStream(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(total: usize, piece: usize) -> Vec<Bytes> {
+        let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
+        data.chunks(piece).map(Bytes::copy_from_slice).collect()
+    }
+
+    fn inline(pieces: &[Bytes], algorithms: &[String]) -> ([u8; 16], Checksums) {
+        let mut d = Digests::new(algorithms);
+        for p in pieces {
+            d.update(p);
+        }
+        d.finish()
+    }
+
+    fn sha256(pieces: &[Bytes]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for p in pieces {
+            h.update(p);
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(h.finalize().as_slice());
+        out
+    }
+
+    #[tokio::test]
+    async fn offloaded_digests_equal_inline_ones_on_both_sides_of_the_threshold() {
+        let algs = vec!["crc32c".to_string(), "sha1".to_string()];
+        let threshold = OFFLOAD_MIN_BYTES as usize;
+        for (total, piece) in [(0, 1), (1000, 100), (threshold - 1, 65_536), (threshold, 65_536), (3 * threshold + 17, 100_003)] {
+            let ps = pieces(total, piece);
+            let mut d = BodyDigests::new(&algs).expect_payload_sha256(Some(sha256(&ps)));
+            for p in &ps {
+                d.feed(p).await.unwrap();
+            }
+            assert_eq!(d.size, total as u64);
+            assert_eq!(d.offload.is_some(), total >= threshold, "offloaded past the threshold only ({total})");
+            let (md5, sums) = d.finish().await.unwrap();
+            let (want_md5, want_sums) = inline(&ps, &algs);
+            assert_eq!(md5, want_md5, "{total}");
+            assert_eq!(sums.crc32c, want_sums.crc32c);
+            assert_eq!(sums.sha1, want_sums.sha1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wrong_payload_sha256_fails_finish_inline_and_offloaded() {
+        for total in [10, 2 * OFFLOAD_MIN_BYTES as usize] {
+            let ps = pieces(total, 50_000);
+            let mut wrong = sha256(&ps);
+            wrong[0] ^= 1;
+            let mut d = BodyDigests::new(&[]).expect_payload_sha256(Some(wrong));
+            for p in &ps {
+                d.feed(p).await.unwrap();
+            }
+            let e = d.finish().await.unwrap_err();
+            assert_eq!(e.code().as_str(), "XAmzContentSHA256Mismatch", "{total}");
+            assert_eq!(e.status_code(), Some(http::StatusCode::BAD_REQUEST));
+            // Without an expected hash nothing is checked.
+            let mut d = BodyDigests::new(&[]);
+            for p in &ps {
+                d.feed(p).await.unwrap();
+            }
+            assert!(d.finish().await.is_ok());
+        }
+    }
 }

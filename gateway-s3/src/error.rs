@@ -40,6 +40,16 @@ pub fn invalid_key(key: &str, why: &str) -> S3Error {
     S3Error::with_message(S3ErrorCode::InvalidArgument, format!("object key {key:?} is not accepted: {why}"))
 }
 
+/// The body's SHA-256 is not the signed `x-amz-content-sha256` (AWS: 400
+/// `XAmzContentSHA256Mismatch`; s3s has no such code).
+pub fn payload_sha256_mismatch() -> S3Error {
+    custom(
+        "XAmzContentSHA256Mismatch",
+        http::StatusCode::BAD_REQUEST,
+        "The provided 'x-amz-content-sha256' header does not match what was computed.".into(),
+    )
+}
+
 pub fn no_such_key(key: &str) -> S3Error {
     S3Error::with_message(S3ErrorCode::NoSuchKey, format!("no object {key:?}"))
 }

@@ -12,10 +12,12 @@
 //! `store` (buckets and directories), `walk` + `list` (listing in S3 order
 //! from a position), `body` (digests in, read-ahead stream out),
 //! `ops/*` (one file per group of operations), `auth` (s3s's keys from the
-//! shared key store), `route` (which S3 operation a request head is: read or
+//! shared key store; every request's access decision), `access` (ACLs,
+//! ownership controls, bucket policies: the pure decision), `route` (which S3 operation a request head is: read or
 //! mutation, body class), `server` (the protocol on the shared gateway layer,
 //! `fskv-gateway`: connections, timeouts, limits, reader guard, metrics).
 
+pub mod access;
 pub mod auth;
 pub mod body;
 pub mod config;

@@ -4,6 +4,9 @@
 //!   metadata, checksums, and the `(size, mtime_ns)` the record was made
 //!   for. The record is published with the data in one meta transaction.
 //! * `user.s3.tags`: the object's tag set as JSON.
+//! * the object's canned ACL is a field of `user.s3.meta` (published with
+//!   the data; PutObjectAcl rewrites the record of that inode). A file
+//!   changed through FUSE loses its record, and so its ACL: it is private.
 //!
 //! A file changed through POSIX (FUSE) keeps a record that no longer
 //! matches its size or mtime; such a record is ignored and the file gets
@@ -122,6 +125,9 @@ pub struct ObjectMeta {
     /// then, as S3 does); empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub part_checksums: Vec<Checksums>,
+    /// The object's canned ACL (`crate::access`); absent: `private`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acl: Option<crate::access::CannedAcl>,
 }
 
 impl ObjectMeta {

@@ -12,41 +12,76 @@ fn ok<T>(v: T) -> S3Result<S3Response<T>> {
     Ok(S3Response::new(v))
 }
 
-/// The ACL of everything: the one owner ([`crate::ops::owner`]) with full control.
-fn owner_acl() -> (Option<Owner>, Option<Grants>) {
-    let owner = crate::ops::owner();
-    let grantee = Grantee {
-        display_name: owner.display_name.clone(),
-        id: owner.id.clone(),
-        type_: Type::from_static(Type::CANONICAL_USER),
-        email_address: None,
-        uri: None,
-    };
-    let grant = Grant { grantee: Some(grantee), permission: Some(Permission::from_static(Permission::FULL_CONTROL)) };
-    (Some(owner), Some(vec![grant]))
+/// The payload SHA-256 the gateway must check itself (`server::PreVerified`).
+fn pre_verified_sha256<T>(req: &S3Request<T>) -> Option<[u8; 32]> {
+    req.extensions.get::<crate::server::PreVerified>().map(|p| p.payload_sha256)
 }
 
 #[async_trait::async_trait]
 impl S3 for Gateway {
     async fn get_bucket_acl(&self, req: S3Request<GetBucketAclInput>) -> S3Result<S3Response<GetBucketAclOutput>> {
         let this = self.for_request(&req)?;
-        this.store.bucket(&req.input.bucket).await?;
-        let (owner, grants) = owner_acl();
-        ok(GetBucketAclOutput { owner, grants })
+        ok(this.get_bucket_acl(&req.input.bucket).await?)
+    }
+
+    async fn put_bucket_acl(&self, req: S3Request<PutBucketAclInput>) -> S3Result<S3Response<PutBucketAclOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_bucket_acl(&req.input).await?;
+        ok(PutBucketAclOutput::default())
     }
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
         let this = self.for_request(&req)?;
-        let input = HeadObjectInput { bucket: req.input.bucket.clone(), key: req.input.key.clone(), ..HeadObjectInput::default() };
-        this.head(&input).await?;
-        let (owner, grants) = owner_acl();
-        ok(GetObjectAclOutput { owner, grants, ..GetObjectAclOutput::default() })
+        ok(this.get_object_acl(&req.input.bucket, &req.input.key).await?)
+    }
+
+    async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_object_acl(&req.input).await?;
+        ok(PutObjectAclOutput::default())
     }
 
     async fn get_bucket_policy(&self, req: S3Request<GetBucketPolicyInput>) -> S3Result<S3Response<GetBucketPolicyOutput>> {
         let this = self.for_request(&req)?;
-        this.store.bucket(&req.input.bucket).await?;
-        Err(s3s::S3Error::with_message(s3s::S3ErrorCode::NoSuchBucketPolicy, "buckets have no policies here"))
+        ok(this.get_policy(&req.input.bucket).await?)
+    }
+
+    async fn put_bucket_policy(&self, req: S3Request<PutBucketPolicyInput>) -> S3Result<S3Response<PutBucketPolicyOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_policy(&req.input).await?;
+        ok(PutBucketPolicyOutput::default())
+    }
+
+    async fn delete_bucket_policy(&self, req: S3Request<DeleteBucketPolicyInput>) -> S3Result<S3Response<DeleteBucketPolicyOutput>> {
+        let this = self.for_request(&req)?;
+        this.delete_policy(&req.input.bucket).await?;
+        ok(DeleteBucketPolicyOutput::default())
+    }
+
+    async fn get_bucket_ownership_controls(
+        &self,
+        req: S3Request<GetBucketOwnershipControlsInput>,
+    ) -> S3Result<S3Response<GetBucketOwnershipControlsOutput>> {
+        let this = self.for_request(&req)?;
+        ok(this.get_ownership(&req.input.bucket).await?)
+    }
+
+    async fn put_bucket_ownership_controls(
+        &self,
+        req: S3Request<PutBucketOwnershipControlsInput>,
+    ) -> S3Result<S3Response<PutBucketOwnershipControlsOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_ownership(&req.input).await?;
+        ok(PutBucketOwnershipControlsOutput::default())
+    }
+
+    async fn delete_bucket_ownership_controls(
+        &self,
+        req: S3Request<DeleteBucketOwnershipControlsInput>,
+    ) -> S3Result<S3Response<DeleteBucketOwnershipControlsOutput>> {
+        let this = self.for_request(&req)?;
+        this.delete_ownership(&req.input.bucket).await?;
+        ok(DeleteBucketOwnershipControlsOutput::default())
     }
 
     async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
@@ -99,7 +134,9 @@ impl S3 for Gateway {
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let this = self.for_request(&req)?;
+        let access = Gateway::bucket_access_input(req.input.acl.as_ref(), req.input.object_ownership.as_ref())?;
         Gateway::create_bucket(&this, &req.input.bucket).await?;
+        this.init_bucket_access(&req.input.bucket, access).await?;
         ok(CreateBucketOutput { location: Some(format!("/{}", req.input.bucket)) })
     }
 
@@ -122,6 +159,7 @@ impl S3 for Gateway {
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let this = self.for_request(&req)?;
+        let payload_sha256 = pre_verified_sha256(&req);
         let S3Request { input, headers, trailing_headers, .. } = req;
         let tags = match &input.tagging {
             Some(t) => Some(objmeta::parse_tagging_header(t).map_err(error::invalid_argument)?),
@@ -135,8 +173,9 @@ impl S3 for Gateway {
             tags,
             if_match: input.if_match.as_ref(),
             if_none_match: input.if_none_match.as_ref(),
+            acl: crate::ops::acl::object_acl_input(input.acl.as_ref())?,
         };
-        let meta = this.put(args, input.body, &headers, trailing_headers.as_ref()).await?;
+        let meta = this.put(args, input.body, &headers, trailing_headers.as_ref(), payload_sha256).await?;
         let mut out = PutObjectOutput { e_tag: Some(ETag::Strong(meta.etag.clone())), ..PutObjectOutput::default() };
         crate::set_checksums!(out, &meta.checksums);
         ok(out)
@@ -217,8 +256,9 @@ impl S3 for Gateway {
 
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
         let this = self.for_request(&req)?;
+        let payload_sha256 = pre_verified_sha256(&req);
         let S3Request { input, headers, trailing_headers, .. } = req;
-        ok(Gateway::upload_part(&this, input, &headers, trailing_headers.as_ref()).await?)
+        ok(Gateway::upload_part(&this, input, &headers, trailing_headers.as_ref(), payload_sha256).await?)
     }
 
     async fn upload_part_copy(&self, req: S3Request<UploadPartCopyInput>) -> S3Result<S3Response<UploadPartCopyOutput>> {

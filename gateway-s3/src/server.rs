@@ -31,6 +31,51 @@ pub struct S3Http {
     service: S3Service,
     gateway: Gateway,
     vhosts: VirtualHosts,
+    auth: Arc<Authenticator>,
+}
+
+/// A large signed-payload PUT whose SigV4 signature the shared layer's
+/// verifier checked before s3s ran, so that the payload's SHA-256 can be
+/// checked by the body's hashing thread (`body::BodyDigests`) instead of
+/// inline in s3s's body stream. s3s sees such a request as anonymous (its
+/// `Authorization` removed); [`crate::auth::Access`] and
+/// [`crate::ops::Gateway::for_request`] take the principal from this
+/// request extension, which no client can set.
+///
+/// | request | signature checked by | payload SHA-256 checked by |
+/// |---|---|---|
+/// | PUT, header SigV4, hex `x-amz-content-sha256`, `Content-Length` ≥ `body::OFFLOAD_MIN_BYTES` | the shared layer (here) | the hashing thread, before anything is published (`XAmzContentSHA256Mismatch`) |
+/// | any other signed request | s3s | s3s, inline (small bodies) |
+/// | `UNSIGNED-PAYLOAD`, presigned URL | s3s | nobody: the payload is not signed |
+/// | `STREAMING-*` (aws-chunked) | s3s, chunk signatures included | s3s |
+#[derive(Clone, Debug)]
+pub struct PreVerified {
+    pub access_key: String,
+    pub payload_sha256: [u8; 32],
+}
+
+/// The declared payload SHA-256 of a request the shared layer may verify
+/// itself ([`PreVerified`]); `None` leaves the request to s3s. Only the
+/// routes whose handlers hash their body with `body::BodyDigests` (and so
+/// check the payload hash) qualify: `route` is the classifier's name.
+pub fn pre_verifiable(parts: &Parts, route: &str) -> Option<[u8; 32]> {
+    if parts.method != http::Method::PUT || !matches!(route, "PutObject" | "UploadPart") {
+        return None;
+    }
+    let h = &parts.headers;
+    let auth = h.get(http::header::AUTHORIZATION)?.as_bytes();
+    if !auth.starts_with(b"AWS4-HMAC-SHA256 ") || h.get_all(http::header::AUTHORIZATION).iter().count() != 1 {
+        return None;
+    }
+    let len: u64 = h.get(http::header::CONTENT_LENGTH)?.to_str().ok()?.trim().parse().ok()?;
+    if len < crate::body::OFFLOAD_MIN_BYTES || h.contains_key("x-amz-decoded-content-length") {
+        return None;
+    }
+    let mut values = h.get_all("x-amz-content-sha256").iter();
+    let (v, None) = (values.next()?, values.next()) else { return None };
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(v.as_bytes(), &mut out).ok()?;
+    Some(out)
 }
 
 impl S3Http {
@@ -132,7 +177,7 @@ impl Protocol for S3Http {
         crate::route::classify_hosted(parts, self.vhosts.bucket_of(&parts.headers).as_deref())
     }
 
-    async fn handle(&self, mut req: Request<RequestBody>, cx: RequestContext) -> Response<s3s::Body> {
+    async fn handle(&self, req: Request<RequestBody>, cx: RequestContext) -> Response<s3s::Body> {
         if !path_is_utf8(req.uri().path()) {
             // s3s would decode it lossily and serve another key.
             return error::xml_response(error::invalid_uri(), &cx.request_id).map(s3s::Body::from);
@@ -146,6 +191,20 @@ impl Protocol for S3Http {
         // GET ?attributes is GetObjectAttributes (no bucket-level operation has that subresource).
         let attributes = method == http::Method::GET
             && req.uri().query().unwrap_or("").split('&').any(|p| p.split_once('=').map_or(p, |(k, _)| k) == "attributes");
+        let (mut parts, body) = req.into_parts();
+        if let Some(payload_sha256) = pre_verifiable(&parts, self.classify(&parts).name) {
+            match self.auth.sigv4().verify(&parts, None, std::time::SystemTime::now()) {
+                Ok(v) => {
+                    parts.headers.remove(http::header::AUTHORIZATION);
+                    parts.extensions.insert(PreVerified { access_key: v.principal.access_key, payload_sha256 });
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "signature refused");
+                    return error::xml_response(error::from_gateway(&GatewayError::Auth(e)), &cx.request_id).map(s3s::Body::from);
+                }
+            }
+        }
+        let mut req = Request::from_parts(parts, body);
         if length_unknown_unsigned(req.headers()) {
             // s3s refuses an UNSIGNED-PAYLOAD body without Content-Length
             // (MissingContentLength) before any handler runs, though
@@ -236,16 +295,16 @@ pub async fn start(cfg: GatewayConfig, fs: FsClient) -> Result<GatewayHandle, St
     }
     // Readers create the root too: it may not exist yet when they start first.
     let store = Store::open(fs, &cfg.root_path, true).await?;
-    let gateway = Gateway { store, cfg: Arc::new(cfg.clone()) };
+    let gateway = Gateway { store, cfg: Arc::new(cfg.clone()), access: Arc::default() };
     let vhosts = VirtualHosts::new(&cfg.virtual_host_domains)?;
     let mut builder = S3ServiceBuilder::new(gateway.clone());
     builder.set_auth(Keys(Arc::clone(&cfg.keys)));
-    builder.set_access(Access);
+    builder.set_access(Access(gateway.clone()));
     if !vhosts.is_empty() {
         builder.set_host(vhosts.clone());
     }
-    let protocol = Arc::new(S3Http { service: builder.build(), gateway: gateway.clone(), vhosts });
     let auth = Arc::new(Authenticator::new(Arc::clone(&cfg.keys), cfg.region.clone(), &["s3"], false));
+    let protocol = Arc::new(S3Http { service: builder.build(), gateway: gateway.clone(), vhosts, auth: Arc::clone(&auth) });
     let mut metrics = Metrics::new();
     let lifecycle_metrics = LifecycleMetrics::default();
     lifecycle_metrics.register(metrics.registry_mut());
@@ -318,6 +377,40 @@ mod tests {
         );
         assert!(super::unquote_etag_element(b"<ObjectSize>3</ObjectSize>").is_none());
         assert!(super::unquote_etag_element(b"<ETag>\"unclosed").is_none());
+    }
+
+    #[test]
+    fn only_large_signed_payload_object_puts_are_pre_verified() {
+        let hash = "a".repeat(64);
+        let parts = |method: &str, extra: &[(&str, &str)]| {
+            let mut b = http::Request::builder().method(method).uri("/b/k");
+            for (k, v) in extra {
+                b = b.header(*k, *v);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        let big = (1u64 << 20).to_string();
+        let auth = ("authorization", "AWS4-HMAC-SHA256 Credential=k/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00");
+        let ok = [auth, ("content-length", big.as_str()), ("x-amz-content-sha256", hash.as_str())];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &ok), "PutObject"), Some([0xaa; 32]));
+        assert_eq!(super::pre_verifiable(&parts("PUT", &ok), "UploadPart"), Some([0xaa; 32]));
+        // Other routes (their handlers do not check the payload hash), methods, small bodies, other modes.
+        assert_eq!(super::pre_verifiable(&parts("PUT", &ok), "PutBucketConfig"), None);
+        assert_eq!(super::pre_verifiable(&parts("PUT", &ok), "PutObjectTagging"), None);
+        assert_eq!(super::pre_verifiable(&parts("POST", &ok), "PutObject"), None);
+        let small = [auth, ("content-length", "1048575"), ("x-amz-content-sha256", hash.as_str())];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &small), "PutObject"), None);
+        let unsigned = [auth, ("content-length", big.as_str()), ("x-amz-content-sha256", "UNSIGNED-PAYLOAD")];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &unsigned), "PutObject"), None);
+        let streaming = [auth, ("content-length", big.as_str()), ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &streaming), "PutObject"), None);
+        let anonymous = [("content-length", big.as_str()), ("x-amz-content-sha256", hash.as_str())];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &anonymous), "PutObject"), None);
+        let twice =
+            [auth, ("content-length", big.as_str()), ("x-amz-content-sha256", hash.as_str()), ("x-amz-content-sha256", hash.as_str())];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &twice), "PutObject"), None);
+        let v2 = [("authorization", "AWS k:sig"), ("content-length", big.as_str()), ("x-amz-content-sha256", hash.as_str())];
+        assert_eq!(super::pre_verifiable(&parts("PUT", &v2), "PutObject"), None);
     }
 
     #[test]

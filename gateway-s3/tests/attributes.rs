@@ -42,7 +42,7 @@ async fn multipart(gw: &fskv_gateway_s3::ops::Gateway, key: &str, parts: &[&[u8]
             body: Some(blob(data)),
             ..Default::default()
         };
-        let e = gw.upload_part(input, &http::HeaderMap::new(), None).await.expect("part").e_tag;
+        let e = gw.upload_part(input, &http::HeaderMap::new(), None, None).await.expect("part").e_tag;
         done.push(CompletedPart { part_number: Some(i as i32 + 1), e_tag: e, ..Default::default() });
     }
     let complete = CompleteMultipartUploadInput {
@@ -66,11 +66,12 @@ async fn single_put_objects() {
         tags: None,
         if_match: None,
         if_none_match: None,
+        acl: None,
     };
     let mut headers = http::HeaderMap::new();
     // CRC32 of "hello" is 0x3610a686.
     headers.insert("x-amz-checksum-crc32", http::HeaderValue::from_static("NhCmhg=="));
-    gw.put(args, Some(blob(b"hello")), &headers, None).await.expect("put");
+    gw.put(args, Some(blob(b"hello")), &headers, None, None).await.expect("put");
     let all = ["ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"];
     let out = gw.object_attributes(&attrs("k", &all, None, None)).await.expect("attributes");
     // As the header arrives: one comma-separated list.

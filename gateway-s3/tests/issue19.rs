@@ -31,7 +31,7 @@ async fn part(gw: &fskv_gateway_s3::ops::Gateway, id: &str, n: i32, data: &[u8])
         body: Some(blob(data)),
         ..Default::default()
     };
-    gw.upload_part(input, &http::HeaderMap::new(), None).await.expect("part").e_tag.expect("etag")
+    gw.upload_part(input, &http::HeaderMap::new(), None, None).await.expect("part").e_tag.expect("etag")
 }
 
 fn complete_input(id: &str, etags: &[ETag]) -> CompleteMultipartUploadInput {
@@ -76,8 +76,9 @@ async fn a_repeated_completion_gets_the_first_answer_while_the_object_is_current
         tags: None,
         if_match: None,
         if_none_match: None,
+        acl: None,
     };
-    gw.put(args, Some(blob(b"newer")), &http::HeaderMap::new(), None).await.expect("put");
+    gw.put(args, Some(blob(b"newer")), &http::HeaderMap::new(), None, None).await.expect("put");
     let gone = gw.complete_upload(&complete_input(&id, &etags)).await.expect_err("after overwrite");
     assert_eq!(gone.code(), &S3ErrorCode::NoSuchUpload);
     server.shutdown().await;
@@ -121,8 +122,9 @@ async fn prefixes_naming_no_path_list_nothing() {
             tags: None,
             if_match: None,
             if_none_match: None,
+            acl: None,
         };
-        gw.put(args, Some(blob(b"x")), &http::HeaderMap::new(), None).await.expect("put");
+        gw.put(args, Some(blob(b"x")), &http::HeaderMap::new(), None, None).await.expect("put");
     }
     for prefix in ["/", "//", "/b", "b//", "b//a", "./", "b/../"] {
         for delimiter in [Some("d"), Some("/"), None] {
@@ -159,9 +161,10 @@ async fn a_body_of_unknown_length_stops_at_the_object_limit() {
         tags: None,
         if_match: None,
         if_none_match: None,
+        acl: None,
     };
     let err = gw
-        .put(args, Some(unsized_blob(&[b"12345", b"67890", b"x", b"never read"])), &http::HeaderMap::new(), None)
+        .put(args, Some(unsized_blob(&[b"12345", b"67890", b"x", b"never read"])), &http::HeaderMap::new(), None, None)
         .await
         .expect_err("too large");
     assert_eq!(err.code(), &S3ErrorCode::EntityTooLarge);
@@ -176,8 +179,9 @@ async fn a_body_of_unknown_length_stops_at_the_object_limit() {
         tags: None,
         if_match: None,
         if_none_match: None,
+        acl: None,
     };
-    let meta = gw.put(args, Some(unsized_blob(&[b"12345", b"67890"])), &http::HeaderMap::new(), None).await.expect("fits");
+    let meta = gw.put(args, Some(unsized_blob(&[b"12345", b"67890"])), &http::HeaderMap::new(), None, None).await.expect("fits");
     assert_eq!(meta.size, 10);
     server.shutdown().await;
 }

@@ -27,8 +27,9 @@ async fn put(gw: &fskv_gateway_s3::ops::Gateway, key: &str, tags: Option<Vec<(St
         tags,
         if_match: None,
         if_none_match: None,
+        acl: None,
     };
-    gw.put(args, Some(blob(b"data")), &http::HeaderMap::new(), None).await.expect("put");
+    gw.put(args, Some(blob(b"data")), &http::HeaderMap::new(), None, None).await.expect("put");
 }
 
 async fn keys(gw: &fskv_gateway_s3::ops::Gateway) -> Vec<String> {

@@ -26,8 +26,9 @@ async fn put(gw: &Gateway, key: &str) -> bool {
         tags: None,
         if_match: None,
         if_none_match: None,
+        acl: None,
     };
-    gw.put(args, None, &HeaderMap::new(), None).await.is_ok()
+    gw.put(args, None, &HeaderMap::new(), None, None).await.is_ok()
 }
 
 #[derive(Debug, PartialEq, Eq, Clone)]

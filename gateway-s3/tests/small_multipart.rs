@@ -27,7 +27,7 @@ async fn small_multipart_objects_keep_their_bytes() {
             body: Some(blob(p)),
             ..Default::default()
         };
-        let out = gw.upload_part(input, &http::HeaderMap::new(), None).await.expect("part");
+        let out = gw.upload_part(input, &http::HeaderMap::new(), None, None).await.expect("part");
         etags.insert(0, out.e_tag.expect("etag"));
     }
     let completed = CompletedMultipartUpload {

@@ -1,5 +1,6 @@
 //! The S3 operations, one file per group, on a [`Gateway`].
 
+pub mod acl;
 pub mod attributes;
 pub mod bucket;
 pub mod copy;
@@ -36,6 +37,8 @@ pub fn initiator() -> s3s::dto::Initiator {
 pub struct Gateway {
     pub store: Store,
     pub cfg: Arc<GatewayConfig>,
+    /// Bucket access settings by bucket name (`ops/acl.rs`).
+    pub access: Arc<acl::AccessCache>,
 }
 
 impl Gateway {
@@ -43,12 +46,28 @@ impl Gateway {
     /// sees only that tenant's buckets (others: 403 AccessDenied). A key
     /// revoked since s3s checked the signature, or of a tenant the user
     /// store does not know, is refused.
+    /// A request that `crate::auth::Access` allowed on a bucket of
+    /// another tenant (an ACL or the bucket policy) acts as that bucket's
+    /// owner (`crate::auth::Acting`).
     pub fn for_request<T>(&self, req: &s3s::S3Request<T>) -> Result<Gateway, s3s::S3Error> {
         let denied = |why: &str| s3s::S3Error::with_message(s3s::S3ErrorCode::AccessDenied, why.to_string());
-        let creds = req.credentials.as_ref().ok_or_else(|| denied("the request is not signed"))?;
-        let key = self.cfg.keys.get(&creds.access_key).ok_or_else(|| denied("the access key is not known to this gateway"))?;
+        if let Some(a) = req.extensions.get::<crate::auth::Acting>() {
+            let ids = fskv_gateway::TenantIds { uid: a.uid, gid: a.gid };
+            let caller = crate::store::Caller { tenant: format!("uid:{}", a.uid), ids };
+            return Ok(self.with_store(self.store.for_caller(caller)));
+        }
+        let access_key = match (&req.credentials, req.extensions.get::<crate::server::PreVerified>()) {
+            (Some(c), _) => c.access_key.as_str(),
+            (None, Some(p)) => p.access_key.as_str(),
+            (None, None) => return Err(denied("the request is not signed")),
+        };
+        let key = self.cfg.keys.get(access_key).ok_or_else(|| denied("the access key is not known to this gateway"))?;
         let ids = self.cfg.keys.tenant(&key.tenant).ok_or_else(|| denied("the key's tenant is not known to this gateway"))?;
         let caller = crate::store::Caller { tenant: key.tenant.clone(), ids };
-        Ok(Gateway { store: self.store.for_caller(caller), cfg: Arc::clone(&self.cfg) })
+        Ok(self.with_store(self.store.for_caller(caller)))
+    }
+
+    fn with_store(&self, store: Store) -> Gateway {
+        Gateway { store, cfg: Arc::clone(&self.cfg), access: Arc::clone(&self.access) }
     }
 }

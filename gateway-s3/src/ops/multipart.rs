@@ -56,7 +56,7 @@
 use super::object::{self, find_object, parse, timestamp, user_meta};
 use super::write::{self, Data};
 use super::Gateway;
-use crate::body::{self, Digests};
+use crate::body::{self, BodyDigests, Digests};
 use crate::error;
 use crate::objmeta::{self, Checksums, Headers, ObjectMeta, TagList, XATTR_META};
 use crate::store::{DIR_MODE, FILE_MODE, UPLOADS_DIR};
@@ -110,6 +110,9 @@ pub struct UploadRecord {
     pub tags: TagList,
     #[serde(default)]
     pub checksum_algorithm: Option<String>,
+    /// `x-amz-acl` of CreateMultipartUpload: the completed object's ACL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acl: Option<crate::access::CannedAcl>,
 }
 
 /// The in-place claim of part `n` (also where a readdir of its attempts starts).
@@ -228,7 +231,9 @@ impl Gateway {
         if path.dir_object {
             return Err(error::invalid_argument("multipart uploads of keys ending in '/' are not supported"));
         }
-        self.store.bucket(&input.bucket).await?;
+        let bucket_dir = self.store.bucket(&input.bucket).await?;
+        let acl = super::acl::object_acl_input(input.acl.as_ref())?;
+        self.check_acl_allowed(&bucket_dir, &input.bucket, acl).await?;
         let tags = match &input.tagging {
             Some(t) => objmeta::parse_tagging_header(t).map_err(error::invalid_argument)?,
             None => TagList::new(),
@@ -240,6 +245,7 @@ impl Gateway {
             user: user_meta(input.metadata.clone())?,
             tags,
             checksum_algorithm: input.checksum_algorithm.as_ref().map(|a| a.as_str().to_ascii_lowercase()),
+            acl: acl.filter(|a| *a != crate::access::CannedAcl::Private),
         };
         let dir = self.uploads_dir(&input.bucket, true).await?.unwrap_or(self.store.root);
         let id = new_upload_id();
@@ -267,6 +273,7 @@ impl Gateway {
         input: UploadPartInput,
         req_headers: &HeaderMap,
         trailers: Option<&s3s::TrailingHeaders>,
+        payload_sha256: Option<[u8; 32]>,
     ) -> Result<UploadPartOutput, S3Error> {
         self.check_part_number(input.part_number)?;
         let started_ns = write::now_ns();
@@ -277,7 +284,7 @@ impl Gateway {
                 algorithms.push(a.clone());
             }
         }
-        let mut digests = Digests::new(&algorithms);
+        let mut digests = BodyDigests::new(&algorithms).expect_payload_sha256(payload_sha256);
         let limits = &self.cfg.limits;
         let length = input.content_length.and_then(|l| u64::try_from(l).ok());
         let n = input.part_number;
@@ -300,14 +307,19 @@ impl Gateway {
             None => Some(write::receive(&self.store, up.dir, body, &mut digests, limits.max_part_bytes, limits).await?),
         };
         let size = digests.size;
-        let (md5, checksums) = digests.finish();
+        let finished = digests.finish().await;
         let trailer_map = trailers.and_then(|t| t.take());
-        if let Err(e) = body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums) {
-            if placed.is_some() {
-                self.drop_claim(up.dir, n, &e).await;
+        let verified = finished
+            .and_then(|(md5, checksums)| body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums).map(|()| (md5, checksums)));
+        let (md5, checksums) = match verified {
+            Ok(v) => v,
+            Err(e) => {
+                if placed.is_some() {
+                    self.drop_claim(up.dir, n, &e).await;
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         let record = PartRecord { etag: hex::encode(md5), size, mtime_ns: write::now_ns(), checksums, offset: placed, started_ns };
         match &data {
             Some(d) => self.publish_part(up.dir, n, d, &record).await?,
@@ -367,7 +379,7 @@ impl Gateway {
         offset: u64,
         size: u64,
         body: Option<StreamingBlob>,
-        digests: &mut Digests,
+        digests: &mut BodyDigests,
     ) -> Result<(), S3Error> {
         let flags = fskv_client::OpenFlags::read_write();
         let handle = Arc::new(self.store.fs.open_at(up.dir, DATA_FILE, flags).await.map_err(|e| error::from_file(e, "upload data"))?);
@@ -717,6 +729,7 @@ impl Gateway {
             part_sizes: chosen.iter().map(|(_, m)| m.size).collect(),
             upload_id: Some(input.upload_id.clone()),
             part_checksums: objmeta::kept_part_checksums(chosen.iter().map(|(_, m)| &m.checksums)),
+            acl: up.record.acl,
         };
         let tags = (!up.record.tags.is_empty()).then_some(&up.record.tags);
         let conditional = input.if_match.is_some() || input.if_none_match.is_some();

@@ -2,7 +2,8 @@
 
 use super::write::{self, Data};
 use super::Gateway;
-use crate::body::{self, Digests, ReadPlan};
+use crate::access::CannedAcl;
+use crate::body::{self, BodyDigests, Digests, ReadPlan};
 use crate::error;
 use crate::objmeta::{self, Headers, ObjectMeta, TagList, XATTR_META, XATTR_TAGS};
 use crate::paths::{self, ObjectPath};
@@ -223,6 +224,8 @@ pub struct PutArgs<'a> {
     pub tags: Option<TagList>,
     pub if_match: Option<&'a ETagCondition>,
     pub if_none_match: Option<&'a ETagCondition>,
+    /// `x-amz-acl` (checked against the bucket's ownership controls).
+    pub acl: Option<CannedAcl>,
 }
 
 impl Gateway {
@@ -232,20 +235,23 @@ impl Gateway {
         body: Option<StreamingBlob>,
         req_headers: &HeaderMap,
         trailers: Option<&s3s::TrailingHeaders>,
+        payload_sha256: Option<[u8; 32]>,
     ) -> Result<ObjectMeta, S3Error> {
         let path = parse(args.key)?;
-        let bucket = self.store.bucket(args.bucket).await?.id;
+        let bucket_dir = self.store.bucket(args.bucket).await?;
+        self.check_acl_allowed(&bucket_dir, args.bucket, args.acl).await?;
+        let bucket = bucket_dir.id;
         if path.dir_object {
             return self.put_dir_object(bucket, &path, args, body).await;
         }
         let expected = write_expectation(&self.store, bucket, &path, args.key, args.if_match, args.if_none_match).await?;
         // Conflicts with the tree are found before the body is read.
         let parent = self.store.ensure_dirs(bucket, path.parent(), args.key).await?;
-        let mut digests = Digests::new(&body::requested_algorithms(req_headers));
+        let mut digests = BodyDigests::new(&body::requested_algorithms(req_headers)).expect_payload_sha256(payload_sha256);
         let limits = &self.cfg.limits;
         let data = write::receive(&self.store, parent, body, &mut digests, limits.max_object_bytes, limits).await?;
         let size = digests.size;
-        let (md5, checksums) = digests.finish();
+        let (md5, checksums) = digests.finish().await?;
         let trailer_map = trailers.and_then(|t| t.take());
         body::verify(req_headers, trailer_map.as_ref(), &md5, &checksums)?;
         let meta = ObjectMeta {
@@ -258,6 +264,7 @@ impl Gateway {
             part_sizes: Vec::new(),
             upload_id: None,
             part_checksums: Vec::new(),
+            acl: args.acl.filter(|a| *a != CannedAcl::Private),
         };
         let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
         Ok(meta)
@@ -291,6 +298,7 @@ impl Gateway {
             mtime_ns: write::now_ns(),
             headers: args.headers,
             user: args.user,
+            acl: args.acl.filter(|a| *a != CannedAcl::Private),
             ..ObjectMeta::default()
         };
         let flag = if args.if_none_match.is_some() { XattrFlag::Create } else { XattrFlag::Any };
@@ -440,7 +448,10 @@ impl Gateway {
         )
         .map_err(|e| if e.code() == &S3ErrorCode::NotModified { error::precondition_failed("copy source condition") } else { e })?;
         let dst_path = parse(&input.key)?;
-        let dst_bucket = self.store.bucket(&input.bucket).await?.id;
+        let dst_dir = self.store.bucket(&input.bucket).await?;
+        let acl = super::acl::object_acl_input(input.acl.as_ref())?;
+        self.check_acl_allowed(&dst_dir, &input.bucket, acl).await?;
+        let dst_bucket = dst_dir.id;
         let replace_meta = input.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let same = src_bucket_id == dst_bucket && src_path == dst_path;
         if same && !replace_meta {
@@ -473,6 +484,8 @@ impl Gateway {
             // A copy is not the object the upload made.
             upload_id: None,
             part_checksums: src.meta.part_checksums.clone(),
+            // As S3: a copy gets the ACL of the request, not the source's.
+            acl: acl.filter(|a| *a != CannedAcl::Private),
         };
         let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
         Ok(CopyObjectOutput {

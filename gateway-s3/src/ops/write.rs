@@ -3,7 +3,7 @@
 //! one meta transaction. Shared by PutObject, CopyObject, UploadPart and
 //! CompleteMultipartUpload.
 
-use crate::body::Digests;
+use crate::body::BodyDigests;
 use crate::config::Limits;
 use crate::error;
 use crate::objmeta::{self, ObjectMeta, TagList, XATTR_META, XATTR_TAGS};
@@ -38,7 +38,7 @@ pub async fn receive(
     store: &Store,
     temp_dir: InodeId,
     body: Option<StreamingBlob>,
-    digests: &mut Digests,
+    digests: &mut BodyDigests,
     max_bytes: u64,
     limits: &Limits,
 ) -> Result<Data, S3Error> {
@@ -47,7 +47,7 @@ pub async fn receive(
     let mut rest_first: Option<Bytes> = None;
     while let Some(piece) = body.next().await {
         let piece = piece.map_err(body_error)?;
-        account(digests, &piece, max_bytes)?;
+        account(digests, &piece, max_bytes).await?;
         if head.len() + piece.len() > DEFAULT_INLINE_MAX_BYTES {
             rest_first = Some(piece);
             break;
@@ -66,7 +66,7 @@ pub async fn receive_at(
     handle: &Arc<FileHandle>,
     base: u64,
     body: Option<StreamingBlob>,
-    digests: &mut Digests,
+    digests: &mut BodyDigests,
     max_bytes: u64,
     limits: &Limits,
 ) -> Result<(), S3Error> {
@@ -84,7 +84,7 @@ async fn pump(
     head: &[u8],
     first: Option<Bytes>,
     body: &mut StreamingBlob,
-    digests: &mut Digests,
+    digests: &mut BodyDigests,
     max_bytes: u64,
     limits: &Limits,
 ) -> Result<(), S3Error> {
@@ -121,7 +121,7 @@ async fn pump(
         match body.next().await {
             Some(piece) => {
                 let piece = piece.map_err(body_error)?;
-                account(digests, &piece, max_bytes)?;
+                account(digests, &piece, max_bytes).await?;
                 next_piece = Some(piece);
             }
             None => break,
@@ -146,8 +146,8 @@ async fn join_one(writes: &mut JoinSet<fskv_client::file::Result<()>>) -> Result
     }
 }
 
-fn account(digests: &mut Digests, piece: &[u8], max_bytes: u64) -> Result<(), S3Error> {
-    digests.update(piece);
+async fn account(digests: &mut BodyDigests, piece: &Bytes, max_bytes: u64) -> Result<(), S3Error> {
+    digests.feed(piece).await?;
     if digests.size > max_bytes {
         return Err(S3Error::with_message(s3s::S3ErrorCode::EntityTooLarge, format!("the body is larger than {max_bytes} bytes")));
     }
@@ -163,6 +163,9 @@ fn body_error(e: s3s::StdError) -> S3Error {
     // A signature or checksum failure inside an aws-chunked body surfaces here.
     let msg = e.to_string();
     tracing::debug!(error = %msg, "request body failed");
+    if msg.contains("Sha256Mismatch") {
+        return error::payload_sha256_mismatch();
+    }
     if msg.contains("signature") || msg.contains("Signature") {
         return S3Error::with_message(s3s::S3ErrorCode::SignatureDoesNotMatch, msg);
     }

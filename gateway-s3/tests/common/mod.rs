@@ -26,7 +26,7 @@ pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rp
     let keys = Arc::new(KeyStore::new(vec![AccessKey::new("a", "b")]).expect("keys"));
     let mut cfg = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), Role::Writer, keys);
     tune(&mut cfg);
-    let gw = Gateway { store, cfg: Arc::new(cfg) };
+    let gw = Gateway { store, cfg: Arc::new(cfg), access: Arc::default() };
     gw.create_bucket("bkt").await.expect("bucket");
     (gw, server)
 }
