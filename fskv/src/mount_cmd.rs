@@ -36,6 +36,12 @@ pub struct MountArgs {
     /// A partial run is written this long after its first byte.
     #[arg(long, default_value_t = MountConfig::default().write_flush_delay_ms)]
     write_flush_delay_ms: u64,
+    /// Kernel readahead window of the mount (sequential reads keep this
+    /// much in flight); written to the mount's
+    /// `/sys/class/bdi/MAJ:MIN/read_ahead_kb` (needs root; otherwise the
+    /// kernel's 128 KiB stays).
+    #[arg(long, env = "FSKV_MOUNT_READAHEAD_BYTES", default_value_t = MountConfig::default().max_readahead_bytes)]
+    readahead_bytes: u32,
     /// fsync every namespace change (create, mkdir, rename, close, …) before
     /// replying. Default: changes are acknowledged once in meta's log (they
     /// survive a crash of meta) and fsync(2) / fsyncdir(2) make them durable
@@ -60,6 +66,7 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
         allow_other: !args.private,
         write_buffer_bytes: args.write_buffer_bytes,
         write_flush_delay_ms: args.write_flush_delay_ms,
+        max_readahead_bytes: args.readahead_bytes,
         relaxed_metadata: !args.synced_metadata,
         ..Default::default()
     };

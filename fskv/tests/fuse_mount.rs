@@ -297,6 +297,34 @@ fn check_cross_visibility(mnt: &Path, mgmtd: &str, meta: &str, scratch: &Path) {
     assert!(fs::read(mnt.join("put-big")).unwrap() == data, "a file rewritten elsewhere is read fresh at the next open");
 }
 
+/// The mount sets its kernel readahead window (`MountConfig::max_readahead_bytes`,
+/// 4 MiB) through sysfs when it may (root); a 20 MiB file then reads back
+/// intact sequentially with a cold page cache.
+fn check_readahead(mnt: &Path) {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let p = mnt.to_str().unwrap();
+    let dev = info
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some(p))
+        .and_then(|l| l.split(' ').nth(2))
+        .expect("the mount in /proc/self/mountinfo")
+        .to_string();
+    let kb: u32 = fs::read_to_string(format!("/sys/class/bdi/{dev}/read_ahead_kb")).unwrap().trim().parse().unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(kb, 4096, "the mount should set its readahead window to 4 MiB");
+    } else {
+        println!("not root: the kernel's readahead window ({kb} KiB) stays");
+    }
+    let data = pattern(20 << 20, 77);
+    fs::write(mnt.join("readahead"), &data).unwrap();
+    // Dropping the page cache needs root; otherwise the read may be warm.
+    let _ = fs::write("/proc/sys/vm/drop_caches", "1");
+    assert!(fs::read(mnt.join("readahead")).unwrap() == data, "a sequential read through the readahead window differs");
+    fs::remove_file(mnt.join("readahead")).unwrap();
+}
+
 fn stop_mount(mut m: MountProc) {
     let mut child = m.child.take().unwrap();
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
@@ -342,6 +370,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     check_xattrs_statfs(&mnt);
     check_other_user(&mnt);
     check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
+    check_readahead(&mnt);
     println!("checks took {:?}", t0.elapsed());
     // A file held open makes umount(2) fail with EBUSY: the mount detaches
     // lazily and the process still exits.

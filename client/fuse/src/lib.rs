@@ -38,7 +38,11 @@ pub struct MountConfig {
     pub max_open_handles: usize,
     /// Largest write the kernel sends in one request.
     pub max_write_bytes: u32,
-    /// Kernel readahead window.
+    /// Kernel readahead window of the mount: offered at FUSE init and
+    /// written to the mount's `/sys/class/bdi/MAJ:MIN/read_ahead_kb` once
+    /// mounted (the kernel starts a FUSE mount at 128 KiB whatever init
+    /// says; see [`set_read_ahead`]). Sequential reads keep this much in
+    /// flight as requests of up to `max_pages` (1 MiB).
     pub max_readahead_bytes: u32,
     /// Entries per readdir page asked of meta.
     pub readdir_page_entries: u32,
@@ -83,7 +87,7 @@ impl Default for MountConfig {
             entry_ttl_ms: 1_000,
             max_open_handles: 65_536,
             max_write_bytes: 1 << 20,
-            max_readahead_bytes: 1 << 20,
+            max_readahead_bytes: 4 << 20,
             readdir_page_entries: 256,
             reader_threads: 2,
             allow_other: true,
@@ -140,10 +144,17 @@ where
     let filesystem = fs::FskvFs::new(shared.clone(), rt.clone());
     let options = fuser_config(&cfg);
     let path: PathBuf = mountpoint.to_path_buf();
+    // Resolved before mounting: afterwards a lookup of the mount point
+    // would wait for this daemon.
+    let resolved = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| path.clone());
     // The handshake blocks on /dev/fuse; keep it off the async workers.
     let mut session =
         tokio::task::spawn_blocking(move || fuser::Session::new(filesystem, &path, &options)).await.map_err(std::io::Error::other)??;
     let mut unmounter = session.unmount_callable();
+    match set_read_ahead(&resolved, cfg.max_readahead_bytes) {
+        Ok(kb) => tracing::info!(read_ahead_kb = kb, "kernel readahead window set"),
+        Err(e) => tracing::info!(error = %e, "kernel readahead window left at the kernel's default (128 KiB)"),
+    }
     let _ = shared.notifier.set(session.notifier());
     if let Some(ucfg) = cfg.usrbio.clone() {
         match usrbio::Server::start(ucfg, rt.clone(), Arc::downgrade(&shared)) {
@@ -185,6 +196,35 @@ where
     runner.join().map_err(|_| std::io::Error::other("the FUSE session thread panicked"))?
 }
 
+/// Sets the kernel readahead window of the FUSE mount at `mountpoint` to
+/// `bytes` (rounded up to KiB) through `/sys/class/bdi/MAJ:MIN/read_ahead_kb`;
+/// the device number comes from `/proc/self/mountinfo` (a `stat` of the
+/// mount point would wait for this very daemon). Needs root; returns the
+/// KiB written.
+pub fn set_read_ahead(mountpoint: &Path, bytes: u32) -> std::io::Result<u32> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let dev = mount_device(&mountinfo, mountpoint).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotFound, format!("{} not in /proc/self/mountinfo", mountpoint.display()))
+    })?;
+    let kb = bytes.div_ceil(1024).max(4);
+    std::fs::write(format!("/sys/class/bdi/{dev}/read_ahead_kb"), kb.to_string())?;
+    Ok(kb)
+}
+
+/// The `MAJ:MIN` of the last mount at `mountpoint` in a mountinfo text
+/// (proc(5): field 3 is the device, field 5 the mount point, with space,
+/// tab, newline and backslash escaped as octal).
+fn mount_device(mountinfo: &str, mountpoint: &Path) -> Option<String> {
+    let want = mountpoint.to_str()?.trim_end_matches('/');
+    mountinfo.lines().rev().find_map(|line| {
+        let mut f = line.split(' ');
+        let dev = f.nth(2)?;
+        let point = f.nth(1)?;
+        let point = point.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\");
+        (point == want && dev.contains(':')).then(|| dev.to_string())
+    })
+}
+
 /// Bound on the wait for the session thread after unmount.
 const SESSION_END_TIMEOUT_MS: u64 = 10_000;
 
@@ -197,5 +237,25 @@ fn detach(mountpoint: &Path) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mount_device_is_the_last_mount_at_the_exact_path() {
+        let info = "22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
+                    40 22 0:40 / /tmp/m rw,nosuid,nodev,relatime shared:20 - fuse.fskv fskv rw,user_id=0\n\
+                    41 22 0:41 / /tmp/m2 rw - fuse.fskv fskv rw\n\
+                    42 40 0:44 / /tmp/m rw - fuse.fskv fskv rw\n\
+                    43 22 0:45 / /tmp/with\\040space rw - fuse.fskv fskv rw\n";
+        assert_eq!(mount_device(info, Path::new("/tmp/m")).as_deref(), Some("0:44"));
+        assert_eq!(mount_device(info, Path::new("/tmp/m/")).as_deref(), Some("0:44"));
+        assert_eq!(mount_device(info, Path::new("/tmp/m2")).as_deref(), Some("0:41"));
+        assert_eq!(mount_device(info, Path::new("/tmp/with space")).as_deref(), Some("0:45"));
+        assert_eq!(mount_device(info, Path::new("/tmp/none")), None);
+        assert_eq!(mount_device("garbage\n\n1 2\n", Path::new("/tmp/m")), None);
     }
 }

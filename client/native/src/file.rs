@@ -267,6 +267,7 @@ impl FsClient {
         let storage_config = StorageClientConfig {
             max_attempts: FAILOVER_STORAGE_ATTEMPTS,
             retry_budget_ms: FAILOVER_RETRY_BUDGET_MS,
+            read_affinity: true,
             ..StorageClientConfig::default()
         };
         let storage = StorageClient::new(rpc, source.handle(), storage_config);

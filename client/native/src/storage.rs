@@ -199,6 +199,11 @@ pub struct StorageClientConfig {
     pub call_timeout_ms: u64,
     /// How long to wait for newer routing after a stale-version error.
     pub routing_wait_ms: u64,
+    /// Every read of a file's chunks on one chain goes to the same serving
+    /// replica (`StorageClient::replica_for`); off: every read picks the
+    /// next replica round-robin (each replica of a chain is exercised, as
+    /// the fault tests want). `FsClient` turns it on.
+    pub read_affinity: bool,
 }
 
 impl Default for StorageClientConfig {
@@ -211,6 +216,7 @@ impl Default for StorageClientConfig {
             retry_budget_ms: 0,
             call_timeout_ms: 30_000,
             routing_wait_ms: 500,
+            read_affinity: false,
         }
     }
 }
@@ -246,10 +252,21 @@ struct Inner {
     routing: RoutingHandle,
     config: StorageClientConfig,
     next_request: AtomicU64,
+    /// Seeds the choice of replica per run of chunks (`replica_for`).
+    spread_seed: u64,
+    /// Round-robin position (without `read_affinity`).
     spread: AtomicUsize,
     senders: Arc<Semaphore>,
     /// Set for a `user:` principal: every data-path request carries a capability.
     caps: std::sync::OnceLock<Arc<dyn CapSource>>,
+}
+
+/// SplitMix64's finalizer: spreads consecutive values.
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Where one attempt goes.
@@ -266,6 +283,7 @@ impl StorageClient {
         let senders = Arc::new(Semaphore::new(config.max_concurrent_senders));
         // From the client id (random by default), not a fresh random number:
         // a simulation fixing the id replays the same choices.
+        let spread_seed = config.client_id;
         let spread = AtomicUsize::new(config.client_id as u16 as usize);
         StorageClient {
             inner: Arc::new(Inner {
@@ -273,6 +291,7 @@ impl StorageClient {
                 routing,
                 config,
                 next_request: AtomicU64::new(1),
+                spread_seed,
                 spread,
                 senders,
                 caps: std::sync::OnceLock::new(),
@@ -444,11 +463,12 @@ impl StorageClient {
     }
 
     /// Reads `len_bytes` at `offset_bytes` (short at the chunk end) from a
-    /// serving target of `chain`, spreading reads over the chain.
+    /// serving target of `chain` ([`Self::replica_for`]; the next one on
+    /// each retry).
     pub async fn read(&self, chain: ChainId, chunk: ChunkId, offset_bytes: u64, len_bytes: u32, relaxed: bool) -> Result<ReadData> {
         let spec = ReadSpec { chain, chunk, offset_bytes, len_bytes, relaxed };
-        self.with_retries(|_| async move {
-            let route = self.read_route(chain)?;
+        self.with_retries(|n| async move {
+            let route = self.read_route(chain, chunk, n)?;
             let io = ReadIo {
                 chain_id: chain,
                 chain_ver: route.chain_ver,
@@ -476,7 +496,7 @@ impl StorageClient {
         let mut results: Vec<Option<Result<ReadData>>> = specs.iter().map(|_| None).collect();
         for (i, spec) in specs.iter().enumerate() {
             // A read without a route now is left None and retried below.
-            if let Ok(route) = self.pick_readable(&routing, spec.chain) {
+            if let Ok(route) = self.pick_readable(&routing, spec.chain, spec.chunk, 0) {
                 groups.entry(route.addr).or_default().push((
                     i,
                     ReadIo {
@@ -633,19 +653,42 @@ impl StorageClient {
         Self::route_to(&routing, info, head.target_id, head.node_id)
     }
 
-    fn read_route(&self, chain: ChainId) -> std::result::Result<Route, (StorageClientError, u64)> {
+    fn read_route(&self, chain: ChainId, chunk: ChunkId, attempt: u32) -> std::result::Result<Route, (StorageClientError, u64)> {
         let routing = self.inner.routing.current();
-        self.pick_readable(&routing, chain)
+        self.pick_readable(&routing, chain, chunk, attempt)
     }
 
-    fn pick_readable(&self, routing: &RoutingInfo, chain: ChainId) -> std::result::Result<Route, (StorageClientError, u64)> {
+    fn pick_readable(
+        &self,
+        routing: &RoutingInfo,
+        chain: ChainId,
+        chunk: ChunkId,
+        attempt: u32,
+    ) -> std::result::Result<Route, (StorageClientError, u64)> {
         let info = Self::chain_of(routing, chain)?;
         let readable: Vec<_> = info.readable().collect();
         if readable.is_empty() {
             return Err((StorageClientError::NoRoute(format!("{chain} has no serving target")), routing.version));
         }
-        let pick = readable[self.inner.spread.fetch_add(1, Ordering::Relaxed) % readable.len()];
+        let pick = readable[self.replica_for(chain, chunk, attempt, readable.len())];
         Self::route_to(routing, info, pick.target_id, pick.node_id)
+    }
+
+    /// Which of `n` readable replicas of `chain` serves a read of `chunk`.
+    /// With `read_affinity`: the same one for every chunk of the file on
+    /// that chain (chosen by a hash of this client's id, the inode and the
+    /// chain), the next one on each retry. A sequential reader then reads
+    /// each target's chunks of the file in order, so the target's own
+    /// block-file readahead works (round-robin per read made every replica
+    /// of a 3-replica chain skip two of three chunks and defeated it), while
+    /// files, chains and clients still spread over the replicas. Without:
+    /// the next replica round-robin per read.
+    fn replica_for(&self, chain: ChainId, chunk: ChunkId, attempt: u32, n: usize) -> usize {
+        if !self.inner.config.read_affinity {
+            return self.inner.spread.fetch_add(1, Ordering::Relaxed) % n;
+        }
+        let h = mix64(self.inner.spread_seed ^ mix64(chunk.inode.0 ^ mix64(u64::from(chain.0))));
+        ((h % n as u64) as usize + attempt as usize) % n
     }
 
     fn route_to(
@@ -750,6 +793,41 @@ mod tests {
         publisher.update(|r| r.chains[0].chain_version += 1);
         assert_eq!(waiter.await.ok(), Some(2));
         assert_eq!(handle.current().chains[0].chain_version, 2);
+    }
+
+    /// With read affinity every chunk of a file on a chain reads from one
+    /// replica (the target's block-file readahead then sees them in order),
+    /// a retry moves to the next replica, and files and chains spread over
+    /// all replicas; without it reads go round-robin.
+    #[tokio::test]
+    async fn reads_of_a_file_on_a_chain_stay_on_one_replica_and_retries_rotate() {
+        let (_publisher, handle) = RoutingPublisher::new(one_target_routing("127.0.0.1:1".into()));
+        let rpc = RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
+        let config = StorageClientConfig { client_id: 7, read_affinity: true, ..StorageClientConfig::default() };
+        let client = StorageClient::new(rpc, handle, config);
+        let n = 3;
+        let mut used = [0usize; 3];
+        for inode in 1..40u64 {
+            for chain in 1..5u32 {
+                let chain = ChainId(chain);
+                let first = client.replica_for(chain, ChunkId::new(InodeId(inode), 0), 0, n);
+                used[first] += 1;
+                for index in 0..64u64 {
+                    let c = ChunkId::new(InodeId(inode), index);
+                    assert_eq!(client.replica_for(chain, c, 0, n), first, "{c} on {chain} left its replica");
+                    assert_eq!(client.replica_for(chain, c, 1, n), (first + 1) % n);
+                    assert_eq!(client.replica_for(chain, c, 2, n), (first + 2) % n);
+                }
+            }
+        }
+        assert!(used.iter().all(|&u| u > 20), "files and chains should spread over the replicas: {used:?}");
+        assert_eq!(client.replica_for(ChainId(1), ChunkId::new(InodeId(5), 0), 0, 1), 0);
+        // Without affinity: round-robin per read, whatever the chunk.
+        let (_publisher, handle) = RoutingPublisher::new(one_target_routing("127.0.0.1:1".into()));
+        let rpc = RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
+        let rr = StorageClient::new(rpc, handle, StorageClientConfig { client_id: 7, ..StorageClientConfig::default() });
+        let picks: Vec<usize> = (0..6).map(|_| rr.replica_for(ChainId(1), ChunkId::new(InodeId(5), 0), 0, n)).collect();
+        assert_eq!(picks, vec![1, 2, 0, 1, 2, 0]);
     }
 
     fn one_target_routing(address: String) -> RoutingInfo {

@@ -1,7 +1,9 @@
 //! Reads: `BatchRead` (strict or relaxed reads of several chunks, each
 //! routed to a serving target) and `QueryLastChunk`. Admission is
 //! [`chain::check_read`] (chain version first, then serving only); the
-//! engine work runs off the async threads.
+//! engine work runs off the async threads, except for small batches
+//! (`StorageConfig::max_inline_read_bytes`), which run in place on their
+//! worker (`block_in_place`) to save two thread hand-offs per read.
 
 use super::repair::RepairCause;
 use super::{StorageService, Target};
@@ -65,7 +67,7 @@ impl StorageService {
 
     async fn read_jobs(&self, jobs: Arc<ReadJobs>, total: u64) -> Result<(BatchReadResp, Bytes)> {
         let this = self.clone();
-        self.blocking(move || {
+        self.blocking_read(total, move || {
             let mut payload = BytesMut::with_capacity(total as usize);
             let mut results = Vec::with_capacity(jobs.len());
             for (io, target) in jobs.iter() {
