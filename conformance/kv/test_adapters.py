@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import types
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
@@ -152,7 +153,15 @@ class SglangBackendTest(unittest.TestCase):
         stats = b.get_stats()
         self.assertEqual((stats["set_pages"], stats["get_pages"]), (5, 7))
         self.assertEqual(stats["set_bytes"], 5 * 2 * 1024)
-        self.assertIn("keys", stats["namespace"]["stats"])  # published periodically: not asserted exact
+        # The namespace's stats are published by the KV writer every
+        # stats_interval_ms (1 s): a namespace this new may have none yet.
+        ns_stats = stats["namespace"]["stats"]
+        deadline = time.monotonic() + 10
+        while ns_stats is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            ns_stats = b.get_stats()["namespace"]["stats"]
+        self.assertIsNotNone(ns_stats, "the namespace's stats were not published within 10 s")
+        self.assertIn("keys", ns_stats)  # published periodically: not asserted exact
         self.assertEqual(b.get_stats()["get_pages"], 0)  # reset by the previous call
 
     def test_batch_exists_counts_whole_leading_pages(self):

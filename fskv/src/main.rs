@@ -83,8 +83,21 @@ enum ConfigCommand {
     Show,
 }
 
+/// The log filter: `FSKV_LOG` or the command's level, with the s3s crate's
+/// own logging off unless the filter names it. s3s logs every request it
+/// refuses or whose handler returned an error (an unsigned request, a
+/// missing key) at ERROR, which would let any client fill the logs; the S3
+/// gateway logs its own internal errors where it handles them.
+fn log_filter(env: Option<String>, level: &str) -> String {
+    let mut filter = env.unwrap_or_else(|| level.to_string());
+    if !filter.contains("s3s") {
+        filter.push_str(",s3s=off");
+    }
+    filter
+}
+
 fn init_logging(level: &str) {
-    let filter = std::env::var("FSKV_LOG").unwrap_or_else(|_| level.to_string());
+    let filter = log_filter(std::env::var("FSKV_LOG").ok(), level);
     let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("fskv: invalid log filter {filter:?} ({e}); using \"info\"");
         tracing_subscriber::EnvFilter::new("info")
@@ -139,7 +152,14 @@ fn main() -> std::process::ExitCode {
             }
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if matches!(cli.command, Command::Front(_)) {
+        // The front forwards bytes; its threads should not compete with the
+        // gateways' for the cores (see `[front] worker_threads`).
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        builder.worker_threads(config.front.runtime_threads(cpus));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fskv: cannot start the async runtime: {e}");
@@ -186,4 +206,15 @@ fn main() -> std::process::ExitCode {
 /// as mgmtd's fencing of storage and meta heartbeats requires.
 fn generation_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn s3s_logging_is_off_unless_asked_for() {
+        assert_eq!(super::log_filter(None, "info"), "info,s3s=off");
+        assert_eq!(super::log_filter(Some("warn".into()), "info"), "warn,s3s=off");
+        assert_eq!(super::log_filter(Some("debug,s3s=debug".into()), "info"), "debug,s3s=debug");
+        assert!(tracing_subscriber::EnvFilter::try_new(super::log_filter(None, "info")).is_ok());
+    }
 }
