@@ -103,6 +103,16 @@ def http_status(exc):
     return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
 
 
+def outcome(fn):
+    """("ok",) if fn() succeeds, else ("error", HTTP status, S3 error code)."""
+    from botocore.exceptions import ClientError
+    try:
+        fn()
+        return ("ok",)
+    except ClientError as e:
+        return ("error", http_status(e), error_code(e))
+
+
 # ---------------------------------------------------------------- checksums
 
 def md5_hex(data):

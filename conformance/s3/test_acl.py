@@ -21,7 +21,7 @@ from botocore import UNSIGNED
 from botocore.exceptions import ClientError
 
 import s3util
-from s3util import error_code, http_status
+from s3util import error_code, http_status, outcome
 
 REF = os.environ.get("S3_REFERENCE_ENDPOINT", "")
 ALL_USERS = "http://acs.amazonaws.com/groups/global/AllUsers"
@@ -67,14 +67,6 @@ def eventually(bucket, key, want_status, within_s=4.0):
 
 def groups(grants):
     return sorted((g["Grantee"].get("URI"), g["Permission"]) for g in grants if g["Grantee"].get("Type") == "Group")
-
-
-def outcome(fn):
-    try:
-        fn()
-        return ("ok",)
-    except ClientError as e:
-        return ("error", http_status(e), error_code(e))
 
 
 gateway_only = pytest.mark.moto_gap  # moto does not check anonymous access

@@ -335,14 +335,6 @@ def test_empty_delimiter_acts_as_absent(s3, raw, bucket, query):
 
 # ------------------------------------------------------------ 6. error codes
 
-def _outcome(fn):
-    try:
-        fn()
-        return ("ok",)
-    except ClientError as e:
-        return ("error", http_status(e), error_code(e))
-
-
 def _encoded_path_outcome(raw, method, encoded_path, body=b""):
     """A request whose path goes on the wire exactly as `encoded_path` (the
     raw signer would encode its '%'). It is signed as if the path were
@@ -380,39 +372,39 @@ def error_cases(s3, raw, bucket):
     bogus = '"0123456789abcdef0123456789abcdef"'
 
     def part_copy(rng, source=src):
-        return lambda: _outcome(lambda: s3.upload_part_copy(
+        return lambda: s3util.outcome(lambda: s3.upload_part_copy(
             Bucket=bucket, Key="dst", UploadId=dst, PartNumber=1, CopySource=source, CopySourceRange=rng))
 
     return [
         ("get partNumber 3 of a 2-part object", ("error", 416, "InvalidPartNumber"),
-         lambda: _outcome(lambda: s3.get_object(Bucket=bucket, Key="multi", PartNumber=3))),
+         lambda: s3util.outcome(lambda: s3.get_object(Bucket=bucket, Key="multi", PartNumber=3))),
         ("get partNumber 2 of a single-part object", ("error", 416, "InvalidPartNumber"),
-         lambda: _outcome(lambda: s3.get_object(Bucket=bucket, Key="one", PartNumber=2))),
+         lambda: s3util.outcome(lambda: s3.get_object(Bucket=bucket, Key="one", PartNumber=2))),
         # HEAD has no body: the code is not on the wire.
         ("head partNumber 3 of a 2-part object", ("error", 416, "416"),
-         lambda: _outcome(lambda: s3.head_object(Bucket=bucket, Key="multi", PartNumber=3))),
+         lambda: s3util.outcome(lambda: s3.head_object(Bucket=bucket, Key="multi", PartNumber=3))),
         ("get range beyond the end", ("error", 416, "InvalidRange"),
-         lambda: _outcome(lambda: s3.get_object(Bucket=bucket, Key="one", Range="bytes=1000-2000"))),
+         lambda: s3util.outcome(lambda: s3.get_object(Bucket=bucket, Key="one", Range="bytes=1000-2000"))),
         ("upload part copy, range beyond the source", ("error", 416, "InvalidRange"), part_copy("bytes=0-1000")),
         ("upload part copy, range starting beyond the source", ("error", 416, "InvalidRange"), part_copy("bytes=500-600")),
         ("upload part copy, missing source", ("error", 404, "NoSuchKey"),
          part_copy("bytes=0-1", {"Bucket": bucket, "Key": "nope"})),
         ("put If-None-Match * on an existing key", ("error", 412, "PreconditionFailed"),
-         lambda: _outcome(lambda: s3.put_object(Bucket=bucket, Key="one", Body=b"again", IfNoneMatch="*"))),
+         lambda: s3util.outcome(lambda: s3.put_object(Bucket=bucket, Key="one", Body=b"again", IfNoneMatch="*"))),
         ("put If-Match on a missing key", ("error", 404, "NoSuchKey"),
-         lambda: _outcome(lambda: s3.put_object(Bucket=bucket, Key="missing", Body=b"x", IfMatch=bogus))),
+         lambda: s3util.outcome(lambda: s3.put_object(Bucket=bucket, Key="missing", Body=b"x", IfMatch=bogus))),
         ("put If-Match with another ETag", ("error", 412, "PreconditionFailed"),
-         lambda: _outcome(lambda: s3.put_object(Bucket=bucket, Key="one", Body=b"x", IfMatch=bogus))),
+         lambda: s3util.outcome(lambda: s3.put_object(Bucket=bucket, Key="one", Body=b"x", IfMatch=bogus))),
         ("get of a missing key", ("error", 404, "NoSuchKey"),
-         lambda: _outcome(lambda: s3.get_object(Bucket=bucket, Key="missing"))),
+         lambda: s3util.outcome(lambda: s3.get_object(Bucket=bucket, Key="missing"))),
         ("get If-Match on another ETag", ("error", 412, "PreconditionFailed"),
-         lambda: _outcome(lambda: s3.get_object(Bucket=bucket, Key="one", IfMatch=bogus))),
+         lambda: s3util.outcome(lambda: s3.get_object(Bucket=bucket, Key="one", IfMatch=bogus))),
         ("get of a key that is not UTF-8 (%FF)", ("error", 400, "InvalidURI"),
          lambda: _encoded_path_outcome(raw, "GET", f"/{bucket}/%FF-undecodable")),
         ("put of a key that is not UTF-8 (%C3%28)", ("error", 400, "InvalidURI"),
          lambda: _encoded_path_outcome(raw, "PUT", f"/{bucket}/%C3%28-undecodable", body=b"x")),
         ("complete of an unknown upload", ("error", 404, "NoSuchUpload"),
-         lambda: _outcome(lambda: _complete(s3, bucket, "multi", "0" * 48, [{"PartNumber": 1, "ETag": es[0]}]))),
+         lambda: s3util.outcome(lambda: _complete(s3, bucket, "multi", "0" * 48, [{"PartNumber": 1, "ETag": es[0]}]))),
     ]
 
 

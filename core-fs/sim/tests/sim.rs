@@ -1,10 +1,12 @@
 //! Deterministic simulation (turmoil) of two mgmtd instances (primary +
 //! standby on one KV engine) + 3–6 storage nodes + 2 writing clients under
 //! random crashes, restarts, pauses longer than T and partitions (the
-//! primary mgmtd crashed, isolated and paused too), and disk faults (a
-//! target's block-file reads or writes fail with EIO through the chunk
-//! engine's fault-injection seam, until its node restarts). Every seed replays
-//! bit-exactly. See docs/mgmtd.md, "Simulation".
+//! primary mgmtd crashed, isolated and paused too), disk faults (a target's
+//! block-file reads or writes fail with EIO through the chunk engine's
+//! fault-injection seam, until its node restarts), power cuts of one storage
+//! node or of all (the chunk engine's power-loss model, landing inside an
+//! update through an armed crash point) and jumps of an mgmtd instance's
+//! clock. Every seed replays bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
 //! * `cargo test -p fskv-sim --test sim` runs `FSKV_SIM_SEEDS` seeds
 //!   (default [`DEFAULT_SEEDS`]) starting at `FSKV_SIM_FIRST_SEED` (default 1);
@@ -21,7 +23,7 @@
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fskv_chunk_engine::{ChunkEngine, EngineConfig, IoOp, ReadMode};
+use fskv_chunk_engine::{ChunkEngine, CrashPoint, EngineConfig, IoOp, ReadMode};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_kv::{KeyValue, KvEngine, KvResult, RangeRequest, RangeResult, Transaction};
@@ -35,7 +37,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -252,14 +254,20 @@ impl Transaction for SimTxn {
 
 /// mgmtd's clock: simulated milliseconds (shared by every host, so it stays
 /// monotonic across mgmtd restarts).
-struct SimClock;
+/// An mgmtd instance's wall clock: simulated time plus the instance's
+/// offset, which a [`Fault::ClockJump`] steps away from zero and back (what
+/// an NTP step, a VM resume or an operator's `date -s` does to a real
+/// clock).
+struct SimClock {
+    offset_ms: Arc<AtomicI64>,
+}
 
 /// [`SimClock`] at the start of the simulation.
 const SIM_CLOCK_BASE_MS: u64 = 1_000_000;
 
 impl Clock for SimClock {
     fn now_ms(&self) -> u64 {
-        SIM_CLOCK_BASE_MS + now_ms()
+        (SIM_CLOCK_BASE_MS + now_ms()).saturating_add_signed(self.offset_ms.load(Ordering::SeqCst))
     }
 }
 
@@ -319,6 +327,10 @@ struct Shared {
     /// Measured disk faults: (ms from injection to the failed I/O, ms from
     /// the failed I/O to the target out of serving in the routing).
     disk_fault_ms: Vec<(u64, u64)>,
+    /// Unsynced sectors the power cuts (see [`power_cut`]) rolled back, and kept.
+    power_cut_sectors: (u64, u64),
+    /// Engines a power cut found stopped inside an update (at their armed crash point).
+    power_cuts_inside_update: u64,
 }
 
 #[derive(Clone)]
@@ -330,6 +342,9 @@ struct Ctx {
     kv: Arc<SimKv>,
     /// Per mgmtd instance (index = instance - 1): cut from the KV engine.
     kv_cut: Vec<Arc<AtomicBool>>,
+    /// Per mgmtd instance (index = instance - 1): its clock's offset from
+    /// simulated time, in ms.
+    clock_offset_ms: Vec<Arc<AtomicI64>>,
     storage_generation: Arc<AtomicU64>,
     healed: Arc<AtomicBool>,
 }
@@ -462,7 +477,8 @@ async fn run_mgmtd(ctx: Ctx, i: u32) -> turmoil::Result {
     };
     let who = mgmtd_host(i);
     let engine = SimKvEngine { kv: ctx.kv.clone(), cut: ctx.kv_cut[(i - 1) as usize].clone() };
-    let mgmtd = Mgmtd::new(config, ctx.layout, Arc::new(engine), Arc::new(SimClock))?;
+    let mgmtd =
+        Mgmtd::new(config, ctx.layout, Arc::new(engine), Arc::new(SimClock { offset_ms: ctx.clock_offset_ms[(i - 1) as usize].clone() }))?;
     // Advertise the name peers reach it by (NotPrimary answers name it).
     let running = mgmtd.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{MGMTD_PORT}")).await?;
     running.mgmtd.set_address(&format!("{who}:{MGMTD_PORT}"));
@@ -512,6 +528,7 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
         let mut s = ctx.shared.lock().unwrap();
         for t in &targets {
             if let Some(engine) = service.engine(*t) {
+                engine.enable_power_loss_model();
                 s.engines.insert(*t, Arc::downgrade(&engine));
             }
         }
@@ -533,8 +550,9 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
     running.shutdown().await;
 }
 
+/// `sync_writes` as in production: a power cut keeps exactly what was synced.
 fn sim_engine_config() -> EngineConfig {
-    EngineConfig { sync_writes: false, blocks_per_grow: 4, ..EngineConfig::default() }
+    EngineConfig { sync_writes: true, blocks_per_grow: 4, ..EngineConfig::default() }
 }
 
 /// A replica's committed state: chunk → (committed version, bytes).
@@ -687,6 +705,23 @@ enum Fault {
     /// (the engine stops: fail-stop); at the end its node restarts with
     /// the disk working again (the engine reopens and the target re-syncs).
     Disk(TargetId, IoOp),
+    /// [`POWER_CUT_ARM_MS`] before a power cut: each engine of the node
+    /// (`None`: of every node) stops at a random crash point of its next
+    /// update (after allocating, before or after the data sync, after the
+    /// metadata write, around a commit), so the cut lands inside an update
+    /// rather than between two (with inline engine I/O and `sync_writes`,
+    /// a step boundary never finds an unsynced write).
+    ArmPowerCut(Option<u32>),
+    /// Power cut of a storage node (`None`: of every node at once, a room
+    /// losing power): every block-file and journal sector its targets wrote
+    /// since the file's last sync rolls back to a random point of its
+    /// history (the chunk engine's power-loss model, with `sync_writes` on
+    /// as in production), then the node crashes; it restarts after the
+    /// duration.
+    PowerCut(Option<u32>),
+    /// The clock of mgmtd instance `instance` steps by `delta_ms` (either
+    /// way) and steps back after the duration.
+    ClockJump { instance: u32, delta_ms: i64 },
 }
 
 impl Fault {
@@ -702,9 +737,22 @@ struct Event {
     fault: Fault,
 }
 
-/// Disk faults come from their own random stream, so adding them kept every
-/// seed's other faults as they were.
+/// Disk faults, power cuts and clock jumps come from random streams of
+/// their own, so adding them kept every seed's other faults as they were.
 const DISK_FAULT_STREAM: u64 = 0xd15c_fa17;
+const POWER_CUT_STREAM: u64 = 0x9_0e11_c0ff;
+const CLOCK_JUMP_STREAM: u64 = 0xc10c_0a55;
+/// How long before a power cut its engines' crash points are armed.
+const POWER_CUT_ARM_MS: u64 = 400;
+/// The crash points a power cut is armed at, in update order.
+const POWER_CUT_POINTS: [CrashPoint; 6] = [
+    CrashPoint::UpdateAfterAllocate,
+    CrashPoint::UpdateBeforeDataSync,
+    CrashPoint::UpdateAfterDataWrite,
+    CrashPoint::UpdateAfterMetaWrite,
+    CrashPoint::CommitBeforeMetaWrite,
+    CrashPoint::CommitAfterMetaWrite,
+];
 
 fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> Vec<Event> {
     let count = rng.gen_range(3..=8);
@@ -738,6 +786,26 @@ fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> V
         let duration_ms = disk.gen_range(2 * HEARTBEAT_TIMEOUT_MS / 3..2 * HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
         events.push(Event { at_ms, duration_ms, fault: Fault::Disk(target, op) });
     }
+    // Half of the seeds: a power cut, of one node (3 in 4) or of all.
+    let mut power = StdRng::seed_from_u64(seed ^ POWER_CUT_STREAM);
+    if power.gen_bool(0.5) {
+        let which = if power.gen_bool(0.25) { None } else { Some(power.gen_range(1..=nodes)) };
+        let at_ms = power.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
+        let duration_ms = power.gen_range(100..2 * HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
+        events.push(Event { at_ms: at_ms - POWER_CUT_ARM_MS, duration_ms: 0, fault: Fault::ArmPowerCut(which) });
+        events.push(Event { at_ms, duration_ms, fault: Fault::PowerCut(which) });
+    }
+    // Two seeds in five: one mgmtd instance's clock steps forward or back
+    // by up to 2T (beyond the lease and beyond T).
+    let mut clock = StdRng::seed_from_u64(seed ^ CLOCK_JUMP_STREAM);
+    if clock.gen_bool(0.4) {
+        let instance = clock.gen_range(1..=MGMTD_INSTANCES);
+        let magnitude = clock.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS) as i64;
+        let delta_ms = if clock.gen_bool(0.5) { magnitude } else { -magnitude };
+        let at_ms = clock.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
+        let duration_ms = clock.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
+        events.push(Event { at_ms, duration_ms, fault: Fault::ClockJump { instance, delta_ms } });
+    }
     events.sort_by_key(|e| e.at_ms);
     events
 }
@@ -747,6 +815,8 @@ fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> V
 struct Outcome {
     trace_hash: u64,
     summary: String,
+    /// Simulated time the seed ran, in ms.
+    simulated_ms: u64,
 }
 
 /// One run of a seed, for the replay check: its event trace (whether the
@@ -794,6 +864,44 @@ fn storage_host(n: u32) -> String {
     format!("storage{n}")
 }
 
+/// Arms a crash point, drawn from the seed, in every running engine of
+/// `node` (see [`Fault::ArmPowerCut`]).
+fn arm_power_cut(ctx: &Ctx, node: u32, elapsed_ms: u64) {
+    let mut s = ctx.shared.lock().unwrap();
+    for t in ctx.node_targets(NodeId(node)) {
+        let Some(engine) = s.engines.get(&t).and_then(std::sync::Weak::upgrade) else { continue };
+        let mut rng = StdRng::seed_from_u64(ctx.seed ^ POWER_CUT_STREAM ^ t.0);
+        let point = POWER_CUT_POINTS[rng.gen_range(0..POWER_CUT_POINTS.len())];
+        engine.inject_crash(point);
+        s.trace.push(format!("{elapsed_ms} {t} armed at {point:?} for a power cut"));
+    }
+}
+
+/// The power-loss model's cut on every running engine of `node` (the
+/// caller then crashes the host): unsynced block-file and journal writes
+/// roll back sector by sector, as a drive's cache loses them.
+fn power_cut(ctx: &Ctx, node: u32, elapsed_ms: u64) {
+    let mut s = ctx.shared.lock().unwrap();
+    for t in ctx.node_targets(NodeId(node)) {
+        let Some(engine) = s.engines.remove(&t).and_then(|w| w.upgrade()) else { continue };
+        let cut_seed = ctx.seed ^ (t.0 << 32) ^ elapsed_ms;
+        let inside = engine.is_failed();
+        let stopped = if inside { "inside an update" } else { "between updates" };
+        match engine.power_cut(cut_seed) {
+            Ok(st) => {
+                s.power_cut_sectors.0 += st.sectors_lost;
+                s.power_cuts_inside_update += u64::from(inside);
+                s.power_cut_sectors.1 += st.sectors_kept;
+                s.trace.push(format!(
+                    "{elapsed_ms} power cut of {t} {stopped}: {} unsynced writes in {} files, {} sectors lost, {} kept",
+                    st.writes, st.files, st.sectors_lost, st.sectors_kept
+                ));
+            }
+            Err(e) => s.violations.push(format!("power cut of {t} failed: {e}")),
+        }
+    }
+}
+
 fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Result<Outcome, String> {
     let _one_at_a_time = SIM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     align_task_ids();
@@ -801,7 +909,10 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
     let nodes = rng.gen_range(3..=6u32);
     let layout = Layout { nodes, targets_per_node: 3, replicas: 3 };
     let chains = nodes * 3 / 3;
-    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    // On tmpfs where there is one: the power-loss model, not the disk,
+    // decides what a cut keeps, and fsync there costs nothing.
+    let shm = std::path::Path::new("/dev/shm");
+    let tmp = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.map_err(|e| e.to_string())?;
     let ctx = Ctx {
         seed,
         layout,
@@ -809,6 +920,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         shared: Arc::new(Mutex::new(Shared::default())),
         kv: Arc::new(SimKv::default()),
         kv_cut: (0..MGMTD_INSTANCES).map(|_| Arc::new(AtomicBool::new(false))).collect(),
+        clock_offset_ms: (0..MGMTD_INSTANCES).map(|_| Arc::new(AtomicI64::new(0))).collect(),
         storage_generation: Arc::new(AtomicU64::new(1)),
         healed: Arc::new(AtomicBool::new(false)),
     };
@@ -857,6 +969,12 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
     // (deposed instance, fault time): a standby must take the lease within
     // TAKEOVER_BOUND_MS while the deposed one stays dead to the lease.
     let mut takeover_watch: Option<(u32, u64)> = None;
+    // Before this, a clock jump may still shift lease expiries (see Fault::ClockJump).
+    let mut clocks_settle_at_ms = 0u64;
+    // The nodes the armed power cut will hit.
+    let mut power_cut_nodes: Vec<u32> = Vec::new();
+    // The last simulated ms at which a fault of mgmtd was in force.
+    let mut mgmtd_faulty_until_ms = 0u64;
 
     let others = |me: &str| all_hosts.iter().filter(|h| h.as_str() != me).cloned().collect::<Vec<_>>();
     let mut step_result: Result<bool, String>;
@@ -933,11 +1051,46 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                         s.disk_faults.insert(*t, (elapsed_ms, None, None));
                     }
                 }
+                Fault::ArmPowerCut(which) => {
+                    // A cut of one node hits the drawn node, or the next
+                    // one running if another fault has it down (so that
+                    // the cut finds live engines).
+                    power_cut_nodes = match which {
+                        None => (1..=nodes).collect(),
+                        Some(n) => {
+                            let order = (0..nodes).map(|k| (n - 1 + k) % nodes + 1);
+                            let running = order.clone().find(|m| sim.is_host_running(storage_host(*m).as_str()));
+                            vec![running.unwrap_or(*n)]
+                        }
+                    };
+                    for n in &power_cut_nodes {
+                        arm_power_cut(&ctx, *n, elapsed_ms);
+                    }
+                }
+                Fault::PowerCut(_) => {
+                    for n in std::mem::take(&mut power_cut_nodes) {
+                        power_cut(&ctx, n, elapsed_ms);
+                        let h = storage_host(n);
+                        if sim.is_host_running(h.as_str()) {
+                            sim.crash(h.as_str());
+                        }
+                        crashed.insert(h, end);
+                    }
+                }
+                Fault::ClockJump { instance, delta_ms } => {
+                    ctx.clock_offset_ms[(*instance - 1) as usize].store(*delta_ms, Ordering::SeqCst);
+                    // A lease written by a clock ahead lasts that much
+                    // longer in true time: no takeover bound until it and
+                    // one more lease have passed.
+                    takeover_watch = None;
+                    clocks_settle_at_ms = clocks_settle_at_ms.max(end + delta_ms.unsigned_abs() + 2 * MGMTD_LEASE_MS);
+                }
             }
-            if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd) {
+            if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::ArmPowerCut(_) | Fault::PowerCut(_)) {
                 undo.push((end, e.fault.clone(), target));
             }
             if target > 0
+                && elapsed_ms >= clocks_settle_at_ms
                 && takeover_watch.is_none()
                 && dead(target, &crashed)
                 && (1..=MGMTD_INSTANCES).any(|i| i != target && !dead(i, &crashed))
@@ -990,7 +1143,10 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                         }
                         crashed.insert(h, elapsed_ms + RESTART_DELAY_MS);
                     }
-                    Fault::CrashStorage(_) | Fault::CrashMgmtd => {}
+                    Fault::ClockJump { instance, .. } => {
+                        ctx.clock_offset_ms[(instance - 1) as usize].store(0, Ordering::SeqCst);
+                    }
+                    Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::ArmPowerCut(_) | Fault::PowerCut(_) => {}
                 }
             } else {
                 i += 1;
@@ -1028,7 +1184,14 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
             }
         }
         // Disk faults: when the engine met the fault, and the bound on the
-        // target leaving serving.
+        // target leaving serving. The bound runs from the later of the
+        // failed I/O and the end of any fault of mgmtd (while the primary
+        // is crashed, cut off, paused or its clock off, nobody may act).
+        let mgmtd_faulty = undo.iter().any(|(_, f, _)| f.hits_mgmtd() || matches!(f, Fault::ClockJump { .. }))
+            || (1..=MGMTD_INSTANCES).any(|i| crashed.contains_key(&mgmtd_host(i)));
+        if mgmtd_faulty {
+            mgmtd_faulty_until_ms = elapsed_ms;
+        }
         {
             let mut s = ctx.shared.lock().unwrap();
             let mut measured = Vec::new();
@@ -1042,7 +1205,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                 }
                 match *entry {
                     (at, Some(failed), Some(out)) => measured.push((t, failed - at, out.saturating_sub(failed))),
-                    (_, Some(failed), None) if elapsed_ms > failed + DISK_FAULT_OFFLINE_BOUND_MS => late.push((
+                    (_, Some(failed), None) if elapsed_ms > failed.max(mgmtd_faulty_until_ms) + DISK_FAULT_OFFLINE_BOUND_MS => late.push((
                         t,
                         format!(
                             "{t}: still serving in every routing {} ms after its disk failed at {failed} ms (bound {DISK_FAULT_OFFLINE_BOUND_MS} ms)",
@@ -1094,6 +1257,9 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
             for cut in &ctx.kv_cut {
                 cut.store(false, Ordering::SeqCst);
             }
+            for offset in &ctx.clock_offset_ms {
+                offset.store(0, Ordering::SeqCst);
+            }
             takeover_watch = None;
             ctx.healed.store(true, Ordering::SeqCst);
             let c = ctx.clone();
@@ -1102,6 +1268,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         }
     }
     let healed_at = FAULT_END_MS;
+    let simulated_ms = elapsed_ms;
     drop(sim);
     step_result?;
 
@@ -1206,7 +1373,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         h.finish()
     };
     let summary = format!(
-        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, {} exits, all serving {} ms after heal, stale pending versions {:?}",
+        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, {} exits, all serving {} ms after heal, clock jumps (ms) {:?}, power cuts of nodes {:?}, {} of them inside an update, rolled back {} unsynced sectors (kept {}), stale pending versions {:?}, {:.1} s simulated",
         events.len(),
         shared.takeovers_ms,
         shared.disk_fault_ms,
@@ -1214,7 +1381,13 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         shared.failed,
         shared.exits.len(),
         shared.all_serving_at_ms.map_or(-1, |t| t as i64 - healed_at as i64),
+        events.iter().filter_map(|e| if let Fault::ClockJump { delta_ms, .. } = e.fault { Some(delta_ms) } else { None }).collect::<Vec<_>>(),
+        events.iter().filter_map(|e| if let Fault::PowerCut(which) = e.fault { Some(which.map_or_else(|| "all".to_string(), |n| n.to_string())) } else { None }).collect::<Vec<_>>(),
+        shared.power_cuts_inside_update,
+        shared.power_cut_sectors.0,
+        shared.power_cut_sectors.1,
         stale_pending,
+        simulated_ms as f64 / 1000.0,
     );
     if let Some(out) = &trace_out {
         *out.lock().unwrap() = shared.trace.clone();
@@ -1223,7 +1396,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         let _ = std::fs::write(format!("{path}.{seed}"), shared.trace.join("\n"));
     }
     if problems.is_empty() {
-        Ok(Outcome { trace_hash, summary })
+        Ok(Outcome { trace_hash, summary, simulated_ms })
     } else {
         if std::env::var("FSKV_SIM_TRACE").is_ok() {
             for line in &shared.trace {
@@ -1264,16 +1437,27 @@ fn simulated_cluster_survives_random_faults() {
         }
     };
     let mut failures = Vec::new();
+    let all_started = std::time::Instant::now();
+    let mut simulated_ms = 0u64;
     for seed in seeds {
         let started = std::time::Instant::now();
         match run_seed(seed) {
-            Ok(o) => eprintln!("{} (trace {:016x}, {:.1} s)", o.summary, o.trace_hash, started.elapsed().as_secs_f64()),
+            Ok(o) => {
+                simulated_ms += o.simulated_ms;
+                eprintln!("{} (trace {:016x}, {:.1} s)", o.summary, o.trace_hash, started.elapsed().as_secs_f64())
+            }
             Err(e) => {
                 eprintln!("FAILED {e}\n  replay: FSKV_SIM_SEED={seed} cargo test -p fskv-sim --test sim");
                 failures.push(seed);
             }
         }
     }
+    let real_s = all_started.elapsed().as_secs_f64();
+    let hours = simulated_ms as f64 / 3_600_000.0;
+    eprintln!(
+        "simulated cluster time of the passing seeds: {hours:.3} cluster-hours in {real_s:.0} s ({:.3} cluster-hours per CI minute)",
+        hours / (real_s / 60.0)
+    );
     assert!(failures.is_empty(), "failing seeds: {failures:?} (replay with FSKV_SIM_SEED=<seed>)");
 }
 
