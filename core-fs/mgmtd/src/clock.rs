@@ -1,14 +1,25 @@
 //! Time behind a trait, so tests (and a simulation) drive mgmtd's clock.
 //!
-//! mgmtd's clock is wall-clock milliseconds since the Unix epoch: the
-//! primary lease in the KV engine is compared across mgmtd processes, so
-//! they need a common time base (clock skew between them must stay well
-//! below the lease time).
+//! Two readings:
+//!
+//! | reading | used for | may jump |
+//! |---|---|---|
+//! | [`Clock::now_ms`] (wall clock, ms since the Unix epoch) | the lease record's displayed expiry | yes (NTP steps, `date -s`, VM resume) |
+//! | [`Clock::monotonic_ms`] (any origin) | everything measured: how long the holder may act, how long a standby has seen one lease record, heartbeat ages, node and meta-server timeouts | no |
+//!
+//! No decision compares one process's reading with another's, so mgmtd
+//! instances need no synchronized clocks (docs/mgmtd.md, "Primary lease").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub trait Clock: Send + Sync + 'static {
+    /// Wall-clock milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
+    /// Milliseconds on a clock that never jumps (its origin is arbitrary).
+    /// The default, for test clocks that never jump, is [`Clock::now_ms`].
+    fn monotonic_ms(&self) -> u64 {
+        self.now_ms()
+    }
 }
 
 /// The system's wall clock.
@@ -21,6 +32,12 @@ impl Clock for SystemClock {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0)
+    }
+
+    /// Milliseconds since the first reading in this process.
+    fn monotonic_ms(&self) -> u64 {
+        static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        u64::try_from(ORIGIN.get_or_init(std::time::Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 

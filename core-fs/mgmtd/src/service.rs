@@ -2,13 +2,25 @@
 //! primary lease, the ticker, persistence and routing publication.
 //!
 //! * **Lease.** Every `lease_ms / 3` the lease loop runs a KV transaction
-//!   that takes or renews `mgmtd/lease` (holder id, address, expiry). The
-//!   instance holding an unexpired lease is the primary: it loads (or
-//!   bootstraps) the state from the KV engine, ticks and answers heartbeats
-//!   and routing requests. Others answer `NotPrimary` naming the primary.
-//!   A primary that fails to renew before its lease expires steps down; a
-//!   standby takes over within `lease_ms` (+ one renewal period) of the
-//!   primary's last renewal.
+//!   on `mgmtd/lease` (holder id, address, renewal count). Every duration
+//!   is measured on the instance's own monotonic clock
+//!   ([`Clock::monotonic_ms`]), never compared across processes, so a clock
+//!   that jumps cannot move the primary:
+//!
+//!   | who | rule |
+//!   |---|---|
+//!   | holder | renews (a new record); may act until `lease_ms` after the *start* of its last successful renewal; steps down at the first check past that |
+//!   | standby | remembers the record it reads and when it first read it (*after* the read); takes the lease over only once that same record has been unchanged for `lease_ms` |
+//!   | anyone | takes the lease at once if there is no record (first start, clean release) or the record names itself |
+//!
+//!   The standby's first read of a record comes after the holder began
+//!   the renewal that wrote it, so the holder has stopped acting before
+//!   the standby can take over (clock *rates* must agree, not readings).
+//!   Takeover: within `lease_ms` + two renewal periods of the primary's
+//!   last renewal. Every write of a primary checks, in its transaction,
+//!   that the record still names it. The primary loads (or bootstraps) the
+//!   state from the KV engine, ticks and answers heartbeats and routing
+//!   requests; others answer `NotPrimary` naming the primary.
 //! * **Takeover grace.** A new primary knows no local states: it assumes
 //!   them from the public states and gives every node a fresh heartbeat at
 //!   takeover, so nodes have T to report before anything is declared failed.
@@ -98,7 +110,8 @@ impl MgmtdConfig {
 /// State held only while primary.
 struct Primary {
     cluster: ClusterState,
-    lease_expires_ms: u64,
+    /// Monotonic ms until which this instance may act as primary.
+    lease_until_ms: u64,
     /// (address, generation) last persisted per node.
     persisted_nodes: BTreeMap<NodeId, NodeRecordKv>,
     /// Node addresses in the published routing info.
@@ -119,6 +132,9 @@ struct Inner {
     primary: Mutex<Option<Primary>>,
     /// Last lease record seen (names the primary in `NotPrimary`).
     lease_seen: Mutex<Option<store::LeaseRecord>>,
+    /// A standby's watch: another holder's record and the monotonic ms of
+    /// its first read (see "Lease" above).
+    lease_watch: Mutex<Option<(store::LeaseRecord, u64)>>,
     routing_tx: watch::Sender<Arc<RoutingInfo>>,
     /// Serializes lease changes and ticks (both may swap `primary`).
     step: tokio::sync::Mutex<()>,
@@ -235,6 +251,7 @@ impl Mgmtd {
                 address: Mutex::new(String::new()),
                 primary: Mutex::new(None),
                 lease_seen: Mutex::new(None),
+                lease_watch: Mutex::new(None),
                 routing_tx,
                 step: tokio::sync::Mutex::new(()),
                 registry: MetricsRegistry::new(),
@@ -359,48 +376,70 @@ impl Mgmtd {
     pub async fn renew_lease_once(&self) -> Result<bool> {
         let _step = self.inner.step.lock().await;
         let cfg = &self.inner.config;
-        let now = self.inner.clock.now_ms();
+        let clock = &self.inner.clock;
+        // Before the transaction: the holder's lease runs from here.
+        let started = clock.monotonic_ms();
+        let stale = self
+            .inner
+            .lease_watch
+            .lock()
+            .as_ref()
+            .filter(|(_, since)| started.saturating_sub(*since) >= cfg.lease_ms)
+            .map(|(record, _)| record.clone());
         let address = self.inner.address.lock().clone();
-        let lease = match store::acquire_lease(&*self.inner.engine, &cfg.id, &address, now, cfg.lease_ms).await {
+        let lease = match store::acquire_lease(&*self.inner.engine, &cfg.id, &address, clock.now_ms(), cfg.lease_ms, stale.as_ref()).await {
             Ok(l) => l,
             Err(e) => {
-                self.step_down_if_expired(now);
+                self.step_down_if_expired(clock.monotonic_ms());
                 return Err(e);
             }
         };
         *self.inner.lease_seen.lock() = Some(lease.clone());
         if lease.holder != cfg.id {
+            {
+                // After the transaction: the record was written before this.
+                let mut watch = self.inner.lease_watch.lock();
+                if watch.as_ref().is_none_or(|(record, _)| *record != lease) {
+                    *watch = Some((lease.clone(), clock.monotonic_ms()));
+                }
+            }
             if self.inner.primary.lock().take().is_some() {
                 warn!(primary = %lease.holder, "lost the primary lease; standing by");
             }
             return Ok(false);
         }
+        *self.inner.lease_watch.lock() = None;
+        if stale.is_some() {
+            info!(previous = ?stale.as_ref().map(|l| &l.holder), "took over the lease: its record was unchanged for a whole lease");
+        }
+        let until = started.saturating_add(cfg.lease_ms);
         let was_primary = {
             let mut p = self.inner.primary.lock();
             if let Some(p) = p.as_mut() {
-                p.lease_expires_ms = lease.expires_ms;
+                p.lease_until_ms = until;
                 true
             } else {
                 false
             }
         };
         if !was_primary {
-            self.become_primary(now, lease.expires_ms).await?;
+            self.become_primary(until).await?;
         }
         Ok(true)
     }
 
     fn step_down_if_expired(&self, now: u64) {
         let mut p = self.inner.primary.lock();
-        if p.as_ref().is_some_and(|p| p.lease_expires_ms <= now) {
+        if p.as_ref().is_some_and(|p| p.lease_until_ms <= now) {
             warn!("primary lease expired without renewal; standing by");
             *p = None;
         }
     }
 
-    async fn become_primary(&self, now: u64, lease_expires_ms: u64) -> Result<()> {
+    async fn become_primary(&self, lease_until_ms: u64) -> Result<()> {
         let cfg = &self.inner.config;
-        let persisted = store::load_or_bootstrap(&*self.inner.engine, &cfg.id, now, self.inner.layout).await?;
+        let persisted = store::load_or_bootstrap(&*self.inner.engine, &cfg.id, self.inner.layout).await?;
+        let now = self.inner.clock.monotonic_ms();
         let placement = Layout::placement(&persisted.chains);
         let mut cluster =
             ClusterState::new(ClusterConfig { heartbeat_timeout_ms: cfg.heartbeat_timeout_ms }, persisted.chains.clone(), placement);
@@ -417,13 +456,13 @@ impl Mgmtd {
             meta.restore(*node, rec.address.clone(), rec.generation, now);
         }
         let published_meta = meta.alive(now, cfg.meta_timeout_ms);
-        store::write_changes(&*self.inner.engine, &cfg.id, now, &Changes { routing_version: Some(version), ..Default::default() }).await?;
+        store::write_changes(&*self.inner.engine, &cfg.id, &Changes { routing_version: Some(version), ..Default::default() }).await?;
         let published_nodes = node_infos(&cluster);
         let routing = routing_of(&cluster, &published_nodes, &published_meta);
         info!(routing_version = version, chains = persisted.chains.len(), "became primary");
         *self.inner.primary.lock() = Some(Primary {
             cluster,
-            lease_expires_ms,
+            lease_until_ms,
             persisted_nodes: persisted.nodes,
             published_nodes,
             meta,
@@ -438,11 +477,11 @@ impl Mgmtd {
     /// publish. Returns whether the routing changed.
     pub async fn tick_once(&self) -> Result<bool> {
         let _step = self.inner.step.lock().await;
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.monotonic_ms();
         let (changes, routing) = {
             let mut guard = self.inner.primary.lock();
             let Some(p) = guard.as_mut() else { return Ok(false) };
-            if p.lease_expires_ms <= now {
+            if p.lease_until_ms <= now {
                 warn!("primary lease expired; standing by");
                 *guard = None;
                 return Ok(false);
@@ -492,7 +531,7 @@ impl Mgmtd {
             let routing = routing_changed.then(|| routing_of(&p.cluster, &nodes, &meta_servers));
             (changes, routing)
         };
-        if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, now, &changes).await {
+        if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, &changes).await {
             error!(error = %e, "persisting mgmtd state failed; standing by");
             *self.inner.primary.lock() = None;
             return Err(e);
@@ -552,10 +591,9 @@ impl Mgmtd {
         if !self.is_unpersisted_generation(req) {
             return Ok(()); // persisted meanwhile (by a tick or a concurrent heartbeat)
         }
-        let now = self.inner.clock.now_ms();
         let rec = NodeRecordKv { address: req.address.clone(), generation: req.generation };
         let changes = Changes { nodes: vec![(req.node_id, rec.clone())], ..Default::default() };
-        if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, now, &changes).await {
+        if let Err(e) = store::write_changes(&*self.inner.engine, &self.inner.config.id, &changes).await {
             error!(node = %req.node_id, generation = req.generation, error = %e, "persisting a new node generation failed; standing by");
             *self.inner.primary.lock() = None;
             return Err(e);
@@ -567,10 +605,10 @@ impl Mgmtd {
     }
 
     fn apply_heartbeat(&self, req: &HeartbeatReq) -> Result<HeartbeatResp> {
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.monotonic_ms();
         let mut guard = self.inner.primary.lock();
         let Some(p) = guard.as_mut() else { return Err(self.not_primary()) };
-        if p.lease_expires_ms <= now {
+        if p.lease_until_ms <= now {
             return Err(self.not_primary());
         }
         let hb = Heartbeat { node: req.node_id, address: req.address.clone(), generation: req.generation, targets: req.targets.clone() };
@@ -586,10 +624,10 @@ impl Mgmtd {
     /// The MetaHeartbeat RPC (primary only): a meta server registers or
     /// renews; the next tick publishes a changed list of meta servers.
     pub fn meta_heartbeat(&self, req: &MetaHeartbeatReq) -> Result<MetaHeartbeatResp> {
-        let now = self.inner.clock.now_ms();
+        let now = self.inner.clock.monotonic_ms();
         let mut guard = self.inner.primary.lock();
         let Some(p) = guard.as_mut() else { return Err(self.not_primary()) };
-        if p.lease_expires_ms <= now {
+        if p.lease_until_ms <= now {
             return Err(self.not_primary());
         }
         if let Err(e) = p.meta.heartbeat(req.node_id, &req.address, req.generation, now) {
@@ -619,8 +657,19 @@ impl Mgmtd {
 
     /// The Status RPC (any instance).
     pub fn status(&self) -> MgmtdStatusResp {
-        let now = self.inner.clock.now_ms();
-        let primary = self.inner.lease_seen.lock().as_ref().filter(|l| l.expires_ms > now).map(|l| (l.holder.clone(), l.address.clone()));
+        let now = self.inner.clock.monotonic_ms();
+        // The primary as last seen: this instance while it holds the lease,
+        // else the holder of a record seen changing within the last lease.
+        let watched_live =
+            self.inner.lease_watch.lock().as_ref().is_none_or(|(_, since)| now.saturating_sub(*since) < self.inner.config.lease_ms);
+        let me_primary = self.is_primary();
+        let primary = self
+            .inner
+            .lease_seen
+            .lock()
+            .as_ref()
+            .filter(|l| if l.holder == self.inner.config.id { me_primary } else { watched_live })
+            .map(|l| (l.holder.clone(), l.address.clone()));
         let guard = self.inner.primary.lock();
         let meta_servers = guard.as_ref().map(|p| p.published_meta.clone()).unwrap_or_default();
         let (nodes, chains, routing_version) = match guard.as_ref() {

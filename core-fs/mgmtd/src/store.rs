@@ -3,7 +3,7 @@
 //! | key | value (JSON) | written |
 //! |---|---|---|
 //! | `mgmtd/layout` | [`Layout`] | once, at bootstrap |
-//! | `mgmtd/lease` | [`LeaseRecord`] (holder, address, expiry ms) | by the lease loop every lease/3 |
+//! | `mgmtd/lease` | [`LeaseRecord`] (holder, address, wall-clock expiry ms for display, renewal count) | by the lease loop every lease/3 |
 //! | `mgmtd/routing_version` | `u64` | with every routing change |
 //! | `mgmtd/chain/<chain id, 10 digits>` | [`ChainView`] (version, order, public states) | when the chain changes |
 //! | `mgmtd/node/<node id, 10 digits>` | [`NodeRecordKv`] (address, generation) | when a node's address or generation changes |
@@ -42,11 +42,19 @@ fn meta_key(id: NodeId) -> Vec<u8> {
     format!("mgmtd/meta/{:010}", id.0).into_bytes()
 }
 
+/// The primary lease. Nothing compares `expires_ms` across processes any
+/// more (it is the holder's wall clock, shown by status): a standby takes
+/// the lease over only after it has seen one record, unchanged, for a whole
+/// lease of its own monotonic time, and every renewal changes the record
+/// (`renewal` counts up). See `service.rs`, "Lease".
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRecord {
     pub holder: String,
     pub address: String,
     pub expires_ms: u64,
+    /// Writes of the record so far (absent in records of older versions: 0).
+    #[serde(default)]
+    pub renewal: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,29 +97,44 @@ fn decode_lease(raw: Option<Bytes>) -> std::result::Result<Option<LeaseRecord>, 
     }
 }
 
-/// Fails the transaction unless `me` holds an unexpired lease at `now_ms`.
-async fn check_lease(txn: &mut dyn Transaction, me: &str, now_ms: u64) -> std::result::Result<bool, KvError> {
+/// Whether `me` is the lease holder, read inside the caller's transaction:
+/// a standby that took the lease over has changed the holder, so a deposed
+/// primary's write conflicts and fails. (Whether `me`'s lease still runs is
+/// its own monotonic-clock check, before it writes.)
+async fn check_lease(txn: &mut dyn Transaction, me: &str) -> std::result::Result<bool, KvError> {
     let lease = decode_lease(txn.get(KEY_LEASE).await?)?;
-    Ok(lease.is_some_and(|l| l.holder == me && l.expires_ms > now_ms))
+    Ok(lease.is_some_and(|l| l.holder == me))
 }
 
 fn retry() -> RetryOptions {
     RetryOptions { max_attempts: 10, ..RetryOptions::default() }
 }
 
-/// Takes or renews the lease for `me` if it is free, expired or already
-/// ours. Returns the lease record in force after the transaction.
-pub async fn acquire_lease(engine: &dyn KvEngine, me: &str, address: &str, now_ms: u64, lease_ms: u64) -> Result<LeaseRecord> {
+/// Takes or renews the lease for `me` if there is none, if it is already
+/// ours, or if it is still exactly `stale`: the record the caller has seen
+/// unchanged for a whole lease (its holder stopped renewing). Returns the
+/// lease record in force after the transaction. `now_ms` (wall clock) only
+/// fills the record's displayed expiry.
+pub async fn acquire_lease(
+    engine: &dyn KvEngine,
+    me: &str,
+    address: &str,
+    now_ms: u64,
+    lease_ms: u64,
+    stale: Option<&LeaseRecord>,
+) -> Result<LeaseRecord> {
     let me = me.to_string();
     let address = address.to_string();
+    let stale = stale.cloned();
     let out = run_transaction(engine, &retry(), |txn| {
-        let (me, address) = (me.clone(), address.clone());
+        let (me, address, stale) = (me.clone(), address.clone(), stale.clone());
         Box::pin(async move {
             let current = decode_lease(txn.get(KEY_LEASE).await?)?;
             match current {
-                Some(l) if l.holder != me && l.expires_ms > now_ms => Ok(l),
-                _ => {
-                    let next = LeaseRecord { holder: me, address, expires_ms: now_ms + lease_ms };
+                Some(l) if l.holder != me && stale.as_ref() != Some(&l) => Ok(l),
+                previous => {
+                    let renewal = previous.map_or(0, |l| l.renewal.wrapping_add(1));
+                    let next = LeaseRecord { holder: me, address, expires_ms: now_ms.saturating_add(lease_ms), renewal };
                     txn.set(KEY_LEASE, &encode(&next)?)?;
                     Ok(next)
                 }
@@ -147,14 +170,14 @@ pub async fn release_lease(engine: &dyn KvEngine, me: &str) -> Result<()> {
 
 /// Loads the persisted state, writing the bootstrap state first if the
 /// engine has none (only while `me` holds the lease).
-pub async fn load_or_bootstrap(engine: &dyn KvEngine, me: &str, now_ms: u64, layout: Layout) -> Result<Persisted> {
+pub async fn load_or_bootstrap(engine: &dyn KvEngine, me: &str, layout: Layout) -> Result<Persisted> {
     let initial = layout.initial_chains().map_err(MgmtdError::Layout)?;
     let me = me.to_string();
     type Raw = (Option<Bytes>, Option<Bytes>, Vec<(Bytes, Bytes)>, Vec<(Bytes, Bytes)>, Vec<(Bytes, Bytes)>);
     let raw: Option<Raw> = run_transaction(engine, &retry(), |txn| {
         let (me, initial) = (me.clone(), initial.clone());
         Box::pin(async move {
-            if !check_lease(txn, &me, now_ms).await? {
+            if !check_lease(txn, &me).await? {
                 return Ok(None);
             }
             let mut layout_raw = txn.get(KEY_LAYOUT).await?;
@@ -222,14 +245,14 @@ async fn read_all(txn: &mut dyn Transaction, prefix: &[u8]) -> std::result::Resu
     }
 }
 
-/// Writes `changes` if `me` still holds the lease at `now_ms`.
-pub async fn write_changes(engine: &dyn KvEngine, me: &str, now_ms: u64, changes: &Changes) -> Result<()> {
+/// Writes `changes` if `me` still holds the lease.
+pub async fn write_changes(engine: &dyn KvEngine, me: &str, changes: &Changes) -> Result<()> {
     let me = me.to_string();
     let changes = std::sync::Arc::new(changes.clone());
     let ok = run_transaction(engine, &retry(), |txn| {
         let (me, changes) = (me.clone(), changes.clone());
         Box::pin(async move {
-            if !check_lease(txn, &me, now_ms).await? {
+            if !check_lease(txn, &me).await? {
                 return Ok(false);
             }
             if let Some(v) = changes.routing_version {

@@ -95,10 +95,13 @@ async fn standby_takes_over_within_the_lease_and_keeps_versions_monotonic() {
     let chain = &ra.chains[0];
     assert_eq!(chain.targets.last().map(|t| (t.target_id, t.state)), Some((TargetId(301), PublicTargetState::Offline)));
     let chain_ver_a = chain.chain_version;
-    // a stops renewing (crash). Within the lease b cannot take over...
+    // a stops renewing (crash). b first reads a's last record now; for a
+    // whole lease of its own clock it cannot take over...
+    assert!(!b.renew_lease_once().await.unwrap());
     clock.advance(500);
     assert!(!b.renew_lease_once().await.unwrap());
-    // ... after it, b does, with the persisted chains and a newer routing version.
+    // ... then, the record unchanged, b does, with the persisted chains and
+    // a newer routing version.
     clock.advance(600);
     assert!(b.renew_lease_once().await.unwrap());
     let rb = b.routing();
@@ -131,10 +134,13 @@ async fn a_restarted_mgmtd_on_rocksdb_keeps_chain_versions() {
         (r.version, r.chains[0].chain_version)
     };
     assert!(chain_ver > 1);
-    // Same id, after the lease ran out: reloads from RocksDB.
+    // Another instance, once it has watched the dead holder's record for a
+    // lease: reloads from RocksDB.
     clock.advance(2_000);
     let engine = fskv_kv::open_engine(&spec).unwrap();
     let m = Mgmtd::new(config("m2", 1_000, 1_000), LAYOUT, engine.clone(), clock.clone()).unwrap();
+    assert!(!m.renew_lease_once().await.unwrap(), "a new instance first watches the lease record");
+    clock.advance(1_000);
     assert!(m.renew_lease_once().await.unwrap());
     let r = m.routing();
     assert!(r.version > version);
@@ -144,6 +150,8 @@ async fn a_restarted_mgmtd_on_rocksdb_keeps_chain_versions() {
     clock.advance(2_000);
     let other = Layout { nodes: 4, targets_per_node: 3, replicas: 3 };
     let m3 = Mgmtd::new(config("m3", 1_000, 1_000), other, engine, clock.clone()).unwrap();
+    assert!(!m3.renew_lease_once().await.unwrap());
+    clock.advance(1_000);
     assert!(m3.renew_lease_once().await.is_err());
 }
 
@@ -163,6 +171,7 @@ async fn a_new_generation_is_persisted_by_its_first_heartbeat() {
     a.tick_once().await.unwrap();
     // Node 2 restarts as generation 2; a acknowledges it and dies, no tick.
     a.heartbeat(&hb(2, 2, LocalTargetState::Online)).await.unwrap();
+    assert!(!b.renew_lease_once().await.unwrap());
     clock.advance(1_100);
     assert!(b.renew_lease_once().await.unwrap());
     // The old process of node 2 (generation 1) is refused by b.
@@ -210,6 +219,7 @@ async fn meta_servers_register_expire_and_survive_a_takeover() {
     assert_eq!(a.routing().meta_servers.iter().map(|n| n.node_id).collect::<Vec<_>>(), vec![NodeId(1)]);
     // a dies; b takes over and lists server 1 from the persisted record
     // (server 2's record is there too: it gets the takeover grace).
+    assert!(!b.renew_lease_once().await.unwrap());
     clock.advance(1_100);
     assert!(b.renew_lease_once().await.unwrap());
     let ids: Vec<NodeId> = b.routing().meta_servers.iter().map(|n| n.node_id).collect();
@@ -223,4 +233,72 @@ async fn meta_servers_register_expire_and_survive_a_takeover() {
         b.tick_once().await.unwrap();
     }
     assert!(b.routing().meta_servers.is_empty());
+}
+
+/// A clock whose wall reading can jump while its monotonic reading runs on.
+struct JumpClock {
+    wall_ms: std::sync::atomic::AtomicI64,
+    mono_ms: std::sync::atomic::AtomicU64,
+}
+
+impl JumpClock {
+    fn new() -> Self {
+        JumpClock { wall_ms: 1_700_000_000_000.into(), mono_ms: 0.into() }
+    }
+    fn advance(&self, ms: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.mono_ms.fetch_add(ms, SeqCst);
+        self.wall_ms.fetch_add(ms as i64, SeqCst);
+    }
+    fn jump(&self, ms: i64) {
+        self.wall_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl fskv_mgmtd::Clock for JumpClock {
+    fn now_ms(&self) -> u64 {
+        self.wall_ms.load(std::sync::atomic::Ordering::SeqCst).max(0) as u64
+    }
+    fn monotonic_ms(&self) -> u64 {
+        self.mono_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Wall-clock jumps (either way, far beyond the lease) move no lease: a
+/// standby whose wall clock runs an hour ahead does not take over from a
+/// renewing primary, a primary whose clock went back an hour keeps acting
+/// only while it renews, and after the primary's crash the standby takes
+/// over after one lease of its own monotonic time.
+#[tokio::test]
+async fn wall_clock_jumps_move_no_lease() {
+    let engine: Arc<dyn KvEngine> = Arc::new(fskv_kv::MemoryEngine::new());
+    let clock_a = Arc::new(JumpClock::new());
+    let clock_b = Arc::new(JumpClock::new());
+    let a = Mgmtd::new(config("a", 3_000, 1_000), LAYOUT, engine.clone(), clock_a.clone()).unwrap();
+    let b = Mgmtd::new(config("b", 3_000, 1_000), LAYOUT, engine.clone(), clock_b.clone()).unwrap();
+    assert!(a.renew_lease_once().await.unwrap());
+    clock_b.jump(3_600_000);
+    clock_a.jump(-3_600_000);
+    for _ in 0..10 {
+        clock_a.advance(300);
+        clock_b.advance(300);
+        assert!(a.renew_lease_once().await.unwrap(), "a renews whatever its wall clock says");
+        assert!(!b.renew_lease_once().await.unwrap(), "b never takes over from a renewing primary");
+        a.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).await.unwrap();
+    }
+    assert_eq!(b.status().primary.map(|(holder, _)| holder).as_deref(), Some("a"));
+    // a stops renewing: it stops acting one lease after its last renewal
+    // started, on its own monotonic clock...
+    clock_a.advance(999);
+    a.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).await.unwrap();
+    clock_a.advance(1);
+    assert_eq!(a.heartbeat(&hb(1, 1, LocalTargetState::UpToDate)).await.unwrap_err().code(), ErrorCode::NotPrimary);
+    // ... and b, which read that record after it was written, takes over
+    // only a whole lease after that read.
+    clock_b.advance(999);
+    assert!(!b.renew_lease_once().await.unwrap());
+    clock_b.advance(1);
+    assert!(b.renew_lease_once().await.unwrap());
+    assert!(!a.renew_lease_once().await.unwrap(), "the deposed primary sees the new holder");
+    assert!(!a.is_primary());
 }

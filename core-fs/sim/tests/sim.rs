@@ -269,6 +269,10 @@ impl Clock for SimClock {
     fn now_ms(&self) -> u64 {
         (SIM_CLOCK_BASE_MS + now_ms()).saturating_add_signed(self.offset_ms.load(Ordering::SeqCst))
     }
+    /// Simulated time: a clock jump moves only the wall reading.
+    fn monotonic_ms(&self) -> u64 {
+        SIM_CLOCK_BASE_MS + now_ms()
+    }
 }
 
 /// The mgmtd instance named by the lease record, and the lease's expiry
@@ -719,8 +723,9 @@ enum Fault {
     /// as in production), then the node crashes; it restarts after the
     /// duration.
     PowerCut(Option<u32>),
-    /// The clock of mgmtd instance `instance` steps by `delta_ms` (either
-    /// way) and steps back after the duration.
+    /// The wall clock of mgmtd instance `instance` steps by `delta_ms`
+    /// (either way) and steps back after the duration; its monotonic clock
+    /// runs on.
     ClockJump { instance: u32, delta_ms: i64 },
 }
 
@@ -969,8 +974,9 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
     // (deposed instance, fault time): a standby must take the lease within
     // TAKEOVER_BOUND_MS while the deposed one stays dead to the lease.
     let mut takeover_watch: Option<(u32, u64)> = None;
-    // Before this, a clock jump may still shift lease expiries (see Fault::ClockJump).
-    let mut clocks_settle_at_ms = 0u64;
+    // The lease holder at the last step (for the check that only a fault of
+    // mgmtd moves the lease).
+    let mut last_holder: Option<u32> = None;
     // The nodes the armed power cut will hit.
     let mut power_cut_nodes: Vec<u32> = Vec::new();
     // The last simulated ms at which a fault of mgmtd was in force.
@@ -1078,19 +1084,16 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     }
                 }
                 Fault::ClockJump { instance, delta_ms } => {
+                    // Must change nothing: mgmtd measures every duration on
+                    // its monotonic clock (checked below: the lease never
+                    // moves without a fault of mgmtd, takeovers keep their bound).
                     ctx.clock_offset_ms[(*instance - 1) as usize].store(*delta_ms, Ordering::SeqCst);
-                    // A lease written by a clock ahead lasts that much
-                    // longer in true time: no takeover bound until it and
-                    // one more lease have passed.
-                    takeover_watch = None;
-                    clocks_settle_at_ms = clocks_settle_at_ms.max(end + delta_ms.unsigned_abs() + 2 * MGMTD_LEASE_MS);
                 }
             }
             if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::ArmPowerCut(_) | Fault::PowerCut(_)) {
                 undo.push((end, e.fault.clone(), target));
             }
             if target > 0
-                && elapsed_ms >= clocks_settle_at_ms
                 && takeover_watch.is_none()
                 && dead(target, &crashed)
                 && (1..=MGMTD_INSTANCES).any(|i| i != target && !dead(i, &crashed))
@@ -1162,7 +1165,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         // primary's fault (unless the deposed one came back first, or no
         // standby could take over).
         if let Some((old, since)) = takeover_watch {
-            let holder = lease_holder(&ctx.kv).filter(|(_, expires)| *expires > SIM_CLOCK_BASE_MS + elapsed_ms);
+            let holder = lease_holder(&ctx.kv);
             if !dead(old, &crashed) || (1..=MGMTD_INSTANCES).all(|i| i == old || dead(i, &crashed)) {
                 takeover_watch = None;
             } else if let Some((new, _)) = holder.filter(|(i, _)| *i != old) {
@@ -1186,11 +1189,27 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         // Disk faults: when the engine met the fault, and the bound on the
         // target leaving serving. The bound runs from the later of the
         // failed I/O and the end of any fault of mgmtd (while the primary
-        // is crashed, cut off, paused or its clock off, nobody may act).
-        let mgmtd_faulty = undo.iter().any(|(_, f, _)| f.hits_mgmtd() || matches!(f, Fault::ClockJump { .. }))
-            || (1..=MGMTD_INSTANCES).any(|i| crashed.contains_key(&mgmtd_host(i)));
+        // is crashed, cut off or paused, nobody may act; a clock jump is
+        // not such a fault).
+        let mgmtd_faulty =
+            undo.iter().any(|(_, f, _)| f.hits_mgmtd()) || (1..=MGMTD_INSTANCES).any(|i| crashed.contains_key(&mgmtd_host(i)));
         if mgmtd_faulty {
             mgmtd_faulty_until_ms = elapsed_ms;
+        }
+        // Only a fault of mgmtd moves the lease (a clock jump must not):
+        // a move with none in force, or within two leases of one, fails.
+        let holder_now = lease_holder(&ctx.kv).map(|(i, _)| i);
+        if holder_now != last_holder {
+            if let (Some(from), Some(to)) = (last_holder, holder_now) {
+                if !mgmtd_faulty && elapsed_ms > mgmtd_faulty_until_ms + 2 * MGMTD_LEASE_MS {
+                    ctx.shared.lock().unwrap().violations.push(format!(
+                        "the lease moved from {} to {} at {elapsed_ms} ms with no fault of mgmtd since {mgmtd_faulty_until_ms} ms",
+                        mgmtd_host(from),
+                        mgmtd_host(to)
+                    ));
+                }
+            }
+            last_holder = holder_now;
         }
         {
             let mut s = ctx.shared.lock().unwrap();
