@@ -38,7 +38,7 @@ use crate::protocols::ProtocolSpec;
 use crate::proxy::{FrontProtocol, ListenMode, UpstreamSettings};
 use fskv_gateway::{Authenticator, HttpLimits, KeyStore, Metrics, Role, ServerConfig, ServerHandle, TlsFiles};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +76,12 @@ pub struct FrontOptions {
     /// The `[gateway]` limits: the front's listeners use them too.
     pub http: HttpLimits,
     pub tls: Option<TlsFiles>,
+    /// Where the gateway processes' Unix sockets go (`[front] unix_sockets`):
+    /// this directory (made 0700, stale `*.sock` files removed at start:
+    /// its owner must be this front alone, as `fskv up`'s data directory
+    /// is), or `None` for a private temporary directory removed at a clean
+    /// exit (a killed front leaves it behind, empty).
+    pub socket_dir: Option<PathBuf>,
 }
 
 /// A running front.
@@ -108,6 +114,50 @@ impl FrontHandle {
             a.stop().await;
         }
     }
+}
+
+/// Room for `consul-reader-<id>.sock` within `sun_path` (108 bytes).
+const MAX_SOCKET_DIR_BYTES: usize = 72;
+
+/// The directory of the gateways' Unix sockets (see
+/// [`FrontOptions::socket_dir`]) and, for a temporary one, its guard. `None`
+/// (the gateways are reached over TCP, with a warning) when it cannot be made.
+fn socket_directory(configured: Option<&Path>) -> (Option<PathBuf>, Option<tempfile::TempDir>) {
+    use std::os::unix::fs::PermissionsExt;
+    // 0700 whatever the umask: only the front's user may reach the sockets.
+    let private = std::fs::Permissions::from_mode(0o700);
+    let made = match configured {
+        Some(dir) => prepare_socket_dir(dir, private).map(|()| (dir.to_path_buf(), None)),
+        None => tempfile::Builder::new().prefix("fskv-front-").permissions(private).tempdir().map(|d| (d.path().to_path_buf(), Some(d))),
+    };
+    match made {
+        Ok((dir, _)) if dir.as_os_str().len() > MAX_SOCKET_DIR_BYTES => {
+            tracing::warn!(dir = %dir.display(), max_bytes = MAX_SOCKET_DIR_BYTES, "the socket directory's path is too long for Unix sockets; gateway processes are reached over TCP");
+            (None, None)
+        }
+        Ok((dir, guard)) => (Some(dir), guard),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot make a directory for the gateways' Unix sockets; gateway processes are reached over TCP");
+            (None, None)
+        }
+    }
+}
+
+/// Makes `dir` (a real directory, not a symlink), sets it 0700 and removes
+/// the sockets a killed front left in it.
+fn prepare_socket_dir(dir: &Path, private: std::fs::Permissions) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    if !std::fs::symlink_metadata(dir)?.is_dir() {
+        return Err(std::io::Error::other(format!("{} is not a directory", dir.display())));
+    }
+    std::fs::set_permissions(dir, private)?;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "sock") {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
 }
 
 async fn futures_join_all<F: std::future::Future<Output = ()>>(fs: impl Iterator<Item = F>) {
@@ -172,24 +222,7 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
     };
     // Gateway processes started here serve on a Unix socket in a private
     // (0700) directory and the front sends their requests there.
-    let socket_dir = if cfg.unix_sockets {
-        // 0700 whatever the umask: only the front's user may reach the sockets.
-        let private = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700);
-        match tempfile::Builder::new().prefix("fskv-front-").permissions(private).tempdir() {
-            // Room for `consul-reader-<id>.sock` within sun_path (108 bytes).
-            Ok(d) if d.path().as_os_str().len() <= 72 => Some(d),
-            Ok(d) => {
-                tracing::warn!(dir = %d.path().display(), "the temporary directory's path is too long for Unix sockets; gateway processes are reached over TCP");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot create a directory for the gateways' Unix sockets; gateway processes are reached over TCP");
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let (socket_dir, temp_socket_dir) = if cfg.unix_sockets { socket_directory(opts.socket_dir.as_deref()) } else { (None, None) };
     let unix_routes = pool::UnixRoutes::default();
     let client = proxy::upstream_client(&upstream, unix_routes.clone());
     let scheme = if opts.tls.is_some() { "https" } else { "http" };
@@ -219,7 +252,7 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
                     program: opts.launch.program.clone(),
                     args: gateway_args(&opts.launch, spec, role, writer_endpoint.as_deref()),
                     log_file,
-                    socket_dir: socket_dir.as_ref().map(|d| d.path().to_path_buf()),
+                    socket_dir: socket_dir.clone(),
                 })
             } else {
                 Source::Static(upstreams.to_vec())
@@ -289,7 +322,7 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
             }
         }
     };
-    Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms), _socket_dir: socket_dir })
+    Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms), _socket_dir: temp_socket_dir })
 }
 
 #[cfg(test)]
@@ -329,5 +362,35 @@ mod tests {
         let k = gateway_args(&launch(), &protocols::KV, Role::Writer, Some("http://x"));
         assert_eq!(&k[..2], ["gateway", "kv"]);
         assert!(!k.iter().any(|a| a == "--no-maintenance" || a == "--writer-endpoint"), "{k:?}");
+    }
+
+    #[test]
+    fn a_configured_socket_dir_is_private_and_loses_only_stale_sockets() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run").join("front");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.join("s3-reader-1.sock"), b"").unwrap();
+        std::fs::write(dir.join("notes.txt"), b"kept").unwrap();
+        let (got, guard) = socket_directory(Some(&dir));
+        assert_eq!(got.as_deref(), Some(dir.as_path()));
+        assert!(guard.is_none(), "a configured directory is not removed at exit");
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(!dir.join("s3-reader-1.sock").exists(), "a killed front's socket is removed");
+        assert!(dir.join("notes.txt").exists(), "other files are left alone");
+        // A symlink is refused: the gateways are then reached over TCP.
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert_eq!(socket_directory(Some(&link)).0, None);
+        // Too long for sun_path: TCP too.
+        let long = tmp.path().join("x".repeat(MAX_SOCKET_DIR_BYTES));
+        assert_eq!(socket_directory(Some(&long)).0, None);
+        // Without one: a private temporary directory, removed with its guard.
+        let (tmp_dir, guard) = socket_directory(None);
+        let tmp_dir = tmp_dir.unwrap();
+        assert_eq!(std::fs::metadata(&tmp_dir).unwrap().permissions().mode() & 0o777, 0o700);
+        drop(guard);
+        assert!(!tmp_dir.exists());
     }
 }

@@ -69,6 +69,7 @@ async fn past_the_queue_and_wait_bounds_requests_get_503_with_retry_after() {
         config,
         http: fskv_gateway::HttpLimits::default(),
         tls: None,
+        socket_dir: None,
     };
     let front = fskv_front::start(opts).await.unwrap();
     let addr = front.addr("s3", ListenMode::Route).unwrap();

@@ -97,6 +97,7 @@ async fn a_dead_static_upstream_is_taken_out_and_reads_go_to_the_live_one() {
         config,
         http: fskv_gateway::HttpLimits::default(),
         tls: None,
+        socket_dir: None,
     };
     let front = fskv_front::start(opts).await.unwrap();
     let addr = front.addr("s3", ListenMode::Route).unwrap();

@@ -58,6 +58,11 @@ pub struct FrontArgs {
     /// Append each pool's gateway output to DIR/gateway-PROTO-ROLE.log (default: the front's stderr).
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
+    /// Directory of the gateway processes' Unix sockets (`[front] unix_sockets`): made 0700, stale
+    /// sockets in it removed at start, so only this front may use it (`fskv up` passes DATA/run/front).
+    /// Default: a private temporary directory, removed at a clean exit.
+    #[arg(long, value_name = "DIR")]
+    socket_dir: Option<PathBuf>,
     /// Serve the public listeners over HTTPS: PEM certificate chain (with --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -139,7 +144,15 @@ pub async fn run(args: FrontArgs, config: &Config, config_file: Option<&Path>) -
         (Some(cert_path), Some(key_path)) => Some(fskv_gateway::TlsFiles { cert_path, key_path }),
         _ => None,
     };
-    let opts = FrontOptions { listeners, admin: args.admin_listen, launch, config: front, http: config.gateway.clone(), tls };
+    let opts = FrontOptions {
+        listeners,
+        admin: args.admin_listen,
+        launch,
+        config: front,
+        http: config.gateway.clone(),
+        tls,
+        socket_dir: args.socket_dir.clone(),
+    };
     let handle = fskv_front::start(opts).await?;
     for (p, mode, s) in &handle.listeners {
         println!("front: {p} ({}) on {}", mode.as_str(), s.addr);

@@ -292,8 +292,11 @@ const FRONT_READY_TIMEOUT_MS: u64 = 30_000;
 async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> anyhow::Result<Supervisor> {
     let creds = data.join("credentials.json").display().to_string();
     let logs = data.join("logs").display().to_string();
+    // The gateways' Unix sockets live in the data directory, which has one
+    // owner: no temporary directory is left behind if the front is killed.
+    let sockets = data.join("run").join("front").display().to_string();
     // No --meta: the gateways find meta through mgmtd's routing info.
-    let mut args: Vec<String> = vec!["front".into(), "--admin-listen".into(), ports.front_admin.clone()];
+    let mut args: Vec<String> = vec!["front".into(), "--admin-listen".into(), ports.front_admin.clone(), "--socket-dir".into(), sockets];
     args.extend(["--mgmtd".into(), ports.mgmtd.clone(), "--credentials".into(), creds, "--log-dir".into(), logs]);
     let mut addrs = vec![ports.front_admin.clone()];
     for (proto, public, read_only) in ports.routed() {

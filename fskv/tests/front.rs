@@ -300,7 +300,8 @@ async fn scenario(data: &Path, base: u16) {
     }
     assert!(!unix_sockets.is_empty(), "no ready reader seen during the burst");
     for sock in &unix_sockets {
-        assert!(sock.ends_with(".sock") && sock.contains("/fskv-front-"), "socket path {sock}");
+        // Under `fskv up` they live in the data directory (`--socket-dir`), not in /tmp.
+        assert!(sock.ends_with(".sock") && sock.contains("/run/front/"), "socket path {sock}");
         let dir = std::path::Path::new(sock).parent().unwrap();
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(dir).unwrap().permissions()) & 0o777;
         assert_eq!(mode, 0o700, "the sockets' directory {} is {mode:o}", dir.display());
