@@ -174,8 +174,17 @@ async fn a_writer_runs_the_scan_by_itself_and_reports_it_in_metrics() {
         }
     }
     assert!(gone, "the writer's lifecycle scan did not expire old/x within 5 s");
-    let text = handle.metrics.render();
-    let expired = text.lines().find(|l| l.starts_with("fskv_gateway_s3_lifecycle_objects_expired_total")).expect("metric");
+    // The scan adds its counts when it ends, after its deletes are visible:
+    // wait (bounded) for the scan that deleted old/x to report it.
+    let mut expired = String::new();
+    for _ in 0..50 {
+        let text = handle.metrics.render();
+        expired = text.lines().find(|l| l.starts_with("fskv_gateway_s3_lifecycle_objects_expired_total")).expect("metric").to_string();
+        if expired.ends_with(" 1") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert!(expired.ends_with(" 1"), "{expired}");
     handle.stop().await;
     server.shutdown().await;

@@ -313,6 +313,25 @@ pub struct CopyRangeResp {
     pub src_found_bytes: u32,
 }
 
+/// Which block-file I/O of a target an injected disk fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DiskFaultOp {
+    Read,
+    Write,
+    Sync,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InjectDiskFaultReq {
+    pub target: TargetId,
+    pub op: DiskFaultOp,
+    /// The errno the I/O fails with (5 = EIO, 28 = ENOSPC).
+    pub errno: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InjectDiskFaultResp {}
+
 // ----- methods -----
 
 fskv_rpc::rpc_method!(
@@ -342,4 +361,12 @@ fskv_rpc::rpc_method!(
     /// Server-side copy at the destination head: it reads the source range
     /// from the source chain and writes it like a `WriteChunk`; no payload.
     "storage", CopyRange = 2012, CopyRangeReq => CopyRangeResp
+);
+fskv_rpc::rpc_method!(
+    /// Tests only: every later block-file I/O `op` of the target fails with
+    /// `errno` (the engine stops: fail-stop) until the service restarts.
+    /// Routed only by a storage service built with the `fault-injection`
+    /// feature, which release builds never enable; elsewhere it is an
+    /// unknown method.
+    "storage", InjectDiskFault = 2013, InjectDiskFaultReq => InjectDiskFaultResp
 );

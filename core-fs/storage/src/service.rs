@@ -507,13 +507,34 @@ impl StorageService {
             }
         });
         let s = self.clone();
-        router.route::<SyncDone, _, _>(move |ctx: RequestContext, req: SyncReq, _payload| {
+        let router = router.route::<SyncDone, _, _>(move |ctx: RequestContext, req: SyncReq, _payload| {
             let s = s.clone();
             async move {
                 refuse_users(&ctx, "SyncDone")?;
                 s.handle_sync_mark(req, true).map(|r| (r, Bytes::new())).map_err(Status::from)
             }
-        })
+        });
+        #[cfg(feature = "fault-injection")]
+        let router = {
+            use fskv_proto::storage::{DiskFaultOp, InjectDiskFault, InjectDiskFaultReq, InjectDiskFaultResp};
+            let s = self.clone();
+            router.route::<InjectDiskFault, _, _>(move |ctx: RequestContext, req: InjectDiskFaultReq, _payload| {
+                let s = s.clone();
+                async move {
+                    refuse_users(&ctx, "InjectDiskFault")?;
+                    let target = s.target(req.target).map_err(Status::from)?;
+                    let op = match req.op {
+                        DiskFaultOp::Read => fskv_chunk_engine::IoOp::Read,
+                        DiskFaultOp::Write => fskv_chunk_engine::IoOp::Write,
+                        DiskFaultOp::Sync => fskv_chunk_engine::IoOp::Sync,
+                    };
+                    tracing::warn!(target = %req.target, op = ?req.op, errno = req.errno, "injected disk fault (test build)");
+                    target.engine.inject_io_fault(op, req.errno);
+                    Ok((InjectDiskFaultResp {}, Bytes::new()))
+                }
+            })
+        };
+        router
     }
 
     // ----- helpers -----
