@@ -165,6 +165,18 @@ pub enum CrashPoint {
     CommitAfterMetaWrite,
 }
 
+impl CrashPoint {
+    /// Every crash point, in the order an update and its commit reach them.
+    pub const ALL: [CrashPoint; 6] = [
+        CrashPoint::UpdateAfterAllocate,
+        CrashPoint::UpdateBeforeDataSync,
+        CrashPoint::UpdateAfterDataWrite,
+        CrashPoint::UpdateAfterMetaWrite,
+        CrashPoint::CommitBeforeMetaWrite,
+        CrashPoint::CommitAfterMetaWrite,
+    ];
+}
+
 /// Cached state of one chunk: its record and a handle per referenced block.
 struct Cached {
     meta: ChunkMeta,

@@ -77,14 +77,7 @@ enum Op {
     Crash,
 }
 
-const POINTS: [CrashPoint; 6] = [
-    CrashPoint::UpdateAfterAllocate,
-    CrashPoint::UpdateBeforeDataSync,
-    CrashPoint::UpdateAfterDataWrite,
-    CrashPoint::UpdateAfterMetaWrite,
-    CrashPoint::CommitBeforeMetaWrite,
-    CrashPoint::CommitAfterMetaWrite,
-];
+const POINTS: [CrashPoint; 6] = CrashPoint::ALL;
 
 fn kind_strategy() -> impl Strategy<Value = Kind> {
     prop_oneof![

@@ -16,8 +16,8 @@
 //!   The standby's first read of a record comes after the holder began
 //!   the renewal that wrote it, so the holder has stopped acting before
 //!   the standby can take over (clock *rates* must agree, not readings).
-//!   Takeover: within `lease_ms` + two renewal periods of the primary's
-//!   last renewal. Every write of a primary checks, in its transaction,
+//!   Takeover: within `lease_ms` + one renewal period (plus the
+//!   transactions' time) of the primary's last renewal. Every write of a primary checks, in its transaction,
 //!   that the record still names it. The primary loads (or bootstraps) the
 //!   state from the KV engine, ticks and answers heartbeats and routing
 //!   requests; others answer `NotPrimary` naming the primary.

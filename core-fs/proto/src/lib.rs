@@ -47,6 +47,7 @@ pub fn all_methods() -> Vec<(u16, &'static str)> {
         m::<storage::SyncDone>(),
         m::<storage::QueryChunk>(),
         m::<storage::CopyRange>(),
+        m::<storage::InjectDiskFault>(),
         m::<mgmtd::Heartbeat>(),
         m::<mgmtd::GetRouting>(),
         m::<mgmtd::MgmtdStatus>(),

@@ -749,15 +749,8 @@ const POWER_CUT_STREAM: u64 = 0x9_0e11_c0ff;
 const CLOCK_JUMP_STREAM: u64 = 0xc10c_0a55;
 /// How long before a power cut its engines' crash points are armed.
 const POWER_CUT_ARM_MS: u64 = 400;
-/// The crash points a power cut is armed at, in update order.
-const POWER_CUT_POINTS: [CrashPoint; 6] = [
-    CrashPoint::UpdateAfterAllocate,
-    CrashPoint::UpdateBeforeDataSync,
-    CrashPoint::UpdateAfterDataWrite,
-    CrashPoint::UpdateAfterMetaWrite,
-    CrashPoint::CommitBeforeMetaWrite,
-    CrashPoint::CommitAfterMetaWrite,
-];
+/// The crash points a power cut is armed at: any.
+const POWER_CUT_POINTS: [CrashPoint; 6] = CrashPoint::ALL;
 
 fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> Vec<Event> {
     let count = rng.gen_range(3..=8);
