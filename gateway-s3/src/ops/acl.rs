@@ -111,18 +111,23 @@ fn grants_of(acl: CannedAcl) -> (Option<Owner>, Option<Grants>) {
             Permission::ReadAcp => dto::Permission::READ_ACP,
             Permission::WriteAcp => dto::Permission::WRITE_ACP,
         };
-        grants.push(Grant {
-            grantee: Some(Grantee {
-                display_name: None,
-                email_address: None,
-                id: None,
-                type_: dto::Type::from_static(dto::Type::GROUP),
-                uri: Some(uri.to_string()),
-            }),
-            permission: Some(dto::Permission::from_static(p)),
-        });
+        grants.push(group_grant(uri, p));
     }
     (Some(owner), Some(grants))
+}
+
+/// A grant of `perm` to the group named by `uri`.
+fn group_grant(uri: &str, perm: &'static str) -> Grant {
+    Grant {
+        grantee: Some(Grantee {
+            display_name: None,
+            email_address: None,
+            id: None,
+            type_: dto::Type::from_static(dto::Type::GROUP),
+            uri: Some(uri.into()),
+        }),
+        permission: Some(dto::Permission::from_static(perm)),
+    }
 }
 
 /// The canned ACL an `AccessControlPolicy` body expresses: owner grants
@@ -438,19 +443,6 @@ impl Gateway {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn group_grant(uri: &str, perm: &'static str) -> Grant {
-        Grant {
-            grantee: Some(Grantee {
-                display_name: None,
-                email_address: None,
-                id: None,
-                type_: dto::Type::from_static(dto::Type::GROUP),
-                uri: Some(uri.into()),
-            }),
-            permission: Some(dto::Permission::from_static(perm)),
-        }
-    }
 
     #[test]
     fn grant_forms_map_to_canned_acls() {
