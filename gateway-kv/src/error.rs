@@ -86,6 +86,11 @@ pub type Result<T, E = KvError> = std::result::Result<T, E>;
 impl KvError {
     /// A filesystem failure with `code` while doing `what`; `not_found` is
     /// what NotFound means there.
+    /// A failed key walk (scan, maintenance) of a namespace.
+    pub fn walk(e: fskv_client::MetaClientError) -> KvError {
+        KvError::from_code(e.code(), "scan", KvError::NoSuchKey)
+    }
+
     pub fn from_code(code: ErrorCode, what: impl std::fmt::Display, not_found: KvError) -> KvError {
         use ErrorCode as C;
         match code {

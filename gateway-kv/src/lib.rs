@@ -18,7 +18,6 @@ pub mod record;
 pub mod route;
 pub mod server;
 pub mod store;
-pub mod walk;
 
 pub use config::{KvConfig, Limits, Maintenance, NamespaceConfig};
 pub use error::KvError;

@@ -43,8 +43,8 @@ use crate::ops::namespace::NsStats;
 use crate::recency::Log;
 use crate::record::{self, Record, XATTR_RECORD};
 use crate::store::{Namespace, Store};
-use crate::walk::Walker;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use fskv_client::keywalk::Walker;
 use fskv_proto::meta::{Expected, MetaOp, MetaReply, SetAttr};
 use fskv_types::{ErrorCode, InodeId};
 use futures::StreamExt;
@@ -376,7 +376,7 @@ impl Maintainer {
         let mut out = Vec::new();
         let mut with_record = Vec::new();
         let mut condemned = Vec::new();
-        while let Some(f) = walker.next().await? {
+        while let Some(f) = walker.next().await.map_err(KvError::walk)? {
             let Some(a) = f.entry.attr else { continue };
             if record::has_record(&a) {
                 with_record.push((out.len(), a.id));

@@ -1,4 +1,5 @@
-//! ListObjects (v1, v2) and ListObjectVersions over [`crate::walk`].
+//! ListObjects (v1, v2) and ListObjectVersions over [`crate::walk`] (tree
+//! buckets) or [`fskv_client::keywalk`] (flat buckets).
 //!
 //! A page is computed from its start position alone: the continuation
 //! token is the position (the last key, or a common prefix followed by
@@ -9,6 +10,7 @@ use crate::error;
 use crate::objmeta::{self, ObjectMeta, XATTR_META};
 use crate::walk::{Bound, Event, Walker};
 use base64::Engine as _;
+use fskv_client::keywalk::Walker as KeyWalker;
 use fskv_client::FsClient;
 use fskv_proto::meta::{Inode, MetaOp, MetaReply, MAX_BATCH_OPS};
 use fskv_types::{ErrorCode, InodeId};
@@ -163,6 +165,12 @@ pub async fn list(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<L
             Event::Dir { .. } => {}
         }
     }
+    into_page(fs, items, max).await
+}
+
+/// The page of the first `max` of `items` (one more means truncated),
+/// their records read in batches.
+async fn into_page(fs: &FsClient, mut items: Vec<Item>, max: usize) -> Result<ListPage, S3Error> {
     let truncated = items.len() > max;
     items.truncate(max);
     let mut page = ListPage { truncated, ..ListPage::default() };
@@ -189,6 +197,43 @@ pub async fn list(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<L
         }
     }
     Ok(page)
+}
+
+/// Lists the flat bucket `bucket` (its directory inode) as `req` asks:
+/// a [`fskv_client::keywalk`] walk of the encoded names from
+/// `max(after, prefix)`, which yields keys in byte order, so the first key
+/// without the prefix ends the page. A common prefix is rolled up from the
+/// first key under it, and the walk then starts again after every key
+/// under it (the prefix followed by 0xFF, a byte no UTF-8 key has): a page
+/// costs O(entries returned + common prefixes × depth) meta calls.
+pub async fn list_flat(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Result<ListPage, S3Error> {
+    if req.max_keys == 0 || req.prefix.len() > crate::paths::MAX_KEY_BYTES {
+        return Ok(ListPage::default());
+    }
+    let max = req.max_keys.min(MAX_KEYS);
+    let delim = req.delimiter.as_deref().filter(|d| !d.is_empty());
+    let prefix_b = req.prefix.as_bytes();
+    let start = if req.after.as_slice() >= prefix_b { (req.after.clone(), false) } else { (prefix_b.to_vec(), true) };
+    let mut walker = KeyWalker::new(fs.clone(), bucket, Some((&start.0, start.1)));
+    let mut items: Vec<Item> = Vec::new();
+    while items.len() <= max {
+        let Some(found) = walker.next().await.map_err(|e| error::from_meta(e, "listing"))? else { break };
+        // Names that are not a UTF-8 key's (made through the mount) are no object.
+        let (Ok(key), Some(inode)) = (String::from_utf8(found.key), found.entry.attr) else { continue };
+        let Some(rest) = key.strip_prefix(req.prefix.as_str()) else { break };
+        if let Some(i) = delim.and_then(|d| rest.find(d).map(|i| i + d.len())) {
+            let cp = format!("{}{}", req.prefix, &rest[..i]);
+            let mut after = cp.clone().into_bytes();
+            after.push(0xFF);
+            if cp.as_bytes() > req.after.as_slice() {
+                items.push(Item::Prefix(cp));
+            }
+            walker = KeyWalker::new(fs.clone(), bucket, Some((&after, false)));
+            continue;
+        }
+        items.push(Item::Object { key, inode, record: None, dir: false });
+    }
+    into_page(fs, items, max).await
 }
 
 fn walk_err((code, msg): (ErrorCode, String)) -> S3Error {

@@ -1,13 +1,61 @@
-//! Object keys as filesystem paths.
+//! Object keys as filesystem paths, by the bucket's [`Layout`]:
 //!
-//! A key is `/`-separated components below the bucket directory. A key
-//! ending in `/` (`photos/`) is a *directory object*: the directory itself,
-//! with the object's metadata in its xattrs. Keys that do not map to one
-//! clean path inside the bucket are refused (400), never normalised: an
-//! empty component (`a//b`, a leading `/`), `.` or `..`, NUL, a component
-//! longer than the filesystem allows, or a key over 1024 bytes.
+//! | layout | key `k` is | refused (400) |
+//! |---|---|---|
+//! | tree (default) | the path `k` below the bucket: `/`-separated components; a key ending in `/` (`photos/`) is a *directory object*, the directory itself with the object's metadata in its xattrs | what maps to no clean path (never normalised): an empty component (`a//b`, a leading `/`), `.` or `..`, NUL, a component over 255 bytes; a key over 1024 bytes |
+//! | flat | one file named by the order-preserving encoding of `k`'s bytes ([`fskv_client::keyname`]); a key whose encoding is over 240 bytes is a chain of continuation directories (`<240 bytes>+`) ending in its file | an empty key, a key over 1024 bytes |
+//!
+//! In a flat bucket keys need not form a tree: `a/b` and `a/b/c` are both
+//! objects, `dir/` is an object like any other, a key may have a "component"
+//! of any length. A file's name (at most 240 bytes) and a continuation
+//! directory's (exactly 241, ending in `+`) never collide, so no key is in
+//! another's way. The layout is chosen when the bucket is created and never
+//! changes: the bucket directory is made with the xattr [`XATTR_LAYOUT`] in
+//! the same meta transaction.
 
+use fskv_client::keyname::KeyPath;
 use fskv_proto::meta::MAX_NAME_BYTES;
+
+/// Extended attribute of a bucket directory naming its layout (`flat`);
+/// absent for a tree bucket.
+pub const XATTR_LAYOUT: &str = "user.s3.layout";
+/// Request header of CreateBucket that chooses the layout (`tree`, `flat`).
+pub const LAYOUT_HEADER: &str = "x-fskv-bucket-layout";
+
+/// How a bucket maps keys to paths.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Keys are paths: what FUSE users see as a directory tree.
+    #[default]
+    Tree,
+    /// Keys are encoded names: any set of keys, no tree rules.
+    Flat,
+}
+
+impl Layout {
+    pub fn parse(s: &str) -> Option<Layout> {
+        match s {
+            "tree" => Some(Layout::Tree),
+            "flat" => Some(Layout::Flat),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Tree => "tree",
+            Layout::Flat => "flat",
+        }
+    }
+
+    /// The layout a bucket's [`XATTR_LAYOUT`] value names (absent: tree).
+    pub fn of_xattr(value: Option<&[u8]>) -> Layout {
+        match value {
+            Some(b"flat") => Layout::Flat,
+            _ => Layout::Tree,
+        }
+    }
+}
 
 /// Longest key S3 allows (bytes of UTF-8).
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -33,7 +81,29 @@ impl ObjectPath {
     }
 }
 
-/// Why a key was refused.
+/// The path of `key` in a bucket of `layout`, or why it was refused.
+pub fn parse_key_in(layout: Layout, key: &str) -> Result<ObjectPath, &'static str> {
+    match layout {
+        Layout::Tree => parse_key(key),
+        Layout::Flat => parse_flat_key(key),
+    }
+}
+
+/// A key of a flat bucket: its continuation directories and file.
+fn parse_flat_key(key: &str) -> Result<ObjectPath, &'static str> {
+    if key.is_empty() {
+        return Err("the key is empty");
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err("the key is longer than 1024 bytes");
+    }
+    let p = KeyPath::of(key.as_bytes());
+    let mut components = p.dirs;
+    components.push(p.file);
+    Ok(ObjectPath { components, dir_object: false })
+}
+
+/// The path of `key` in a tree bucket, or why it was refused.
 pub fn parse_key(key: &str) -> Result<ObjectPath, &'static str> {
     if key.is_empty() {
         return Err("the key is empty");
@@ -114,6 +184,28 @@ mod tests {
                 proptest::prop_assert_eq!(rebuilt, s);
             }
         }
+    }
+
+    #[test]
+    fn flat_keys_need_not_form_a_tree() {
+        let f = |k: &str| parse_key_in(Layout::Flat, k).expect(k);
+        let (ab, abc, dir) = (f("a/b"), f("a/b/c"), f("dir/"));
+        assert_eq!(ab.components, vec!["a.2Fb"]);
+        assert_eq!(abc.components, vec!["a.2Fb.2Fc"]);
+        assert!(!dir.dir_object && dir.components == vec!["dir.2F"]);
+        // Keys a tree bucket refuses, and a component over 255 bytes.
+        for k in ["/a", "a//b", "a/../b", ".", "x\0y"] {
+            assert!(parse_key_in(Layout::Flat, k).is_ok(), "{k:?}");
+        }
+        let long = format!("{}/x", "c".repeat(600));
+        let p = f(&long);
+        assert_eq!(p.components.len(), 3);
+        assert!(p.parent().iter().all(|d| d.len() == 241 && d.ends_with('+')));
+        assert!(parse_key_in(Layout::Flat, "").is_err());
+        assert!(parse_key_in(Layout::Flat, &"k".repeat(1025)).is_err());
+        assert_eq!(Layout::of_xattr(Some(b"flat")), Layout::Flat);
+        assert_eq!(Layout::of_xattr(None), Layout::Tree);
+        assert_eq!(Layout::parse("flat").map(Layout::as_str), Some("flat"));
     }
 
     #[test]

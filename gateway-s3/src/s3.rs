@@ -135,7 +135,15 @@ impl S3 for Gateway {
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let this = self.for_request(&req)?;
         let access = Gateway::bucket_access_input(req.input.acl.as_ref(), req.input.object_ownership.as_ref())?;
-        Gateway::create_bucket(&this, &req.input.bucket).await?;
+        let layout = match req.headers.get(crate::paths::LAYOUT_HEADER) {
+            None => crate::paths::Layout::Tree,
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(crate::paths::Layout::parse)
+                .ok_or_else(|| crate::error::invalid_argument(format!("{}: 'tree' or 'flat'", crate::paths::LAYOUT_HEADER)))?,
+        };
+        Gateway::create_bucket_with(&this, &req.input.bucket, layout).await?;
         this.init_bucket_access(&req.input.bucket, access).await?;
         ok(CreateBucketOutput { location: Some(format!("/{}", req.input.bucket)) })
     }

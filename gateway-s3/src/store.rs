@@ -4,7 +4,7 @@
 
 use crate::error;
 use crate::objmeta::XATTR_META;
-use crate::paths::{self, ObjectPath};
+use crate::paths::{self, Layout, ObjectPath, XATTR_LAYOUT};
 use fskv_client::FsClient;
 use fskv_proto::meta::{Inode, InodeKind};
 use fskv_types::{ErrorCode, InodeId};
@@ -72,12 +72,24 @@ impl DirCache {
     }
 }
 
+/// Layouts of bucket directories by inode. A bucket's layout is set in
+/// the transaction that makes its directory and never changes, so an entry
+/// never goes stale (a bucket deleted and made again has a new inode).
+/// Bounded: cleared when full.
+#[derive(Default)]
+pub struct LayoutCache {
+    map: parking_lot::Mutex<HashMap<InodeId, Layout>>,
+}
+
+pub const LAYOUT_CACHE_MAX_ENTRIES: usize = 65_536;
+
 #[derive(Clone)]
 pub struct Store {
     pub fs: FsClient,
     /// The directory whose subdirectories are the buckets.
     pub root: InodeId,
     pub dirs: Arc<DirCache>,
+    pub layouts: Arc<LayoutCache>,
     /// The tenant of the request this store serves; `None` for the
     /// gateway's own work (upload expiry), which sees every bucket.
     pub caller: Option<Caller>,
@@ -99,7 +111,13 @@ impl Store {
                 Err(e) => return Err(format!("{root_path}: {e}")),
             };
         }
-        let store = Store { fs, root: cur, dirs: Arc::new(DirCache { map: parking_lot::Mutex::new(HashMap::new()) }), caller: None };
+        let store = Store {
+            fs,
+            root: cur,
+            dirs: Arc::new(DirCache { map: parking_lot::Mutex::new(HashMap::new()) }),
+            layouts: Arc::default(),
+            caller: None,
+        };
         if create {
             store.tighten_modes().await;
         }
@@ -183,6 +201,38 @@ impl Store {
             Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_bucket(name)),
             Err(e) => Err(error::from_meta(e, name)),
         }
+    }
+
+    /// The layout of the bucket whose directory is `bucket`.
+    pub async fn layout(&self, bucket: InodeId) -> Result<Layout, S3Error> {
+        if let Some(l) = self.layouts.map.lock().get(&bucket) {
+            return Ok(*l);
+        }
+        let layout = match self.fs.meta().get_xattr(bucket, XATTR_LAYOUT).await {
+            Ok(v) => Layout::of_xattr(Some(&v)),
+            Err(e) if e.code() == ErrorCode::NotFound => Layout::Tree,
+            Err(e) => return Err(error::from_meta(e, "bucket layout")),
+        };
+        let mut map = self.layouts.map.lock();
+        if map.len() >= LAYOUT_CACHE_MAX_ENTRIES {
+            map.clear();
+        }
+        map.insert(bucket, layout);
+        Ok(layout)
+    }
+
+    /// The bucket directory `bucket` and the path `key` names in it (by the
+    /// bucket's layout); 400 for a key the layout refuses.
+    pub async fn locate(&self, bucket: &str, key: &str) -> Result<(Inode, ObjectPath), S3Error> {
+        let dir = self.bucket(bucket).await?;
+        let path = self.path_in(&dir, key).await?;
+        Ok((dir, path))
+    }
+
+    /// The path `key` names in the bucket directory `dir`.
+    pub async fn path_in(&self, dir: &Inode, key: &str) -> Result<ObjectPath, S3Error> {
+        let layout = self.layout(dir.id).await?;
+        paths::parse_key_in(layout, key).map_err(|why| error::invalid_key(key, why))
     }
 
     /// The caller's buckets, by name, with their creation times (ns).

@@ -11,6 +11,11 @@
 //!   write_at / fsync / truncate / close over meta + storage, striped over
 //!   chains with a bounded number of chunk pieces in flight.
 //!
+//! * [`keyname`], [`keywalk`]: arbitrary byte keys as file names of one
+//!   directory (order-preserving, long keys as continuation directories)
+//!   and their walk in key order; the KV gateway's namespaces and the S3
+//!   gateway's flat buckets.
+//!
 //! * [`caps`]: the chunk capabilities a `user:` principal's client gets
 //!   from meta and attaches to storage requests.
 //!
@@ -18,6 +23,8 @@
 
 pub mod caps;
 pub mod file;
+pub mod keyname;
+pub mod keywalk;
 pub mod meta;
 pub mod mgmtd;
 pub mod storage;

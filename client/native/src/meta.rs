@@ -303,7 +303,12 @@ impl MetaClient {
     }
 
     pub async fn mkdir(&self, parent: InodeId, name: &str, mode: u32) -> Result<Inode> {
-        self.inode(MetaOp::Mkdir { parent, name: name.into(), mode }, "mkdir").await
+        self.mkdir_with_xattrs(parent, name, mode, Vec::new()).await
+    }
+
+    /// A directory created with its extended attributes, in one transaction.
+    pub async fn mkdir_with_xattrs(&self, parent: InodeId, name: &str, mode: u32, xattrs: Vec<(String, Vec<u8>)>) -> Result<Inode> {
+        self.inode(MetaOp::Mkdir { parent, name: name.into(), mode, xattrs }, "mkdir").await
     }
 
     pub async fn rmdir(&self, parent: InodeId, name: &str) -> Result<()> {

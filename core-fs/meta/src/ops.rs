@@ -381,7 +381,7 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
             let args = CloseArgs { session: *session, length_hint: *length_hint, truncate_version: *truncate_version, wrote: *wrote };
             close(txn, ctx, *inode, args).await
         }
-        MetaOp::Mkdir { parent, name, mode } => mkdir(txn, ctx, *parent, name, *mode).await.map(MetaReply::Inode),
+        MetaOp::Mkdir { parent, name, mode, xattrs } => mkdir(txn, ctx, *parent, name, *mode, xattrs).await.map(MetaReply::Inode),
         MetaOp::Rmdir { parent, name } => rmdir(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
         MetaOp::Unlink { parent, name } => unlink(txn, ctx, *parent, name).await.map(|_| MetaReply::Done),
         MetaOp::UnlinkExpected { parent, name, expected } => {
@@ -573,7 +573,15 @@ fn grow_dyn_stripe(f: &mut FileData) {
     }
 }
 
-pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, name: &str, mode: u32) -> MetaResult<Inode> {
+pub async fn mkdir(
+    txn: &mut dyn Transaction,
+    ctx: &OpCtx<'_>,
+    parent: InodeId,
+    name: &str,
+    mode: u32,
+    xattrs: &[(String, Vec<u8>)],
+) -> MetaResult<Inode> {
+    check_new_xattrs(xattrs)?;
     let dir = dir_for_new_entry(txn, ctx, parent, name).await?;
     let layout = dir.dir().map(|d| d.layout.clone()).unwrap_or_else(|| ctx.cfg.root_layout.clone());
     let data = InodeData::Directory(DirData { parent, name: name.to_string(), layout });
@@ -583,6 +591,9 @@ pub async fn mkdir(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, 
     }
     let inode = new_inode(ctx, data, mode, 1, &dir)?;
     add_new_inode(txn, ctx, &dir, name, &inode)?;
+    for (xname, value) in xattrs {
+        txn.set(&xattr_key(inode.id, xname), value)?;
+    }
     Ok(inode)
 }
 
@@ -1125,10 +1136,16 @@ async fn publish(
 
 /// Checks the attributes a publish sets (before anything is written).
 fn check_publish_attrs(attrs: &PublishAttrs) -> MetaResult<()> {
-    if attrs.xattrs.len() > MAX_PUBLISH_XATTRS {
-        return Err(MetaError::TooLarge(format!("{} xattrs in one publish (max {MAX_PUBLISH_XATTRS})", attrs.xattrs.len())));
+    check_new_xattrs(&attrs.xattrs)
+}
+
+/// Checks extended attributes an inode is created or published with: at
+/// most [`MAX_PUBLISH_XATTRS`], each within the SetXattr limits.
+fn check_new_xattrs(xattrs: &[(String, Vec<u8>)]) -> MetaResult<()> {
+    if xattrs.len() > MAX_PUBLISH_XATTRS {
+        return Err(MetaError::TooLarge(format!("{} xattrs in one call (max {MAX_PUBLISH_XATTRS})", xattrs.len())));
     }
-    for (name, value) in &attrs.xattrs {
+    for (name, value) in xattrs {
         check_xattr_name(name)?;
         if value.len() > MAX_XATTR_VALUE_BYTES {
             return Err(MetaError::TooLarge(format!("xattr {name} of {} bytes (max {MAX_XATTR_VALUE_BYTES})", value.len())));

@@ -127,7 +127,7 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
                 Step::Create(..) => {
                     (MetaOp::Create { parent: dir, name: name.clone(), mode: 0o644, exclusive: true, write: false }, InodeKind::File)
                 }
-                Step::Mkdir(..) => (MetaOp::Mkdir { parent: dir, name: name.clone(), mode: 0o755 }, InodeKind::Directory),
+                Step::Mkdir(..) => (MetaOp::Mkdir { parent: dir, name: name.clone(), mode: 0o755, xattrs: vec![] }, InodeKind::Directory),
                 _ => (MetaOp::Symlink { parent: dir, name: name.clone(), target: "t".into() }, InodeKind::Symlink),
             };
             let got = fs.inode(op).await;

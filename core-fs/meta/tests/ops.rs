@@ -69,13 +69,36 @@ async fn root_exists_and_basic_namespace_ops() {
     fs.fsck_clean().await;
 }
 
+/// `Mkdir` with xattrs sets them in the creating transaction; a refused
+/// attribute creates nothing.
+#[tokio::test]
+async fn mkdir_sets_its_xattrs_in_the_same_transaction() {
+    let fs = Fs::new().await;
+    let xattrs = vec![("user.s3.layout".to_string(), b"flat".to_vec())];
+    let d = fs.inode(MetaOp::Mkdir { parent: ROOT, name: "b".into(), mode: 0o700, xattrs }).await.unwrap();
+    let got = fs.op(MetaOp::GetXattr { inode: d.id, name: "user.s3.layout".into() }).await.unwrap();
+    assert_eq!(got, MetaReply::Xattr(b"flat".to_vec()));
+    let too_many = (0..=MAX_PUBLISH_XATTRS).map(|i| (format!("user.x{i}"), vec![])).collect();
+    assert_eq!(
+        code(fs.op(MetaOp::Mkdir { parent: ROOT, name: "c".into(), mode: 0o700, xattrs: too_many }).await),
+        ErrorCode::ResourceExhausted
+    );
+    let empty_name = vec![(String::new(), vec![])];
+    assert_eq!(
+        code(fs.op(MetaOp::Mkdir { parent: ROOT, name: "c".into(), mode: 0o700, xattrs: empty_name }).await),
+        ErrorCode::InvalidArgument
+    );
+    assert_eq!(code(fs.op(MetaOp::Lookup { parent: ROOT, name: "c".into() }).await), ErrorCode::NotFound);
+    fs.fsck_clean().await;
+}
+
 /// `MetaRequest::owner`: root creates inodes owned by another uid/gid in
 /// the creating transaction (the gateways' tenants); nobody else may.
 #[tokio::test]
 async fn an_owner_named_by_root_owns_what_it_creates() {
     let fs = Fs::new().await;
     let tenant = fs.owning_as(20001, 20001);
-    let bucket = tenant.inode(MetaOp::Mkdir { parent: ROOT, name: "b".into(), mode: 0o700 }).await.unwrap();
+    let bucket = tenant.inode(MetaOp::Mkdir { parent: ROOT, name: "b".into(), mode: 0o700, xattrs: vec![] }).await.unwrap();
     assert_eq!((bucket.acl.uid, bucket.acl.gid, bucket.acl.mode), (20001, 20001, 0o700));
     // A setgid parent does not override the named owner's gid.
     let sg = fs.mkdir(ROOT, "sg").await.unwrap();
@@ -393,7 +416,7 @@ async fn idempotent_retry_returns_the_first_result() {
     fs.svc.execute(rename.clone()).await.unwrap();
     fs.svc.execute(rename.clone()).await.unwrap();
     // The same request id for a different op is refused, not answered with the rename's reply.
-    let mut reused = fs.req(MetaOp::Mkdir { parent: ROOT, name: "x".into(), mode: 0o755 });
+    let mut reused = fs.req(MetaOp::Mkdir { parent: ROOT, name: "x".into(), mode: 0o755, xattrs: vec![] });
     reused.request_id = rename.request_id;
     assert_eq!(code(fs.svc.execute(reused).await), ErrorCode::InvalidArgument);
     fs.fsck_clean().await;
@@ -538,7 +561,7 @@ async fn namespace_changes_move_the_parent_directory_times() {
     let mut last = fs.stat(d.id).await.unwrap();
     let ops: Vec<(&str, MetaOp)> = vec![
         ("create", MetaOp::Create { parent: d.id, name: "f".into(), mode: 0o644, exclusive: true, write: false }),
-        ("mkdir", MetaOp::Mkdir { parent: d.id, name: "sub".into(), mode: 0o755 }),
+        ("mkdir", MetaOp::Mkdir { parent: d.id, name: "sub".into(), mode: 0o755, xattrs: vec![] }),
         ("symlink", MetaOp::Symlink { parent: d.id, name: "s".into(), target: "f".into() }),
         ("rename within", MetaOp::Rename { src_parent: d.id, src_name: "s".into(), dst_parent: d.id, dst_name: "s2".into() }),
         ("rename out", MetaOp::Rename { src_parent: d.id, src_name: "s2".into(), dst_parent: e.id, dst_name: "s2".into() }),
@@ -778,7 +801,7 @@ async fn unlink_expected_is_compare_and_delete() {
         ErrorCode::PreconditionFailed
     );
     // Directories are refused like Unlink.
-    let d = fs.inode(MetaOp::Mkdir { parent: ROOT, name: "d".into(), mode: 0o755 }).await.unwrap();
+    let d = fs.inode(MetaOp::Mkdir { parent: ROOT, name: "d".into(), mode: 0o755, xattrs: vec![] }).await.unwrap();
     let dir = Expected::Inode { id: d.id, version: d.version };
     assert_eq!(code(fs.op(MetaOp::UnlinkExpected { parent: ROOT, name: "d".into(), expected: dir }).await), ErrorCode::IsDirectory);
 }

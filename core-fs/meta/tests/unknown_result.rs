@@ -112,7 +112,7 @@ async fn lost_commit_replies_are_replayed_from_idempotency_records() {
     fs.svc.run_gc_until_idle().await.unwrap();
 
     // Without a request id there is no record: the caller sees the unknown result.
-    let mut req = fs.req(MetaOp::Mkdir { parent: root, name: "d".into(), mode: 0o755 });
+    let mut req = fs.req(MetaOp::Mkdir { parent: root, name: "d".into(), mode: 0o755, xattrs: vec![] });
     req.request_id = 0;
     lose.store(1, Ordering::SeqCst);
     let err = fs.svc.execute(req).await.unwrap_err();

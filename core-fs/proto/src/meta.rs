@@ -349,10 +349,16 @@ pub enum MetaOp {
         truncate_version: u64,
         wrote: bool,
     },
+    /// A directory, with `xattrs` (at most [`MAX_PUBLISH_XATTRS`], each
+    /// within the SetXattr limits) set in the same transaction: a directory
+    /// whose attributes say what it is (an S3 bucket's layout) is never
+    /// seen without them.
     Mkdir {
         parent: InodeId,
         name: String,
         mode: u32,
+        #[serde(default)]
+        xattrs: Vec<(String, Vec<u8>)>,
     },
     Rmdir {
         parent: InodeId,

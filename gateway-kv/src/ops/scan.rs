@@ -22,8 +22,8 @@ use crate::keys::KeyPath;
 use crate::record::{self, Record, XATTR_RECORD};
 use crate::route::Query;
 use crate::store::Namespace;
-use crate::walk::Walker;
 use bytes::Bytes;
+use fskv_client::keywalk::Walker;
 use fskv_proto::meta::{Expected, MetaOp, MetaReply, DEFAULT_INLINE_MAX_BYTES};
 use fskv_types::InodeId;
 use futures::StreamExt;
@@ -99,7 +99,7 @@ impl Kv {
         let start = p.effective_start();
         let mut walker = Walker::new(self.store.fs.clone(), ns.dir, start.as_ref().map(|(k, i)| (k.as_slice(), *i)));
         let mut page = ScanPage::default();
-        while let Some(f) = walker.next().await? {
+        while let Some(f) = walker.next().await.map_err(KvError::walk)? {
             if !f.key.starts_with(&p.prefix) || p.end.as_ref().is_some_and(|e| f.key >= *e) {
                 break;
             }

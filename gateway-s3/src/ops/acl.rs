@@ -275,7 +275,8 @@ impl Gateway {
     /// The canned ACL of object `key` of bucket directory `dir` (`None`:
     /// no such object, which grants nothing).
     pub async fn object_acl_for_access(&self, dir: &Inode, key: &str) -> Result<Option<CannedAcl>, S3Error> {
-        let Ok(path) = super::object::parse(key) else { return Ok(None) };
+        let layout = self.store.layout(dir.id).await?;
+        let Ok(path) = crate::paths::parse_key_in(layout, key) else { return Ok(None) };
         Ok(super::object::find_object(&self.store, dir.id, &path, key).await?.map(|o| o.meta.acl.unwrap_or_default()))
     }
 
@@ -361,8 +362,7 @@ impl Gateway {
     }
 
     pub async fn get_object_acl(&self, bucket: &str, key: &str) -> Result<GetObjectAclOutput, S3Error> {
-        let dir = self.store.bucket(bucket).await?;
-        let path = super::object::parse(key)?;
+        let (dir, path) = self.store.locate(bucket, key).await?;
         let obj = super::object::find_object(&self.store, dir.id, &path, key).await?.ok_or_else(|| error::no_such_key(key))?;
         let (owner, grants) = grants_of(obj.meta.acl.unwrap_or_default());
         Ok(GetObjectAclOutput { owner, grants, ..GetObjectAclOutput::default() })
@@ -381,7 +381,7 @@ impl Gateway {
         let acl = requested_acl(input.acl.as_ref().map(|a| a.as_str()), headers, input.access_control_policy.as_ref())?;
         let dir = self.store.bucket(&input.bucket).await?;
         self.check_acl_allowed(&dir, &input.bucket, Some(acl)).await?;
-        let path = super::object::parse(&input.key)?;
+        let path = self.store.path_in(&dir, &input.key).await?;
         let obj =
             super::object::find_object(&self.store, dir.id, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
         let mut meta = obj.meta;

@@ -17,7 +17,7 @@
 //! `Last-Modified` is always sent. The page is computed by [`parts_page`]
 //! (pure).
 
-use super::object::{find_object, parse, timestamp};
+use super::object::{find_object, timestamp};
 use super::Gateway;
 use crate::error;
 use crate::objmeta::{Checksums, ObjectMeta};
@@ -100,8 +100,8 @@ impl Gateway {
             return Err(error::invalid_argument("max-parts and part-number-marker must not be negative"));
         }
         let max_parts = max_parts.min(MAX_PARTS_PER_PAGE);
-        let path = parse(&input.key)?;
-        let bucket = self.store.bucket(&input.bucket).await?.id;
+        let (bucket_dir, path) = self.store.locate(&input.bucket, &input.key).await?;
+        let bucket = bucket_dir.id;
         let obj = find_object(&self.store, bucket, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
         let m = &obj.meta;
         let has = |a: &str| wanted.contains(&a);

@@ -3,7 +3,7 @@
 use super::object::timestamp;
 use super::Gateway;
 use crate::error;
-use crate::paths;
+use crate::paths::{self, Layout, XATTR_LAYOUT};
 use crate::store::{DIR_MODE, UPLOADS_DIR};
 use fskv_types::ErrorCode;
 use s3s::dto::*;
@@ -24,7 +24,14 @@ impl Gateway {
         })
     }
 
+    /// Creates a tree bucket (keys are paths).
     pub async fn create_bucket(&self, name: &str) -> Result<(), S3Error> {
+        self.create_bucket_with(name, Layout::Tree).await
+    }
+
+    /// Creates a bucket of `layout`; a flat bucket's directory is made
+    /// with its layout xattr in the same meta transaction.
+    pub async fn create_bucket_with(&self, name: &str, layout: Layout) -> Result<(), S3Error> {
         if !paths::is_bucket_name(name) {
             return Err(S3Error::with_message(
                 S3ErrorCode::InvalidBucketName,
@@ -34,7 +41,11 @@ impl Gateway {
         let meta = self.store.fs.meta();
         // The store of a request creates as its tenant: the directory is
         // the tenant's uid/gid from the transaction that makes it.
-        match meta.mkdir(self.store.root, name, DIR_MODE).await {
+        let xattrs = match layout {
+            Layout::Tree => Vec::new(),
+            Layout::Flat => vec![(XATTR_LAYOUT.to_string(), layout.as_str().as_bytes().to_vec())],
+        };
+        match meta.mkdir_with_xattrs(self.store.root, name, DIR_MODE, xattrs).await {
             Ok(_) => Ok(()),
             Err(e) if e.code() == ErrorCode::AlreadyExists => match meta.lookup(self.store.root, name).await {
                 Ok(dir) if self.store.owns(&dir) => {

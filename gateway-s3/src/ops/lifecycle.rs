@@ -16,7 +16,7 @@
 //!
 //! A failed action is counted, logged and left for the next scan.
 
-use super::object::{find_object, parse};
+use super::object::find_object;
 use super::Gateway;
 use crate::error;
 use crate::lifecycle::{self, Rule, XATTR_LIFECYCLE};
@@ -234,8 +234,8 @@ impl Gateway {
 
     /// Deletes `key` if it is still due under `rule`; whether it did.
     async fn expire_one(&self, bucket: &str, key: &str, rule: &Rule, now_ns: u64) -> Result<bool, S3Error> {
-        let path = parse(key)?;
-        let b = self.store.bucket(bucket).await?.id;
+        let (b_dir, path) = self.store.locate(bucket, key).await?;
+        let b = b_dir.id;
         let Some(obj) = find_object(&self.store, b, &path, key).await? else { return Ok(false) };
         let tags = if rule.needs_tags() { Some(self.tags_of(obj.inode.id).await?.unwrap_or_default()) } else { None };
         if !rule.expires_object(key, obj.meta.size, obj.meta.mtime_ns, tags.as_ref(), now_ns, self.cfg.limits.lifecycle_day_ms) {

@@ -4,6 +4,7 @@ use super::object::timestamp;
 use super::Gateway;
 use crate::error;
 use crate::list::{self, url_encode_key, ListPage, ListRequest, MAX_KEYS};
+use crate::paths::Layout;
 use s3s::dto::*;
 use s3s::S3Error;
 
@@ -61,7 +62,10 @@ fn prefixes(page: &ListPage, url: bool) -> Vec<CommonPrefix> {
 impl Gateway {
     async fn list_page(&self, bucket: &str, req: ListRequest) -> Result<ListPage, S3Error> {
         let b = self.store.bucket(bucket).await?;
-        list::list(&self.store.fs, b.id, &req).await
+        match self.store.layout(b.id).await? {
+            Layout::Tree => list::list(&self.store.fs, b.id, &req).await,
+            Layout::Flat => list::list_flat(&self.store.fs, b.id, &req).await,
+        }
     }
 
     pub async fn list_v1(&self, input: &ListObjectsInput) -> Result<ListObjectsOutput, S3Error> {

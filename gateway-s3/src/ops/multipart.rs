@@ -53,7 +53,7 @@
 //! Abort removes the directory at once; uploads older than
 //! `multipart_expiry_ms` are removed by the writer's expiry scan.
 
-use super::object::{self, find_object, parse, timestamp, user_meta};
+use super::object::{self, find_object, timestamp, user_meta};
 use super::write::{self, Data};
 use super::Gateway;
 use crate::body::{self, BodyDigests, Digests};
@@ -227,11 +227,10 @@ impl Gateway {
     }
 
     pub async fn create_upload(&self, input: &CreateMultipartUploadInput) -> Result<CreateMultipartUploadOutput, S3Error> {
-        let path = parse(&input.key)?;
+        let (bucket_dir, path) = self.store.locate(&input.bucket, &input.key).await?;
         if path.dir_object {
             return Err(error::invalid_argument("multipart uploads of keys ending in '/' are not supported"));
         }
-        let bucket_dir = self.store.bucket(&input.bucket).await?;
         let acl = super::acl::object_acl_input(input.acl.as_ref())?;
         self.check_acl_allowed(&bucket_dir, &input.bucket, acl).await?;
         let tags = match &input.tagging {
@@ -469,8 +468,8 @@ impl Gateway {
         let CopySource::Bucket { bucket: src_bucket, key: src_key, .. } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
         };
-        let src_path = parse(src_key)?;
-        let sb = self.store.bucket(src_bucket).await?.id;
+        let (sb_dir, src_path) = self.store.locate(src_bucket, src_key).await?;
+        let sb = sb_dir.id;
         let src = find_object(&self.store, sb, &src_path, src_key).await?.filter(|o| !o.dir).ok_or_else(|| error::no_such_key(src_key))?;
         object::check_read_conditions(
             &src.meta,
@@ -650,8 +649,8 @@ impl Gateway {
     /// part list, if the current object at the key is the one it made.
     async fn completed_before(&self, input: &CompleteMultipartUploadInput) -> Option<CompleteMultipartUploadOutput> {
         check_upload_id(&input.upload_id).ok()?;
-        let path = parse(&input.key).ok()?;
-        let bucket = self.store.bucket(&input.bucket).await.ok()?.id;
+        let (dir, path) = self.store.locate(&input.bucket, &input.key).await.ok()?;
+        let bucket = dir.id;
         let obj = find_object(&self.store, bucket, &path, &input.key).await.ok()??;
         if obj.dir || obj.meta.upload_id.as_deref() != Some(input.upload_id.as_str()) {
             return None;
@@ -670,8 +669,8 @@ impl Gateway {
     }
 
     async fn complete_once(&self, input: &CompleteMultipartUploadInput) -> Result<CompleteMultipartUploadOutput, S3Error> {
-        let path = parse(&input.key)?;
-        let bucket = self.store.bucket(&input.bucket).await?.id;
+        let (bucket_dir, path) = self.store.locate(&input.bucket, &input.key).await?;
+        let bucket = bucket_dir.id;
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
         let wanted = input
             .multipart_upload

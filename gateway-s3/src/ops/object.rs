@@ -6,7 +6,7 @@ use crate::access::CannedAcl;
 use crate::body::{self, BodyDigests, Digests, ReadPlan};
 use crate::error;
 use crate::objmeta::{self, Headers, ObjectMeta, TagList, XATTR_META, XATTR_TAGS};
-use crate::paths::{self, ObjectPath};
+use crate::paths::ObjectPath;
 use crate::store::{Found, Store};
 use fskv_proto::meta::{Expected, Inode, XattrFlag};
 use fskv_types::{ErrorCode, InodeId};
@@ -15,10 +15,6 @@ use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
-
-pub fn parse(key: &str) -> Result<ObjectPath, S3Error> {
-    paths::parse_key(key).map_err(|why| error::invalid_key(key, why))
-}
 
 pub fn timestamp(ns: u64) -> Timestamp {
     Timestamp::from(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
@@ -237,8 +233,7 @@ impl Gateway {
         trailers: Option<&s3s::TrailingHeaders>,
         payload_sha256: Option<[u8; 32]>,
     ) -> Result<ObjectMeta, S3Error> {
-        let path = parse(args.key)?;
-        let bucket_dir = self.store.bucket(args.bucket).await?;
+        let (bucket_dir, path) = self.store.locate(args.bucket, args.key).await?;
         self.check_acl_allowed(&bucket_dir, args.bucket, args.acl).await?;
         let bucket = bucket_dir.id;
         if path.dir_object {
@@ -320,8 +315,8 @@ impl Gateway {
 
     /// The object a GET or HEAD reads, its conditions checked.
     async fn read_target(&self, bucket: &str, key: &str, conds: &ReadConditions<'_>) -> Result<Object, S3Error> {
-        let path = parse(key)?;
-        let bucket = self.store.bucket(bucket).await?.id;
+        let (bucket_dir, path) = self.store.locate(bucket, key).await?;
+        let bucket = bucket_dir.id;
         let obj = find_object(&self.store, bucket, &path, key).await?.ok_or_else(|| error::no_such_key(key))?;
         check_read_conditions(&obj.meta, conds.if_match, conds.if_none_match, conds.if_modified_since, conds.if_unmodified_since)?;
         Ok(obj)
@@ -402,8 +397,8 @@ impl Gateway {
 
     /// Deletes `key`; a missing key is success, as in S3.
     pub async fn delete(&self, bucket_name: &str, key: &str) -> Result<(), S3Error> {
-        let path = parse(key)?;
-        let bucket = self.store.bucket(bucket_name).await?.id;
+        let (bucket_dir, path) = self.store.locate(bucket_name, key).await?;
+        let bucket = bucket_dir.id;
         match self.store.find(bucket, &path).await? {
             None => return Ok(()),
             Some(Found::DirObject(dir, _)) => {
@@ -436,8 +431,8 @@ impl Gateway {
         let CopySource::Bucket { bucket: src_bucket, key: src_key, .. } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
         };
-        let src_path = parse(src_key)?;
-        let src_bucket_id = self.store.bucket(src_bucket).await?.id;
+        let (src_bucket_id_dir, src_path) = self.store.locate(src_bucket, src_key).await?;
+        let src_bucket_id = src_bucket_id_dir.id;
         let src = find_object(&self.store, src_bucket_id, &src_path, src_key).await?.ok_or_else(|| error::no_such_key(src_key))?;
         check_read_conditions(
             &src.meta,
@@ -447,8 +442,7 @@ impl Gateway {
             input.copy_source_if_unmodified_since.as_ref(),
         )
         .map_err(|e| if e.code() == &S3ErrorCode::NotModified { error::precondition_failed("copy source condition") } else { e })?;
-        let dst_path = parse(&input.key)?;
-        let dst_dir = self.store.bucket(&input.bucket).await?;
+        let (dst_dir, dst_path) = self.store.locate(&input.bucket, &input.key).await?;
         let acl = super::acl::object_acl_input(input.acl.as_ref())?;
         self.check_acl_allowed(&dst_dir, &input.bucket, acl).await?;
         let dst_bucket = dst_dir.id;

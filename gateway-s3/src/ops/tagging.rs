@@ -1,6 +1,6 @@
 //! Get/Put/DeleteObjectTagging.
 
-use super::object::{find_object, parse};
+use super::object::find_object;
 use super::Gateway;
 use crate::error;
 use crate::objmeta::{self, TagList, XATTR_TAGS};
@@ -11,8 +11,8 @@ use s3s::S3Error;
 
 impl Gateway {
     async fn tagged_inode(&self, bucket: &str, key: &str) -> Result<fskv_types::InodeId, S3Error> {
-        let path = parse(key)?;
-        let b = self.store.bucket(bucket).await?.id;
+        let (b_dir, path) = self.store.locate(bucket, key).await?;
+        let b = b_dir.id;
         let obj = find_object(&self.store, b, &path, key).await?.ok_or_else(|| error::no_such_key(key))?;
         Ok(obj.inode.id)
     }

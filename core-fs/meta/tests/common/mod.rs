@@ -97,7 +97,7 @@ impl Fs {
     }
 
     pub async fn mkdir(&self, parent: InodeId, name: &str) -> MetaResult<Inode> {
-        self.inode(MetaOp::Mkdir { parent, name: name.into(), mode: 0o755 }).await
+        self.inode(MetaOp::Mkdir { parent, name: name.into(), mode: 0o755, xattrs: vec![] }).await
     }
 
     pub async fn lookup(&self, parent: InodeId, name: &str) -> MetaResult<Inode> {

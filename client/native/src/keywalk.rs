@@ -1,7 +1,8 @@
-//! Keys of a namespace in key order from a start position: a depth-first
+//! Keys of a directory written with [`crate::keyname`] (a KV namespace, an
+//! S3 flat bucket) in key order from a start position: a depth-first
 //! walk of the namespace directory and its continuation directories, each
 //! read with meta's readdir (name order). Because names preserve key order
-//! and a continuation directory sorts where its keys do (`keys.rs`), the
+//! and a continuation directory sorts where its keys do ([`crate::keyname`]), the
 //! walk yields keys in byte order of the keys; a page costs O(keys returned
 //! + depth) meta calls, not O(namespace).
 //!
@@ -15,9 +16,9 @@
 //! Names that are not encodings of keys (made through FUSE or S3) are
 //! skipped.
 
-use crate::error::{KvError, Result};
-use crate::keys::{self, SEGMENT_BYTES};
-use fskv_client::FsClient;
+use crate::keyname::{self as keys, SEGMENT_BYTES};
+use crate::meta::MetaClientError;
+use crate::FsClient;
 use fskv_proto::meta::{DirEntry, InodeKind};
 use fskv_types::InodeId;
 use std::collections::VecDeque;
@@ -83,7 +84,7 @@ impl Walker {
     }
 
     /// The next key in order, or `None` at the end of the namespace.
-    pub async fn next(&mut self) -> Result<Option<Found>> {
+    pub async fn next(&mut self) -> Result<Option<Found>, MetaClientError> {
         loop {
             let Some(top) = self.frames.last_mut() else { return Ok(None) };
             let Some(e) = top.buf.pop_front() else {
@@ -91,12 +92,7 @@ impl Walker {
                     self.frames.pop();
                     continue;
                 }
-                let (entries, more) = self
-                    .fs
-                    .meta()
-                    .readdir(top.dir, &top.after, PAGE_ENTRIES, true)
-                    .await
-                    .map_err(|e| KvError::from_code(e.code(), "scan", KvError::NoSuchKey))?;
+                let (entries, more) = self.fs.meta().readdir(top.dir, &top.after, PAGE_ENTRIES, true).await?;
                 top.more = more && !entries.is_empty();
                 if let Some(last) = entries.last() {
                     top.after = last.name.clone();
