@@ -90,6 +90,16 @@ def empty_and_delete(client, bucket):
     except Exception:
         pass
     try:
+        # Versions and delete markers of a versioned bucket.
+        for _ in range(1000):
+            r = client.list_object_versions(Bucket=bucket, MaxKeys=1000)
+            objs = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in r.get("Versions", []) + r.get("DeleteMarkers", [])]
+            if not objs:
+                break
+            client.delete_objects(Bucket=bucket, Delete={"Objects": objs, "Quiet": True})
+    except Exception:
+        pass
+    try:
         client.delete_bucket(Bucket=bucket)
     except Exception:
         pass

@@ -32,6 +32,7 @@ pub mod route;
 pub mod s3;
 pub mod server;
 pub mod store;
+pub mod versions;
 pub mod vhost;
 pub mod walk;
 

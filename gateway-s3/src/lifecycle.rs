@@ -17,7 +17,7 @@
 //! | `AbortIncompleteMultipartUpload` with a tag or size filter | 400 `InvalidRequest` (uploads have no tags or size yet) |
 //! | both the rule's legacy `Prefix` and a `Filter`; a `Filter` with more than one of Prefix, Tag, sizes, And | 400 `MalformedXML` |
 //! | `ObjectSizeGreaterThan` ≥ `ObjectSizeLessThan` | 400 `InvalidArgument` |
-//! | `NoncurrentVersionExpiration`, `NoncurrentVersionTransition`, `Transition`, `ExpiredObjectDeleteMarker=true` | 501 `NotImplemented`: no versioning (hence no noncurrent versions or delete markers) and one storage class |
+//! | `NoncurrentVersionExpiration`, `NoncurrentVersionTransition`, `Transition`, `ExpiredObjectDeleteMarker=true` | 501 `NotImplemented`: not yet for noncurrent versions and delete markers; one storage class |
 //!
 //! **When a rule applies** (enabled rules only; a rule's filter is its
 //! prefix, its tags (all must be on the object), and its size bounds):
@@ -244,7 +244,7 @@ pub fn from_dto(rules: &[LifecycleRule]) -> Result<Vec<Rule>, S3Error> {
             }
         }
         if r.noncurrent_version_expiration.is_some() || r.noncurrent_version_transitions.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(not_implemented("noncurrent-version rules need versioning, which this gateway does not have yet"));
+            return Err(not_implemented("noncurrent-version rules are not implemented yet"));
         }
         if r.transitions.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(not_implemented("Transition rules: this gateway has one storage class (STANDARD)"));
@@ -252,7 +252,7 @@ pub fn from_dto(rules: &[LifecycleRule]) -> Result<Vec<Rule>, S3Error> {
         let mut rule = Rule { id: r.id.clone(), enabled, legacy_prefix: r.prefix.clone(), ..Rule::default() };
         if let Some(e) = &r.expiration {
             if e.expired_object_delete_marker == Some(true) {
-                return Err(not_implemented("ExpiredObjectDeleteMarker: no versioning, so no delete markers"));
+                return Err(not_implemented("ExpiredObjectDeleteMarker is not implemented yet"));
             }
             match (e.days, &e.date) {
                 (Some(_), Some(_)) => return Err(malformed("Expiration takes Days or Date, not both")),

@@ -128,6 +128,12 @@ pub struct ObjectMeta {
     /// The object's canned ACL (`crate::access`); absent: `private`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acl: Option<crate::access::CannedAcl>,
+    /// The version id (`crate::versions`); absent: the null version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
+    /// A delete marker: an empty file of the version store.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delete_marker: bool,
 }
 
 impl ObjectMeta {

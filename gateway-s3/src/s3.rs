@@ -183,8 +183,13 @@ impl S3 for Gateway {
             if_none_match: input.if_none_match.as_ref(),
             acl: crate::ops::acl::object_acl_input(input.acl.as_ref())?,
         };
-        let meta = this.put(args, input.body, &headers, trailing_headers.as_ref(), payload_sha256).await?;
-        let mut out = PutObjectOutput { e_tag: Some(ETag::Strong(meta.etag.clone())), ..PutObjectOutput::default() };
+        let published = this.put(args, input.body, &headers, trailing_headers.as_ref(), payload_sha256).await?;
+        let meta = &published.meta;
+        let mut out = PutObjectOutput {
+            e_tag: Some(ETag::Strong(meta.etag.clone())),
+            version_id: published.version_id.clone(),
+            ..PutObjectOutput::default()
+        };
         crate::set_checksums!(out, &meta.checksums);
         ok(out)
     }
@@ -201,8 +206,8 @@ impl S3 for Gateway {
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         let this = self.for_request(&req)?;
-        this.delete(&req.input.bucket, &req.input.key).await?;
-        ok(DeleteObjectOutput::default())
+        let d = this.delete_object(&req.input.bucket, &req.input.key, req.input.version_id.as_deref()).await?;
+        ok(DeleteObjectOutput { version_id: d.version_id, delete_marker: d.delete_marker.then_some(true), ..DeleteObjectOutput::default() })
     }
 
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
@@ -220,14 +225,22 @@ impl S3 for Gateway {
         let mut deleted = Vec::new();
         let mut errors = Vec::new();
         for o in objects {
-            match this.delete(&req.input.bucket, &o.key).await {
-                Ok(()) if !quiet => deleted.push(DeletedObject { key: Some(o.key.clone()), ..DeletedObject::default() }),
-                Ok(()) => {}
+            match this.delete_object(&req.input.bucket, &o.key, o.version_id.as_deref()).await {
+                Ok(d) if !quiet => {
+                    let marker_made = d.delete_marker && o.version_id.is_none();
+                    deleted.push(DeletedObject {
+                        key: Some(o.key.clone()),
+                        version_id: o.version_id.clone(),
+                        delete_marker: d.delete_marker.then_some(true),
+                        delete_marker_version_id: marker_made.then(|| d.version_id.clone()).flatten(),
+                    })
+                }
+                Ok(_) => {}
                 Err(e) => errors.push(Error {
                     key: Some(o.key.clone()),
                     code: Some(e.code().as_str().to_string()),
                     message: e.message().map(str::to_string),
-                    version_id: None,
+                    version_id: o.version_id.clone(),
                 }),
             }
         }
@@ -247,6 +260,17 @@ impl S3 for Gateway {
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
         let this = self.for_request(&req)?;
         ok(this.list_v2(&req.input).await?)
+    }
+
+    async fn get_bucket_versioning(&self, req: S3Request<GetBucketVersioningInput>) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let this = self.for_request(&req)?;
+        ok(this.get_bucket_versioning(&req.input.bucket).await?)
+    }
+
+    async fn put_bucket_versioning(&self, req: S3Request<PutBucketVersioningInput>) -> S3Result<S3Response<PutBucketVersioningOutput>> {
+        let this = self.for_request(&req)?;
+        this.put_bucket_versioning(&req.input).await?;
+        ok(PutBucketVersioningOutput::default())
     }
 
     async fn list_object_versions(&self, req: S3Request<ListObjectVersionsInput>) -> S3Result<S3Response<ListObjectVersionsOutput>> {

@@ -5,6 +5,7 @@
 use crate::error;
 use crate::objmeta::XATTR_META;
 use crate::paths::{self, Layout, ObjectPath, XATTR_LAYOUT};
+use crate::versions::{Versioning, XATTR_VERSIONING};
 use fskv_client::FsClient;
 use fskv_proto::meta::{Inode, InodeKind};
 use fskv_types::{ErrorCode, InodeId};
@@ -83,6 +84,18 @@ pub struct LayoutCache {
 
 pub const LAYOUT_CACHE_MAX_ENTRIES: usize = 65_536;
 
+/// Versioning states of bucket directories by inode, each kept
+/// [`VERSIONING_CACHE_TTL_MS`]: a state put through another gateway
+/// process applies here within that time (S3 too lets a change take a
+/// while); one put through this process applies at once. Bounded: cleared
+/// when full.
+#[derive(Default)]
+pub struct VersioningCache {
+    map: parking_lot::Mutex<HashMap<InodeId, (Versioning, Instant)>>,
+}
+
+pub const VERSIONING_CACHE_TTL_MS: u64 = 2_000;
+
 #[derive(Clone)]
 pub struct Store {
     pub fs: FsClient,
@@ -90,6 +103,7 @@ pub struct Store {
     pub root: InodeId,
     pub dirs: Arc<DirCache>,
     pub layouts: Arc<LayoutCache>,
+    pub versioning: Arc<VersioningCache>,
     /// The tenant of the request this store serves; `None` for the
     /// gateway's own work (upload expiry), which sees every bucket.
     pub caller: Option<Caller>,
@@ -116,6 +130,7 @@ impl Store {
             root: cur,
             dirs: Arc::new(DirCache { map: parking_lot::Mutex::new(HashMap::new()) }),
             layouts: Arc::default(),
+            versioning: Arc::default(),
             caller: None,
         };
         if create {
@@ -219,6 +234,31 @@ impl Store {
         }
         map.insert(bucket, layout);
         Ok(layout)
+    }
+
+    /// The versioning state of the bucket whose directory is `bucket`.
+    pub async fn versioning_of(&self, bucket: InodeId) -> Result<Versioning, S3Error> {
+        if let Some((v, at)) = self.versioning.map.lock().get(&bucket) {
+            if at.elapsed() < Duration::from_millis(VERSIONING_CACHE_TTL_MS) {
+                return Ok(*v);
+            }
+        }
+        let v = match self.fs.meta().get_xattr(bucket, XATTR_VERSIONING).await {
+            Ok(b) => Versioning::of_xattr(Some(&b)),
+            Err(e) if e.code() == ErrorCode::NotFound => Versioning::Off,
+            Err(e) => return Err(error::from_meta(e, "bucket versioning")),
+        };
+        self.remember_versioning(bucket, v);
+        Ok(v)
+    }
+
+    /// Records a state this process just put (or read).
+    pub fn remember_versioning(&self, bucket: InodeId, v: Versioning) {
+        let mut map = self.versioning.map.lock();
+        if map.len() >= LAYOUT_CACHE_MAX_ENTRIES {
+            map.clear();
+        }
+        map.insert(bucket, (v, Instant::now()));
     }
 
     /// The bucket directory `bucket` and the path `key` names in it (by the

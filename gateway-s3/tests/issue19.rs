@@ -181,7 +181,7 @@ async fn a_body_of_unknown_length_stops_at_the_object_limit() {
         if_none_match: None,
         acl: None,
     };
-    let meta = gw.put(args, Some(unsized_blob(&[b"12345", b"67890"])), &http::HeaderMap::new(), None, None).await.expect("fits");
+    let meta = gw.put(args, Some(unsized_blob(&[b"12345", b"67890"])), &http::HeaderMap::new(), None, None).await.expect("fits").meta;
     assert_eq!(meta.size, 10);
     server.shutdown().await;
 }

@@ -27,7 +27,7 @@ use crate::meta::{CloseEnd, MetaClient, MetaClientConfig, MetaClientError};
 use crate::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use crate::storage::{ReadSpec, StorageClient, StorageClientConfig, StorageClientError};
 use bytes::{Bytes, BytesMut};
-use fskv_proto::meta::{chain_for_chunk, Expected, FileLayout, Inode, NewOwner, PublishAttrs, UserInfo};
+use fskv_proto::meta::{chain_for_chunk, Expected, FileLayout, Inode, MetaOp, NewOwner, PublishAttrs, UserInfo};
 use fskv_proto::storage::CopySource;
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
 use fskv_types::{ChainId, ChunkId, ErrorCode, InodeId};
@@ -406,11 +406,7 @@ impl FsClient {
         mut attrs: PublishAttrs,
     ) -> Result<Inode> {
         let path = format!("{parent}/{name}");
-        let length = {
-            let _quiet = handle.shared.writes.write().await;
-            handle.shared.state.lock().written_end
-        };
-        attrs.length = Some(length);
+        attrs.length = Some(Self::written_length(handle).await);
         let inode = handle.inode();
         let published = self.meta.replace(parent, name, inode, expected, attrs).await.map_err(|cause| FileError::Meta {
             op: "publish",
@@ -418,6 +414,26 @@ impl FsClient {
             cause,
         })?;
         Ok(published)
+    }
+
+    /// The `Replace` op [`FsClient::publish`] sends, for a caller that
+    /// sends it inside a [`MetaOp::Txn`] with other changes (the S3
+    /// gateway's versioned writes). Waits for the handle's writes first.
+    pub async fn publish_op(
+        handle: &FileHandle,
+        parent: InodeId,
+        name: &str,
+        expected: Option<Expected>,
+        mut attrs: PublishAttrs,
+    ) -> MetaOp {
+        attrs.length = Some(Self::written_length(handle).await);
+        MetaOp::Replace { parent, name: name.into(), inode: handle.inode(), expected, attrs }
+    }
+
+    /// The end of what `handle` wrote, once its writes in flight are done.
+    async fn written_length(handle: &FileHandle) -> u64 {
+        let _quiet = handle.shared.writes.write().await;
+        handle.shared.state.lock().written_end
     }
 
     /// Opens the file at a `/`-separated path from the root.

@@ -41,6 +41,9 @@ pub struct Found {
     pub key: Vec<u8>,
     /// The file's inode as readdir gives it (no inline bytes).
     pub entry: DirEntry,
+    /// The directory holding the file (the walked one or a continuation
+    /// directory below it).
+    pub dir: InodeId,
 }
 
 pub struct Walker {
@@ -118,11 +121,12 @@ impl Walker {
                 }
                 InodeKind::File if keys::is_file_segment(&e.name) => {
                     let encoded = format!("{}{}", top.prefix, e.name);
+                    let dir = top.dir;
                     if self.before_start(&encoded) {
                         continue;
                     }
                     if let Some(key) = keys::decode(encoded.as_bytes()) {
-                        return Ok(Some(Found { key, entry: e }));
+                        return Ok(Some(Found { key, entry: e, dir }));
                     }
                 }
                 _ => {}

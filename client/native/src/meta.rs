@@ -257,6 +257,15 @@ impl MetaClient {
         }
     }
 
+    /// Ops that commit together or not at all ([`MetaOp::Txn`]); the reply
+    /// of each, in order.
+    pub async fn txn(&self, ops: Vec<MetaOp>) -> Result<Vec<MetaReply>> {
+        match self.call(MetaOp::Txn { ops }).await? {
+            MetaReply::Many(replies) => Ok(replies),
+            other => Err(unexpected("txn", &other)),
+        }
+    }
+
     pub async fn lookup(&self, parent: InodeId, name: &str) -> Result<Inode> {
         self.inode(MetaOp::Lookup { parent, name: name.into() }, "lookup").await
     }

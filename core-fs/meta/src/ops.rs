@@ -335,6 +335,9 @@ fn file_mut(inode: &mut Inode) -> MetaResult<&mut FileData> {
 /// Runs `op` inside `txn` (not committed here). Directories in the reply
 /// carry their POSIX nlink (see [`fold_dir_nlink`]).
 pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> MetaResult<MetaReply> {
+    if let MetaOp::Txn { ops } = op {
+        return apply_txn(txn, ctx, ops).await;
+    }
     let mut reply = apply_op(txn, ctx, op).await?;
     match &mut reply {
         MetaReply::Inode(inode) | MetaReply::Opened { inode, .. } => fold_dir_nlink(txn, inode).await?,
@@ -346,6 +349,26 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
         _ => {}
     }
     Ok(reply)
+}
+
+/// [`MetaOp::Txn`]: its ops in order inside the one transaction (which
+/// reads its own writes); the first error fails the whole request and
+/// nothing is committed.
+async fn apply_txn(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, ops: &[MetaOp]) -> MetaResult<MetaReply> {
+    if ops.is_empty() || ops.len() > MAX_TXN_OPS {
+        return Err(MetaError::InvalidArgument(format!("a txn holds 1..={MAX_TXN_OPS} ops, not {}", ops.len())));
+    }
+    if let Some(bad) = ops.iter().find(|o| !o.allowed_in_txn()) {
+        return Err(MetaError::InvalidArgument(format!("{bad:?} cannot be part of a txn")));
+    }
+    if ops.iter().filter(|o| matches!(o, MetaOp::CreateWritePublish { .. })).count() > 1 {
+        return Err(MetaError::InvalidArgument("a txn creates at most one inode".into()));
+    }
+    let mut replies = Vec::with_capacity(ops.len());
+    for op in ops {
+        replies.push(apply_op(txn, ctx, op).await?);
+    }
+    Ok(MetaReply::Many(replies))
 }
 
 /// A live directory's stored nlink is 1 (0 once removed); replies show
@@ -417,6 +440,13 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         MetaOp::CreateWritePublish { parent, name, mode, data, expected, attrs } => {
             let publish = InlinePublish { mode: *mode, data, expected: expected.as_ref(), attrs };
             create_write_publish(txn, ctx, *parent, name, publish).await.map(MetaReply::Inode)
+        }
+        MetaOp::Txn { .. } => Err(MetaError::InvalidArgument("a txn cannot hold a txn".into())),
+        MetaOp::Expect { parent, name, expected } => {
+            check_name(name)?;
+            let dir = load_dir(txn, *parent).await?;
+            perm::check(&dir, ctx.user, EXEC)?;
+            check_expected(txn, *parent, name, Some(expected)).await.map(|_| MetaReply::Done)
         }
     }
 }

@@ -107,6 +107,8 @@ pub fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::Replace { .. } => "replace",
         MetaOp::CreateWritePublish { .. } => "create_write_publish",
         MetaOp::RenewTemp { .. } => "renew_temp",
+        MetaOp::Txn { .. } => "txn",
+        MetaOp::Expect { .. } => "expect",
     }
 }
 
@@ -114,6 +116,7 @@ fn is_read_only(op: &MetaOp) -> bool {
     matches!(
         op,
         MetaOp::Lookup { .. }
+            | MetaOp::Expect { .. }
             | MetaOp::Stat { .. }
             | MetaOp::Readlink { .. }
             | MetaOp::Readdir { .. }
@@ -139,6 +142,9 @@ pub fn is_batchable(op: &MetaOp) -> bool {
 }
 
 fn creates_inode(op: &MetaOp) -> bool {
+    if let MetaOp::Txn { ops } = op {
+        return ops.iter().any(creates_inode);
+    }
     matches!(
         op,
         MetaOp::Create { .. }

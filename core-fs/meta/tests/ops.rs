@@ -92,6 +92,50 @@ async fn mkdir_sets_its_xattrs_in_the_same_transaction() {
     fs.fsck_clean().await;
 }
 
+/// `Txn`: ops commit together, each seeing the ones before it; one
+/// failing op commits nothing. The S3 versioning move: link the current
+/// object into a store, publish over it expecting that very inode, and a
+/// delete marker beside it.
+#[tokio::test]
+async fn a_txn_commits_all_its_ops_or_none() {
+    let fs = Fs::new().await;
+    let dir = fs.mkdir(ROOT, "b").await.unwrap();
+    let store = fs.mkdir(ROOT, "v").await.unwrap();
+    let old = fs.create(dir.id, "k").await.unwrap();
+    let publish = |expected| MetaOp::CreateWritePublish {
+        parent: dir.id,
+        name: "k".into(),
+        mode: 0o600,
+        data: b"new".to_vec(),
+        expected: Some(expected),
+        attrs: PublishAttrs::default(),
+    };
+    let was_old = Expected::Inode { id: old.id, version: old.version };
+    let guard = MetaOp::Expect { parent: dir.id, name: "k".into(), expected: was_old.clone() };
+    let keep_old = MetaOp::Rename { src_parent: dir.id, src_name: "k".into(), dst_parent: store.id, dst_name: "k.v1".into() };
+    let ok = fs.op(MetaOp::Txn { ops: vec![guard.clone(), keep_old.clone(), publish(Expected::Absent)] }).await.unwrap();
+    let MetaReply::Many(replies) = ok else { panic!("{ok:?}") };
+    assert_eq!(replies.len(), 3);
+    let kept = fs.op(MetaOp::Lookup { parent: store.id, name: "k.v1".into() }).await.unwrap();
+    let MetaReply::Inode(kept) = kept else { panic!() };
+    assert_eq!((kept.id, kept.nlink), (old.id, 1), "the old inode lives on in the store only");
+    // A failing op commits nothing of the ops before it.
+    let again = MetaOp::Link { inode: old.id, parent: store.id, name: "k.v2".into() };
+    let stale = fs.op(MetaOp::Txn { ops: vec![again, publish(Expected::Absent)] }).await;
+    assert_eq!(code(stale), ErrorCode::PreconditionFailed);
+    assert_eq!(code(fs.op(MetaOp::Txn { ops: vec![guard] }).await), ErrorCode::PreconditionFailed, "k is the new inode now");
+    assert_eq!(code(fs.op(MetaOp::Lookup { parent: store.id, name: "k.v2".into() }).await), ErrorCode::NotFound);
+    // Refused shapes.
+    assert_eq!(code(fs.op(MetaOp::Txn { ops: vec![] }).await), ErrorCode::InvalidArgument);
+    let nested = MetaOp::Txn { ops: vec![MetaOp::Txn { ops: vec![] }] };
+    assert_eq!(code(fs.op(nested).await), ErrorCode::InvalidArgument);
+    let read = MetaOp::Txn { ops: vec![MetaOp::StatFs] };
+    assert_eq!(code(fs.op(read).await), ErrorCode::InvalidArgument);
+    let too_many = MetaOp::Txn { ops: vec![MetaOp::Unlink { parent: dir.id, name: "x".into() }; MAX_TXN_OPS + 1] };
+    assert_eq!(code(fs.op(too_many).await), ErrorCode::InvalidArgument);
+    fs.fsck_clean().await;
+}
+
 /// `MetaRequest::owner`: root creates inodes owned by another uid/gid in
 /// the creating transaction (the gateways' tenants); nobody else may.
 #[tokio::test]

@@ -498,9 +498,48 @@ pub enum MetaOp {
     RenewTemp {
         inode: InodeId,
     },
+    /// Namespace changes that commit together or not at all, in order, each
+    /// seeing the ones before it: the S3 gateway's versioning moves (link
+    /// the superseded object into the version store and publish the new
+    /// one; move the current object away and create a delete marker). At
+    /// most [`MAX_TXN_OPS`] ops of these kinds: Link, Unlink,
+    /// UnlinkExpected, Rename, Replace, CreateWritePublish, SetXattr,
+    /// RemoveXattr, Expect; at most one creates an inode. The first op routes the
+    /// request. Replies [`MetaReply::Many`], one reply per op.
+    Txn {
+        ops: Vec<MetaOp>,
+    },
+    /// Fails with PreconditionFailed unless `parent/name` is as `expected`
+    /// (x on `parent` needed); changes nothing. A [`MetaOp::Txn`]'s guard:
+    /// later ops of the txn (a Link, a Rename) change the inode's version,
+    /// so the check comes first. Replies `Done`.
+    Expect {
+        parent: InodeId,
+        name: String,
+        expected: Expected,
+    },
 }
 
+/// Most ops one [`MetaOp::Txn`] holds.
+pub const MAX_TXN_OPS: usize = 8;
+
 impl MetaOp {
+    /// Whether `self` may be an op of a [`MetaOp::Txn`].
+    pub fn allowed_in_txn(&self) -> bool {
+        matches!(
+            self,
+            MetaOp::Link { .. }
+                | MetaOp::Expect { .. }
+                | MetaOp::Unlink { .. }
+                | MetaOp::UnlinkExpected { .. }
+                | MetaOp::Rename { .. }
+                | MetaOp::Replace { .. }
+                | MetaOp::CreateWritePublish { .. }
+                | MetaOp::SetXattr { .. }
+                | MetaOp::RemoveXattr { .. }
+        )
+    }
+
     /// Whether a retry must return the first result (the op changes state and
     /// is not naturally idempotent); such ops record their result under the
     /// request id.
@@ -525,6 +564,7 @@ impl MetaOp {
                 // (EEXIST / ENODATA) after a first attempt that committed.
                 | MetaOp::SetXattr { .. }
                 | MetaOp::RemoveXattr { .. }
+                | MetaOp::Txn { .. }
         )
     }
 
@@ -538,6 +578,7 @@ impl MetaOp {
             | MetaOp::Rmdir { parent, .. }
             | MetaOp::Unlink { parent, .. }
             | MetaOp::UnlinkExpected { parent, .. }
+            | MetaOp::Expect { parent, .. }
             | MetaOp::Symlink { parent, .. }
             | MetaOp::Mknod { parent, .. }
             | MetaOp::Link { parent, .. }
@@ -562,6 +603,7 @@ impl MetaOp {
             | MetaOp::ReadInline { inode, .. }
             | MetaOp::RenewTemp { inode } => *inode,
             MetaOp::StatFs => InodeId::ROOT,
+            MetaOp::Txn { ops } => ops.first().map_or(InodeId::ROOT, MetaOp::routing_inode),
         }
     }
 }
@@ -659,6 +701,8 @@ pub enum MetaReply {
     XattrNames(Vec<String>),
     StatFs(StatFs),
     Data(Vec<u8>),
+    /// Txn: the reply of each of its ops, in order.
+    Many(Vec<MetaReply>),
 }
 
 // ----- consistency check (`meta.Fsck`, admin) -----

@@ -12,12 +12,12 @@
 //! | `ObjectParts`, multipart object uploaded without checksums | `TotalPartsCount` only: S3 lists no `Part` elements for an object without additional checksums |
 //! | an unknown attribute name | 400 `InvalidArgument` |
 //! | `MaxParts` or `PartNumberMarker` negative | 400 `InvalidArgument` |
-//! | `versionId` other than `null` | 400 `InvalidArgument` (no versioning yet) |
+//! | `versionId` | that version (`ops/versioning.rs`): 404 `NoSuchVersion`, 405 for a delete marker, 400 for a malformed id |
 //!
 //! `Last-Modified` is always sent. The page is computed by [`parts_page`]
 //! (pure).
 
-use super::object::{find_object, timestamp};
+use super::object::timestamp;
 use super::Gateway;
 use crate::error;
 use crate::objmeta::{Checksums, ObjectMeta};
@@ -91,9 +91,6 @@ impl Gateway {
         if wanted.is_empty() {
             return Err(error::invalid_argument("x-amz-object-attributes names no attribute"));
         }
-        if input.version_id.as_deref().is_some_and(|v| v != "null") {
-            return Err(error::invalid_argument("versionId: this gateway keeps one version of an object (\"null\")"));
-        }
         let max_parts = input.max_parts.unwrap_or(MAX_PARTS_PER_PAGE);
         let marker = input.part_number_marker.unwrap_or(0);
         if max_parts < 0 || marker < 0 {
@@ -102,7 +99,8 @@ impl Gateway {
         let max_parts = max_parts.min(MAX_PARTS_PER_PAGE);
         let (bucket_dir, path) = self.store.locate(&input.bucket, &input.key).await?;
         let bucket = bucket_dir.id;
-        let obj = find_object(&self.store, bucket, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
+        let obj = self.find_for_read(&input.bucket, bucket, &path, &input.key, input.version_id.as_deref()).await?;
+        let version_id = self.version_header(bucket, &obj.meta).await?;
         let m = &obj.meta;
         let has = |a: &str| wanted.contains(&a);
         Ok(GetObjectAttributesOutput {
@@ -112,6 +110,7 @@ impl Gateway {
             storage_class: has(ObjectAttributes::STORAGE_CLASS).then(|| StorageClass::from_static(StorageClass::STANDARD)),
             object_parts: if has(ObjectAttributes::OBJECT_PARTS) { parts_page(m, marker, max_parts) } else { None },
             last_modified: Some(timestamp(m.mtime_ns)),
+            version_id,
             ..GetObjectAttributesOutput::default()
         })
     }

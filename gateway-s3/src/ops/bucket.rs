@@ -65,6 +65,12 @@ impl Gateway {
         if !entries.is_empty() {
             return Err(S3Error::with_message(S3ErrorCode::BucketNotEmpty, format!("bucket {name:?} is not empty")));
         }
+        if self.versions_left(name).await? {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BucketNotEmpty,
+                format!("bucket {name:?} has noncurrent versions or delete markers; delete them by version id first"),
+            ));
+        }
         match self.store.fs.meta().rmdir(self.store.root, name).await {
             Ok(()) => {}
             Err(e) if e.code() == ErrorCode::NotEmpty => {
@@ -80,6 +86,7 @@ impl Gateway {
                 Err(e) => tracing::warn!(bucket = name, error = %e, "could not remove the bucket's multipart staging"),
             }
         }
+        self.remove_version_store(name).await;
         Ok(())
     }
 

@@ -245,6 +245,13 @@ impl Gateway {
             self.delete(bucket, key).await?;
             return Ok(true);
         }
+        let versioning = self.store.versioning_of(b).await?;
+        if versioning != crate::versions::Versioning::Off {
+            // As S3: expiring the current version of a versioned bucket
+            // makes it noncurrent under a delete marker.
+            self.delete_versioned(bucket, b, versioning, &path, key).await?;
+            return Ok(true);
+        }
         let Some(parent) = self.store.ensure_dirs_existing(b, path.parent()).await else { return Ok(false) };
         let expected = Expected::Inode { id: obj.inode.id, version: obj.inode.version };
         match self.store.fs.meta().unlink_expected(parent, path.name(), expected).await {

@@ -10,6 +10,7 @@ pub mod list;
 pub mod multipart;
 pub mod object;
 pub mod tagging;
+pub mod versioning;
 pub mod write;
 
 use crate::config::GatewayConfig;

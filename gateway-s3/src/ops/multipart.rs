@@ -465,12 +465,15 @@ impl Gateway {
         self.check_part_number(input.part_number)?;
         let started_ns = write::now_ns();
         let up = self.upload(&input.bucket, &input.key, &input.upload_id).await?;
-        let CopySource::Bucket { bucket: src_bucket, key: src_key, .. } = &input.copy_source else {
+        let CopySource::Bucket { bucket: src_bucket, key: src_key, version_id: src_version } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
         };
         let (sb_dir, src_path) = self.store.locate(src_bucket, src_key).await?;
         let sb = sb_dir.id;
-        let src = find_object(&self.store, sb, &src_path, src_key).await?.filter(|o| !o.dir).ok_or_else(|| error::no_such_key(src_key))?;
+        let src = self.find_for_read(src_bucket, sb, &src_path, src_key, src_version.as_deref()).await?;
+        if src.dir {
+            return Err(error::no_such_key(src_key));
+        }
         object::check_read_conditions(
             &src.meta,
             input.copy_source_if_match.as_ref(),
@@ -729,12 +732,16 @@ impl Gateway {
             upload_id: Some(input.upload_id.clone()),
             part_checksums: objmeta::kept_part_checksums(chosen.iter().map(|(_, m)| &m.checksums)),
             acl: up.record.acl,
+            ..ObjectMeta::default()
         };
         let tags = (!up.record.tags.is_empty()).then_some(&up.record.tags);
         let conditional = input.if_match.is_some() || input.if_none_match.is_some();
-        let meta = if !conditional && !stored.in_flight && all_in_place(&chosen) && size > fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64
+        let published = if !conditional
+            && !stored.in_flight
+            && all_in_place(&chosen)
+            && size > fskv_proto::meta::DEFAULT_INLINE_MAX_BYTES as u64
         {
-            self.complete_in_place(bucket, &path, &input.key, up.dir, meta, tags).await?
+            self.complete_in_place(&input.bucket, bucket, &path, &input.key, up.dir, meta, tags).await?
         } else {
             let expected =
                 object::write_expectation(&self.store, bucket, &path, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref())
@@ -742,29 +749,34 @@ impl Gateway {
             let parent = self.store.ensure_dirs(bucket, path.parent(), &input.key).await?;
             tracing::info!(key = %input.key, bytes = size, parts = chosen.len(), conditional, "multipart upload completed by copying its parts inside the cluster");
             let data = self.concatenate(parent, up.dir, &chosen, size).await?;
-            write::publish(&self.store, bucket, &path, &input.key, &data, meta, tags, expected).await?.1
+            let new = super::versioning::NewObject::Data(&data);
+            self.publish_object(&input.bucket, bucket, &path, &input.key, new, meta, tags, expected).await?
         };
         if let Some(dir) = self.uploads_dir(&input.bucket, false).await? {
             if let Err(e) = self.store.fs.meta().remove_tree(dir, &input.upload_id).await {
                 tracing::warn!(upload = %input.upload_id, error = %e, "completed, but the staged parts could not be removed now; the expiry scan will");
             }
         }
-        Ok(completed_output(input, &meta.etag))
+        let mut out = completed_output(input, &published.meta.etag);
+        out.version_id = published.version_id;
+        Ok(out)
     }
 
     /// Every part in place: `data` becomes the object without a copy. It is
     /// cut to the object's length, given its mtime and metadata while still
     /// in the upload directory, then renamed onto the key (one transaction,
     /// atomically replacing an old object).
+    #[allow(clippy::too_many_arguments)]
     async fn complete_in_place(
         &self,
+        bucket_name: &str,
         bucket: InodeId,
         path: &crate::paths::ObjectPath,
         key: &str,
         dir: InodeId,
         mut meta: ObjectMeta,
         tags: Option<&TagList>,
-    ) -> Result<ObjectMeta, S3Error> {
+    ) -> Result<super::versioning::Published, S3Error> {
         let fs = &self.store.fs;
         let handle =
             fs.open_at(dir, DATA_FILE, fskv_client::OpenFlags::read_write()).await.map_err(|e| error::from_file(e, "upload data"))?;
@@ -789,6 +801,12 @@ impl Gateway {
                 .await
                 .map_err(|e| error::from_meta(e, key))?;
         }
+        if self.store.versioning_of(bucket).await? != crate::versions::Versioning::Off {
+            let new = super::versioning::NewObject::Move { dir, name: DATA_FILE, inode: data.id };
+            let published = self.publish_object(bucket_name, bucket, path, key, new, meta, tags, None).await?;
+            tracing::info!(%key, bytes = published.meta.size, "multipart upload completed in place (no copy), versioned");
+            return Ok(published);
+        }
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -796,7 +814,7 @@ impl Gateway {
             match fs.meta().rename(dir, DATA_FILE, parent, path.name()).await {
                 Ok(()) => {
                     tracing::info!(%key, bytes = meta.size, parts = meta.part_sizes.len(), "multipart upload completed in place (no copy)");
-                    return Ok(meta);
+                    return Ok(super::versioning::Published { meta, version_id: None });
                 }
                 Err(e) if e.code() == ErrorCode::NotFound && attempt < 3 => self.store.dirs.clear(),
                 Err(e) if e.code() == ErrorCode::IsDirectory => return Err(error::exists_as_prefix(key)),

@@ -1,5 +1,6 @@
 //! PutObject, GetObject, HeadObject, DeleteObject, DeleteObjects, CopyObject.
 
+use super::versioning::{Deleted, NewObject, Published};
 use super::write::{self, Data};
 use super::Gateway;
 use crate::access::CannedAcl;
@@ -232,12 +233,14 @@ impl Gateway {
         req_headers: &HeaderMap,
         trailers: Option<&s3s::TrailingHeaders>,
         payload_sha256: Option<[u8; 32]>,
-    ) -> Result<ObjectMeta, S3Error> {
+    ) -> Result<Published, S3Error> {
         let (bucket_dir, path) = self.store.locate(args.bucket, args.key).await?;
         self.check_acl_allowed(&bucket_dir, args.bucket, args.acl).await?;
         let bucket = bucket_dir.id;
         if path.dir_object {
-            return self.put_dir_object(bucket, &path, args, body).await;
+            // Directory objects are not versioned: the directory is the object.
+            let meta = self.put_dir_object(bucket, &path, args, body).await?;
+            return Ok(Published { meta, version_id: None });
         }
         let expected = write_expectation(&self.store, bucket, &path, args.key, args.if_match, args.if_none_match).await?;
         // Conflicts with the tree are found before the body is read.
@@ -260,9 +263,9 @@ impl Gateway {
             upload_id: None,
             part_checksums: Vec::new(),
             acl: args.acl.filter(|a| *a != CannedAcl::Private),
+            ..ObjectMeta::default()
         };
-        let (_, meta) = write::publish(&self.store, bucket, &path, args.key, &data, meta, args.tags.as_ref(), expected).await?;
-        Ok(meta)
+        self.publish_object(args.bucket, bucket, &path, args.key, NewObject::Data(&data), meta, args.tags.as_ref(), expected).await
     }
 
     async fn put_dir_object(
@@ -313,18 +316,26 @@ impl Gateway {
         Ok(meta)
     }
 
-    /// The object a GET or HEAD reads, its conditions checked.
-    async fn read_target(&self, bucket: &str, key: &str, conds: &ReadConditions<'_>) -> Result<Object, S3Error> {
-        let (bucket_dir, path) = self.store.locate(bucket, key).await?;
+    /// The object a GET or HEAD reads (the current one, or `version`), its
+    /// conditions checked; with its `x-amz-version-id`.
+    async fn read_target(
+        &self,
+        bucket_name: &str,
+        key: &str,
+        version: Option<&str>,
+        conds: &ReadConditions<'_>,
+    ) -> Result<(Object, Option<String>), S3Error> {
+        let (bucket_dir, path) = self.store.locate(bucket_name, key).await?;
         let bucket = bucket_dir.id;
-        let obj = find_object(&self.store, bucket, &path, key).await?.ok_or_else(|| error::no_such_key(key))?;
+        let obj = self.find_for_read(bucket_name, bucket, &path, key, version).await?;
+        let version_id = self.version_header(bucket, &obj.meta).await?;
         check_read_conditions(&obj.meta, conds.if_match, conds.if_none_match, conds.if_modified_since, conds.if_unmodified_since)?;
-        Ok(obj)
+        Ok((obj, version_id))
     }
 
     pub async fn head(&self, input: &HeadObjectInput) -> Result<HeadObjectOutput, S3Error> {
         let conds = read_conditions!(input);
-        let obj = self.read_target(&input.bucket, &input.key, &conds).await?;
+        let (obj, version_id) = self.read_target(&input.bucket, &input.key, input.version_id.as_deref(), &conds).await?;
         let m = &obj.meta;
         let want_sums = input.checksum_mode.as_ref().is_some_and(|c| c.as_str() == ChecksumMode::ENABLED);
         let (range, len) = match part_range(m, input.part_number)? {
@@ -335,6 +346,7 @@ impl Gateway {
             content_length: Some(len as i64),
             content_range: range,
             parts_count: (!m.part_sizes.is_empty() && input.part_number.is_some()).then_some(m.part_sizes.len() as i32),
+            version_id,
             ..HeadObjectOutput::default()
         };
         crate::set_object_headers!(out, m);
@@ -346,7 +358,7 @@ impl Gateway {
 
     pub async fn get(&self, input: &GetObjectInput) -> Result<GetObjectOutput, S3Error> {
         let conds = read_conditions!(input);
-        let obj = self.read_target(&input.bucket, &input.key, &conds).await?;
+        let (obj, version_id) = self.read_target(&input.bucket, &input.key, input.version_id.as_deref(), &conds).await?;
         let m = &obj.meta;
         let (start, end, ranged) = match (&input.range, part_range(m, input.part_number)?) {
             (Some(r), _) => {
@@ -363,6 +375,7 @@ impl Gateway {
             content_length: Some((end - start) as i64),
             content_range: ranged.then(|| format!("bytes {start}-{}/{}", end.saturating_sub(1), m.size)),
             parts_count: (!m.part_sizes.is_empty() && input.part_number.is_some()).then_some(m.part_sizes.len() as i32),
+            version_id,
             ..GetObjectOutput::default()
         };
         crate::set_object_headers!(out, m);
@@ -397,9 +410,28 @@ impl Gateway {
 
     /// Deletes `key`; a missing key is success, as in S3.
     pub async fn delete(&self, bucket_name: &str, key: &str) -> Result<(), S3Error> {
+        self.delete_object(bucket_name, key, None).await.map(|_| ())
+    }
+
+    /// DeleteObject: of one version (`version`), or of the current object
+    /// — in a versioned bucket by a delete marker (`ops/versioning.rs`).
+    pub async fn delete_object(&self, bucket_name: &str, key: &str, version: Option<&str>) -> Result<Deleted, S3Error> {
         let (bucket_dir, path) = self.store.locate(bucket_name, key).await?;
         let bucket = bucket_dir.id;
-        match self.store.find(bucket, &path).await? {
+        if let Some(v) = version {
+            let v = super::versioning::parse_version(v)?;
+            return self.delete_version(bucket_name, bucket, &path, key, &v).await;
+        }
+        let versioning = self.store.versioning_of(bucket).await?;
+        if versioning != crate::versions::Versioning::Off && !path.dir_object {
+            return self.delete_versioned(bucket_name, bucket, versioning, &path, key).await;
+        }
+        self.delete_unversioned(bucket, &path, key).await?;
+        Ok(Deleted::default())
+    }
+
+    async fn delete_unversioned(&self, bucket: InodeId, path: &ObjectPath, key: &str) -> Result<(), S3Error> {
+        match self.store.find(bucket, path).await? {
             None => return Ok(()),
             Some(Found::DirObject(dir, _)) => {
                 for name in [XATTR_META, XATTR_TAGS] {
@@ -428,12 +460,13 @@ impl Gateway {
     }
 
     pub async fn copy(&self, input: &CopyObjectInput) -> Result<CopyObjectOutput, S3Error> {
-        let CopySource::Bucket { bucket: src_bucket, key: src_key, .. } = &input.copy_source else {
+        let CopySource::Bucket { bucket: src_bucket, key: src_key, version_id: src_version } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
         };
         let (src_bucket_id_dir, src_path) = self.store.locate(src_bucket, src_key).await?;
         let src_bucket_id = src_bucket_id_dir.id;
-        let src = find_object(&self.store, src_bucket_id, &src_path, src_key).await?.ok_or_else(|| error::no_such_key(src_key))?;
+        let src = self.find_for_read(src_bucket, src_bucket_id, &src_path, src_key, src_version.as_deref()).await?;
+        let copy_source_version_id = self.version_header(src_bucket_id, &src.meta).await?;
         check_read_conditions(
             &src.meta,
             input.copy_source_if_match.as_ref().map(|e| e as &ETagCondition),
@@ -447,7 +480,8 @@ impl Gateway {
         self.check_acl_allowed(&dst_dir, &input.bucket, acl).await?;
         let dst_bucket = dst_dir.id;
         let replace_meta = input.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        let same = src_bucket_id == dst_bucket && src_path == dst_path;
+        // Copying an older version onto its key restores it: no change needed.
+        let same = src_bucket_id == dst_bucket && src_path == dst_path && src_version.is_none();
         if same && !replace_meta {
             return Err(error::invalid_request("copying an object onto itself needs a change: set x-amz-metadata-directive: REPLACE"));
         }
@@ -480,8 +514,12 @@ impl Gateway {
             part_checksums: src.meta.part_checksums.clone(),
             // As S3: a copy gets the ACL of the request, not the source's.
             acl: acl.filter(|a| *a != CannedAcl::Private),
+            ..ObjectMeta::default()
         };
-        let (_, meta) = write::publish(&self.store, dst_bucket, &dst_path, &input.key, &data, meta, tags.as_ref(), None).await?;
+        let published = self
+            .publish_object(&input.bucket, dst_bucket, &dst_path, &input.key, NewObject::Data(&data), meta, tags.as_ref(), None)
+            .await?;
+        let meta = published.meta;
         Ok(CopyObjectOutput {
             copy_object_result: Some({
                 let mut r = CopyObjectResult {
@@ -492,6 +530,8 @@ impl Gateway {
                 crate::set_checksums!(r, &meta.checksums);
                 r
             }),
+            version_id: published.version_id,
+            copy_source_version_id,
             ..CopyObjectOutput::default()
         })
     }
