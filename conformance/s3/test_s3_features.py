@@ -388,9 +388,17 @@ def test_lifecycle_validation_as_aws(s3, bucket):
 
 
 @pytest.mark.moto_gap
-def test_lifecycle_refuses_what_needs_versioning(s3, bucket):
-    rule = {"ID": "nc", "Status": "Enabled", "Filter": {"Prefix": ""}, "NoncurrentVersionExpiration": {"NoncurrentDays": 3}}
-    assert outcome(lambda: s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [rule]})) == \
+def test_lifecycle_versions_rules_round_trip_and_transitions_are_refused(s3, bucket):
+    rule = {"ID": "nc", "Status": "Enabled", "Filter": {"Prefix": ""},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": 3, "NewerNoncurrentVersions": 2}}
+    marker = {"ID": "dm", "Status": "Enabled", "Filter": {"Prefix": "logs/"}, "Expiration": {"ExpiredObjectDeleteMarker": True}}
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [rule, marker]})
+    got = {r["ID"]: r for r in s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]}
+    assert got["nc"]["NoncurrentVersionExpiration"] == {"NoncurrentDays": 3, "NewerNoncurrentVersions": 2}
+    assert got["dm"]["Expiration"] == {"ExpiredObjectDeleteMarker": True}
+    transition = {"ID": "t", "Status": "Enabled", "Filter": {"Prefix": ""},
+                  "NoncurrentVersionTransitions": [{"NoncurrentDays": 3, "StorageClass": "GLACIER"}]}
+    assert outcome(lambda: s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [transition]})) == \
         (501, "NotImplemented")
     tagged_abort = {"ID": "t", "Status": "Enabled", "Filter": {"Tag": {"Key": "k", "Value": "v"}},
                     "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}}

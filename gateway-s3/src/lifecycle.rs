@@ -17,7 +17,9 @@
 //! | `AbortIncompleteMultipartUpload` with a tag or size filter | 400 `InvalidRequest` (uploads have no tags or size yet) |
 //! | both the rule's legacy `Prefix` and a `Filter`; a `Filter` with more than one of Prefix, Tag, sizes, And | 400 `MalformedXML` |
 //! | `ObjectSizeGreaterThan` ≥ `ObjectSizeLessThan` | 400 `InvalidArgument` |
-//! | `NoncurrentVersionExpiration`, `NoncurrentVersionTransition`, `Transition`, `ExpiredObjectDeleteMarker=true` | 501 `NotImplemented`: not yet for noncurrent versions and delete markers; one storage class |
+//! | `NoncurrentVersionExpiration` with `NoncurrentDays` ≤ 0 or missing, `NewerNoncurrentVersions` outside 1..=100 | 400 `InvalidArgument` |
+//! | `ExpiredObjectDeleteMarker=true` with `Days` or `Date`; with a tag filter | 400 `MalformedXML`; 400 `InvalidRequest` |
+//! | `NoncurrentVersionTransition`, `Transition` | 501 `NotImplemented`: one storage class |
 //!
 //! **When a rule applies** (enabled rules only; a rule's filter is its
 //! prefix, its tags (all must be on the object), and its size bounds):
@@ -27,6 +29,8 @@
 //! | `Expiration.Days = N` | an object matching the filter | `now ≥ mtime + N days` |
 //! | `Expiration.Date = D` | an object matching the filter | `now ≥ D` |
 //! | `AbortIncompleteMultipartUpload.DaysAfterInitiation = N` | an upload whose key has the prefix | `now ≥ initiated + N days` |
+//! | `NoncurrentVersionExpiration.NoncurrentDays = N` (`NewerNoncurrentVersions = K`) | a noncurrent version matching the filter, with at least K noncurrent versions of its key newer than it | `now ≥ (the time the next newer version was made) + N days` |
+//! | `Expiration.ExpiredObjectDeleteMarker = true` | a delete marker of a key with the prefix that is the key's only version | at once |
 //!
 //! AWS rounds an expiry up to the next midnight UTC; here it is exact (a
 //! difference of less than a day, which lets tests shorten days).
@@ -42,6 +46,8 @@ use std::time::SystemTime;
 pub const XATTR_LIFECYCLE: &str = "user.s3.lifecycle";
 /// Most rules in a configuration (S3's).
 pub const MAX_RULES: usize = 1000;
+/// Largest `NewerNoncurrentVersions`, as AWS limits it.
+pub const MAX_NEWER_NONCURRENT: i32 = 100;
 const MAX_ID_CHARS: usize = 255;
 const NS_PER_DAY: u64 = 86_400 * 1_000_000_000;
 
@@ -90,6 +96,17 @@ pub struct Rule {
     pub expiration_date_ns: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort_days: Option<i32>,
+    /// `NoncurrentVersionExpiration.NoncurrentDays`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noncurrent_days: Option<i32>,
+    /// `NoncurrentVersionExpiration.NewerNoncurrentVersions`: that many
+    /// newer noncurrent versions are kept whatever their age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newer_noncurrent: Option<i32>,
+    /// `Expiration.ExpiredObjectDeleteMarker`: a delete marker that is the
+    /// only version of its key is removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expired_marker: bool,
 }
 
 /// What a rule's filter asks of an object.
@@ -127,13 +144,7 @@ impl Rule {
         if !self.enabled || (self.expiration_days.is_none() && self.expiration_date_ns.is_none()) {
             return false;
         }
-        let c = self.criteria();
-        let size = i64::try_from(size).unwrap_or(i64::MAX);
-        let matches = key.starts_with(&c.prefix)
-            && c.size_gt.map_or(true, |g| size > g)
-            && c.size_lt.map_or(true, |l| size < l)
-            && c.tags.iter().all(|t| tags.is_some_and(|have| have.contains(t)));
-        if !matches {
+        if !self.matches(key, size, tags) {
             return false;
         }
         match (self.expiration_days, self.expiration_date_ns) {
@@ -141,6 +152,47 @@ impl Rule {
             (None, Some(date)) => now_ns >= date,
             (None, None) => false,
         }
+    }
+
+    /// Whether the rule's filter takes `key` with `size` and `tags` (tags
+    /// needed only when the filter has tags).
+    fn matches(&self, key: &str, size: u64, tags: Option<&TagList>) -> bool {
+        let c = self.criteria();
+        let size = i64::try_from(size).unwrap_or(i64::MAX);
+        key.starts_with(&c.prefix)
+            && c.size_gt.map_or(true, |g| size > g)
+            && c.size_lt.map_or(true, |l| size < l)
+            && c.tags.iter().all(|t| tags.is_some_and(|have| have.contains(t)))
+    }
+
+    /// Whether a noncurrent version of `key` (`size`, `tags`) that became
+    /// noncurrent at `noncurrent_since_ns` (when the next newer version was
+    /// made), with `newer_noncurrent` noncurrent versions newer than it,
+    /// expires at `now_ns`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn expires_noncurrent(
+        &self,
+        key: &str,
+        size: u64,
+        tags: Option<&TagList>,
+        noncurrent_since_ns: u64,
+        newer_noncurrent: usize,
+        now_ns: u64,
+        day_ms: u64,
+    ) -> bool {
+        let Some(days) = self.noncurrent_days.filter(|_| self.enabled) else { return false };
+        let kept = usize::try_from(self.newer_noncurrent.unwrap_or(0)).unwrap_or(0);
+        newer_noncurrent >= kept && self.matches(key, size, tags) && now_ns >= noncurrent_since_ns.saturating_add(days_ns(days, day_ms))
+    }
+
+    /// Whether a delete marker of `key` that is its only version goes.
+    pub fn removes_lone_marker(&self, key: &str) -> bool {
+        self.enabled && self.expired_marker && key.starts_with(&self.criteria().prefix)
+    }
+
+    /// Whether the rule acts on noncurrent versions or delete markers.
+    pub fn acts_on_versions(&self) -> bool {
+        self.enabled && (self.noncurrent_days.is_some() || self.expired_marker)
     }
 
     /// Whether the upload of `key` started at `initiated_ns` is aborted at `now_ns`.
@@ -243,16 +295,40 @@ pub fn from_dto(rules: &[LifecycleRule]) -> Result<Vec<Rule>, S3Error> {
                 return Err(error::invalid_argument("Rule ID must be unique. Found same ID for more than one rule"));
             }
         }
-        if r.noncurrent_version_expiration.is_some() || r.noncurrent_version_transitions.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(not_implemented("noncurrent-version rules are not implemented yet"));
+        if r.noncurrent_version_transitions.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(not_implemented("NoncurrentVersionTransition rules: this gateway has one storage class (STANDARD)"));
         }
         if r.transitions.as_ref().is_some_and(|t| !t.is_empty()) {
             return Err(not_implemented("Transition rules: this gateway has one storage class (STANDARD)"));
         }
         let mut rule = Rule { id: r.id.clone(), enabled, legacy_prefix: r.prefix.clone(), ..Rule::default() };
+        if let Some(n) = &r.noncurrent_version_expiration {
+            match n.noncurrent_days {
+                Some(d) if d > 0 => rule.noncurrent_days = Some(d),
+                _ => {
+                    return Err(error::invalid_argument(
+                        "'NoncurrentDays' for NoncurrentVersionExpiration action must be a positive integer",
+                    ))
+                }
+            }
+            match n.newer_noncurrent_versions {
+                None => {}
+                Some(k) if (1..=MAX_NEWER_NONCURRENT).contains(&k) => rule.newer_noncurrent = Some(k),
+                Some(_) => {
+                    return Err(error::invalid_argument(format!(
+                        "'NewerNoncurrentVersions' for NoncurrentVersionExpiration action must be 1..={MAX_NEWER_NONCURRENT}"
+                    )))
+                }
+            }
+        }
         if let Some(e) = &r.expiration {
             if e.expired_object_delete_marker == Some(true) {
-                return Err(not_implemented("ExpiredObjectDeleteMarker is not implemented yet"));
+                if e.days.is_some() || e.date.is_some() {
+                    return Err(malformed(
+                        "ExpiredObjectDeleteMarker cannot be specified with Days or Date in a Lifecycle Expiration Policy",
+                    ));
+                }
+                rule.expired_marker = true;
             }
             match (e.days, &e.date) {
                 (Some(_), Some(_)) => return Err(malformed("Expiration takes Days or Date, not both")),
@@ -281,10 +357,18 @@ pub fn from_dto(rules: &[LifecycleRule]) -> Result<Vec<Rule>, S3Error> {
             }
             rule.filter = Some(filter_from(f)?);
         }
-        if rule.expiration_days.is_none() && rule.expiration_date_ns.is_none() && rule.abort_days.is_none() {
+        if rule.expiration_days.is_none()
+            && rule.expiration_date_ns.is_none()
+            && rule.abort_days.is_none()
+            && rule.noncurrent_days.is_none()
+            && !rule.expired_marker
+        {
             return Err(error::invalid_request("At least one action needs to be specified in a rule"));
         }
         let c = rule.criteria();
+        if rule.expired_marker && !c.tags.is_empty() {
+            return Err(error::invalid_request("ExpiredObjectDeleteMarker cannot be specified with Tags (delete markers have none)"));
+        }
         if rule.abort_days.is_some() && (!c.tags.is_empty() || c.size_gt.is_some() || c.size_lt.is_some()) {
             return Err(error::invalid_request(
                 "AbortIncompleteMultipartUpload cannot be specified with Tags or object size filters (uploads have neither)",
@@ -301,10 +385,10 @@ fn tag_dto((k, v): &(String, String)) -> Tag {
 
 /// The rule as GetBucketLifecycleConfiguration gives it back.
 pub fn to_dto(r: &Rule) -> LifecycleRule {
-    let expiration = (r.expiration_days.is_some() || r.expiration_date_ns.is_some()).then(|| LifecycleExpiration {
+    let expiration = (r.expiration_days.is_some() || r.expiration_date_ns.is_some() || r.expired_marker).then(|| LifecycleExpiration {
         days: r.expiration_days,
         date: r.expiration_date_ns.map(|ns| Timestamp::from(SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(ns))),
-        expired_object_delete_marker: None,
+        expired_object_delete_marker: r.expired_marker.then_some(true),
     });
     let filter = r.filter.as_ref().map(|f| LifecycleRuleFilter {
         prefix: f.prefix.clone(),
@@ -323,7 +407,9 @@ pub fn to_dto(r: &Rule) -> LifecycleRule {
         expiration,
         filter,
         id: r.id.clone(),
-        noncurrent_version_expiration: None,
+        noncurrent_version_expiration: r
+            .noncurrent_days
+            .map(|d| NoncurrentVersionExpiration { noncurrent_days: Some(d), newer_noncurrent_versions: r.newer_noncurrent }),
         noncurrent_version_transitions: None,
         prefix: r.legacy_prefix.clone(),
         status: ExpirationStatus::from_static(if r.enabled { ExpirationStatus::ENABLED } else { ExpirationStatus::DISABLED }),
@@ -396,8 +482,18 @@ mod tests {
         let mut r = expire(1, None);
         r.id = Some("same".into());
         assert_eq!(code(from_dto(&[r.clone(), r.clone()])), "InvalidArgument");
-        r.noncurrent_version_expiration = Some(NoncurrentVersionExpiration { noncurrent_days: Some(3), newer_noncurrent_versions: None });
-        assert_eq!(code(from_dto(&[r])), "NotImplemented");
+        r.noncurrent_version_expiration = Some(NoncurrentVersionExpiration { noncurrent_days: Some(0), newer_noncurrent_versions: None });
+        assert_eq!(code(from_dto(&[r.clone()])), "InvalidArgument");
+        r.noncurrent_version_expiration =
+            Some(NoncurrentVersionExpiration { noncurrent_days: Some(3), newer_noncurrent_versions: Some(101) });
+        assert_eq!(code(from_dto(&[r.clone()])), "InvalidArgument");
+        r.noncurrent_version_expiration =
+            Some(NoncurrentVersionExpiration { noncurrent_days: Some(3), newer_noncurrent_versions: Some(2) });
+        let ok = from_dto(&[r.clone()]).expect("noncurrent rule");
+        assert_eq!((ok[0].noncurrent_days, ok[0].newer_noncurrent), (Some(3), Some(2)));
+        assert_eq!(to_dto(&ok[0]).noncurrent_version_expiration.and_then(|n| n.newer_noncurrent_versions), Some(2));
+        let marker_and_days = LifecycleExpiration { days: Some(1), expired_object_delete_marker: Some(true), ..Default::default() };
+        assert_eq!(code(from_dto(&[LifecycleRule { expiration: Some(marker_and_days), ..enabled() }])), "MalformedXML");
         let none = enabled();
         assert_eq!(code(from_dto(&[none])), "InvalidRequest");
         let two = LifecycleRuleFilter { prefix: Some("a/".into()), tag: Some(tag("k", "v")), ..Default::default() };
@@ -449,6 +545,21 @@ mod tests {
         let mut off = r.clone();
         off.enabled = false;
         assert!(!off.expires_object("logs/a", 5, t0, Some(&tags), at(9), DAY_MS), "disabled");
+    }
+
+    #[test]
+    fn noncurrent_versions_expire_after_their_successor_and_beyond_the_kept_ones() {
+        let rule = Rule { enabled: true, noncurrent_days: Some(2), newer_noncurrent: Some(1), ..Rule::default() };
+        let since = 10 * DAY_NS;
+        // Too young, or young enough, or one of the kept newest.
+        assert!(!rule.expires_noncurrent("k", 1, None, since, 1, since + DAY_NS, DAY_MS));
+        assert!(rule.expires_noncurrent("k", 1, None, since, 1, since + 2 * DAY_NS, DAY_MS));
+        assert!(!rule.expires_noncurrent("k", 1, None, since, 0, since + 9 * DAY_NS, DAY_MS), "the newest noncurrent one is kept");
+        let off = Rule { enabled: false, ..rule.clone() };
+        assert!(!off.expires_noncurrent("k", 1, None, since, 5, since + 9 * DAY_NS, DAY_MS));
+        let marker = Rule { enabled: true, expired_marker: true, legacy_prefix: Some("logs/".into()), ..Rule::default() };
+        assert!(marker.removes_lone_marker("logs/a") && !marker.removes_lone_marker("data/a"));
+        assert!(marker.acts_on_versions() && rule.acts_on_versions() && !off.acts_on_versions());
     }
 
     #[test]

@@ -139,9 +139,9 @@ async fn rules_expire_objects_and_abort_uploads_on_the_scan_clock() {
 async fn bad_configurations_are_refused() {
     let (gw, server) = common::gateway(|_| {}).await;
     let mut nc = rule("nc", "Enabled");
-    nc.noncurrent_version_expiration = Some(NoncurrentVersionExpiration { noncurrent_days: Some(3), newer_noncurrent_versions: None });
-    let e = gw.put_lifecycle(&config(vec![nc])).await.expect_err("noncurrent");
-    assert_eq!(e.code(), &S3ErrorCode::NotImplemented);
+    nc.noncurrent_version_expiration = Some(NoncurrentVersionExpiration { noncurrent_days: Some(0), newer_noncurrent_versions: None });
+    let e = gw.put_lifecycle(&config(vec![nc])).await.expect_err("noncurrent days 0");
+    assert_eq!(e.code(), &S3ErrorCode::InvalidArgument);
     let e = gw.put_lifecycle(&config(vec![rule("empty", "Enabled")])).await.expect_err("no action");
     assert_eq!(e.code(), &S3ErrorCode::InvalidRequest);
     let e = gw.put_lifecycle(&config(vec![])).await.expect_err("no rules");
@@ -187,5 +187,69 @@ async fn a_writer_runs_the_scan_by_itself_and_reports_it_in_metrics() {
     }
     assert!(expired.ends_with(" 1"), "{expired}");
     handle.stop().await;
+    server.shutdown().await;
+}
+
+/// Versioned bucket: noncurrent versions expire N days after they became
+/// noncurrent (the next newer version's time), the K newest noncurrent ones
+/// are kept, expiring the current object leaves a delete marker, and a
+/// marker that is its key's only version is removed.
+#[tokio::test]
+async fn noncurrent_versions_and_lone_markers_expire() {
+    let (gw, server) = common::gateway(|c| {
+        c.limits.lifecycle_day_ms = DAY_MS;
+        c.limits.lifecycle_max_actions_per_second = 10_000;
+    })
+    .await;
+    let conf = VersioningConfiguration {
+        status: Some(BucketVersioningStatus::from_static(BucketVersioningStatus::ENABLED)),
+        ..Default::default()
+    };
+    let input = PutBucketVersioningInput::builder().bucket("bkt".into()).versioning_configuration(conf).build().expect("input");
+    gw.put_bucket_versioning(&input).await.expect("versioning");
+    let t0 = now_ns();
+    for _ in 0..4 {
+        put(&gw, "doc", None).await; // doc: 1 current + 3 noncurrent
+    }
+    put(&gw, "gone", None).await;
+    gw.delete("bkt", "gone").await.expect("delete"); // gone: marker + 1 noncurrent
+    let mut nc = rule("nc", "Enabled");
+    nc.noncurrent_version_expiration = Some(NoncurrentVersionExpiration { noncurrent_days: Some(1), newer_noncurrent_versions: Some(1) });
+    let mut markers = rule("markers", "Enabled");
+    markers.expiration = Some(LifecycleExpiration { expired_object_delete_marker: Some(true), ..Default::default() });
+    gw.put_lifecycle(&config(vec![nc, markers])).await.expect("put lifecycle");
+    let versions = |gw: fskv_gateway_s3::ops::Gateway| async move {
+        let out = gw.list_versions(&ListObjectVersionsInput { bucket: "bkt".into(), ..Default::default() }).await.expect("versions");
+        (out.versions.unwrap_or_default().len(), out.delete_markers.unwrap_or_default().len())
+    };
+    assert_eq!(versions(gw.clone()).await, (5, 1));
+    let m = LifecycleMetrics::default();
+    let r = gw.run_lifecycle(t0, &m).await;
+    assert_eq!((r.versions_expired, r.errors), (0, 0), "nothing is a day old");
+    // Two days on: doc keeps its current and its newest noncurrent version;
+    // gone's only noncurrent version is the one kept.
+    let r = gw.run_lifecycle(t0 + 2 * DAY_NS, &m).await;
+    assert_eq!((r.versions_expired, r.errors), (2, 0), "{r:?}");
+    assert_eq!(versions(gw.clone()).await, (3, 1));
+    // Without the kept count, gone's version goes too, and then its lone marker.
+    let mut nc = rule("nc", "Enabled");
+    nc.noncurrent_version_expiration = Some(NoncurrentVersionExpiration { noncurrent_days: Some(1), newer_noncurrent_versions: None });
+    let mut markers = rule("markers", "Enabled");
+    markers.expiration = Some(LifecycleExpiration { expired_object_delete_marker: Some(true), ..Default::default() });
+    gw.put_lifecycle(&config(vec![nc, markers])).await.expect("put lifecycle");
+    // The rules run in order: once `nc` removed gone's version, `markers`
+    // finds its marker alone and removes it in the same scan.
+    let r = gw.run_lifecycle(t0 + 3 * DAY_NS, &m).await;
+    assert_eq!((r.versions_expired, r.errors), (3, 0), "{r:?}");
+    assert_eq!(versions(gw.clone()).await, (1, 0), "doc's current only");
+    assert_eq!(m.versions_expired.get(), 5);
+    // Expiring a current version in a versioned bucket leaves a marker.
+    let mut cur = rule("cur", "Enabled");
+    cur.expiration = Some(LifecycleExpiration { days: Some(1), ..Default::default() });
+    gw.put_lifecycle(&config(vec![cur])).await.expect("put lifecycle");
+    let r = gw.run_lifecycle(t0 + 5 * DAY_NS, &m).await;
+    assert_eq!(r.expired, 1);
+    assert_eq!(versions(gw.clone()).await, (1, 1));
+    assert!(keys(&gw).await.is_empty());
     server.shutdown().await;
 }

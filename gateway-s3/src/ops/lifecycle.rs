@@ -11,16 +11,20 @@
 //! | objects | per enabled rule with an expiration: a ListObjectsV2 walk of the rule's prefix, 1000 keys a page; a key whose listed size and mtime make it due is looked up again (fresh inode, record, tags when the filter has tags) and judged again |
 //! | delete | a file: unlinked only if the name still points to the inode at the version judged (`unlink_expected`): an object overwritten meanwhile is kept; emptied directories removed as DeleteObject does. A directory object: its record removed (DeleteObject) |
 //! | uploads | per enabled rule with `AbortIncompleteMultipartUpload`: ListMultipartUploads of the prefix, each due upload aborted |
+//! | versions | per enabled rule with `NoncurrentVersionExpiration` or `ExpiredObjectDeleteMarker`: a walk of the bucket's version store from the prefix (per key newest first, the current object looked up once per key); a due noncurrent version, or a delete marker that is its key's only version, removed by compare-and-delete of the entry judged |
 //! | pace | at most `lifecycle_max_actions_per_second` deletes and aborts per second; listing is not paced (it is what a client listing costs) |
 //! | progress | metrics `fskv_gateway_s3_lifecycle_*`: scans, objects examined, expired, uploads aborted, errors |
 //!
 //! A failed action is counted, logged and left for the next scan.
 
 use super::object::find_object;
+use super::versioning::StoreEntry;
 use super::Gateway;
 use crate::error;
 use crate::lifecycle::{self, Rule, XATTR_LIFECYCLE};
 use crate::paths;
+use crate::versions;
+use fskv_client::keywalk::Walker as KeyWalker;
 use fskv_proto::meta::{Expected, InodeKind};
 use fskv_types::{ErrorCode, InodeId};
 use prometheus_client::metrics::counter::Counter;
@@ -36,6 +40,7 @@ pub struct LifecycleMetrics {
     pub objects_examined: Counter,
     pub objects_expired: Counter,
     pub uploads_aborted: Counter,
+    pub versions_expired: Counter,
     pub errors: Counter,
 }
 
@@ -46,6 +51,11 @@ impl LifecycleMetrics {
         r.register("objects_examined", "Objects listed by lifecycle scans under a rule's prefix", self.objects_examined.clone());
         r.register("objects_expired", "Objects deleted by lifecycle expiration rules", self.objects_expired.clone());
         r.register("uploads_aborted", "Incomplete multipart uploads aborted by lifecycle rules", self.uploads_aborted.clone());
+        r.register(
+            "versions_expired",
+            "Noncurrent versions and lone delete markers removed by lifecycle rules",
+            self.versions_expired.clone(),
+        );
         r.register("errors", "Lifecycle actions that failed (retried by the next scan)", self.errors.clone());
     }
 }
@@ -57,7 +67,23 @@ pub struct ScanReport {
     pub examined: u64,
     pub expired: u64,
     pub aborted: u64,
+    /// Noncurrent versions and lone delete markers removed.
+    pub versions_expired: u64,
     pub errors: u64,
+}
+
+/// One key's store entries as the version walk meets them.
+#[derive(Default)]
+struct VersionGroup {
+    key: Option<String>,
+    /// mtime of the version just newer than the next entry (`None`: no
+    /// current object and no entry yet).
+    newer_mtime_ns: Option<u64>,
+    /// Noncurrent entries met so far.
+    noncurrent: usize,
+    entries: usize,
+    /// The newest entry when there is no current object (the latest version).
+    latest: Option<StoreEntry>,
 }
 
 /// Spaces actions `1 / per_second` apart.
@@ -164,6 +190,12 @@ impl Gateway {
                 report.buckets += 1;
                 for rule in rules.iter().filter(|r| r.enabled) {
                     self.expire_objects(&e.name, rule, now_ns, &mut pacer, &mut report).await;
+                    if rule.acts_on_versions() {
+                        if let Err(err) = self.expire_versions(&e.name, rule, now_ns, &mut pacer, &mut report).await {
+                            tracing::warn!(bucket = %e.name, error = %err, "lifecycle scan: walking the versions failed");
+                            report.errors += 1;
+                        }
+                    }
                     self.abort_uploads(&e.name, rule, now_ns, &mut pacer, &mut report).await;
                 }
             }
@@ -176,6 +208,7 @@ impl Gateway {
         m.objects_examined.inc_by(report.examined);
         m.objects_expired.inc_by(report.expired);
         m.uploads_aborted.inc_by(report.aborted);
+        m.versions_expired.inc_by(report.versions_expired);
         m.errors.inc_by(report.errors);
         report
     }
@@ -228,6 +261,106 @@ impl Gateway {
             match page.next_continuation_token {
                 Some(t) if page.is_truncated == Some(true) => token = Some(t),
                 _ => return,
+            }
+        }
+    }
+
+    /// Noncurrent versions and lone delete markers of the rule's prefix: one
+    /// walk of the bucket's version store (per key newest first; the
+    /// current object, if any, is looked up at the key's first entry). A
+    /// noncurrent version became noncurrent when the next newer one was
+    /// made. Each removal is a compare-and-delete of the entry seen.
+    async fn expire_versions(
+        &self,
+        bucket: &str,
+        rule: &Rule,
+        now_ns: u64,
+        pacer: &mut Pacer,
+        report: &mut ScanReport,
+    ) -> Result<(), S3Error> {
+        let Some(store) = self.version_store(bucket, false).await? else { return Ok(()) };
+        let dir = self.store.bucket(bucket).await?;
+        let day_ms = self.cfg.limits.lifecycle_day_ms;
+        let prefix = rule.criteria().prefix;
+        let start = (!prefix.is_empty()).then_some((prefix.as_bytes(), true));
+        let mut walker = KeyWalker::new(self.store.fs.clone(), store, start);
+        let mut group = VersionGroup::default();
+        loop {
+            let found = walker.next().await.map_err(|e| error::from_meta(e, "versions"))?;
+            let entry = match found {
+                None => None,
+                Some(f) => {
+                    let Some((key, sort)) = versions::split_store_key(&f.key) else { continue };
+                    if !key.starts_with(&prefix) {
+                        if key.as_str() > prefix.as_str() {
+                            None
+                        } else {
+                            continue;
+                        }
+                    } else {
+                        let Some(inode) = f.entry.attr else { continue };
+                        Some(StoreEntry { key, sort, parent: f.dir, name: f.entry.name, inode, meta: Default::default() })
+                    }
+                }
+            };
+            let Some(mut entry) = entry else {
+                self.finish_group(bucket, rule, &mut group, pacer, report).await;
+                return Ok(());
+            };
+            if group.key.as_deref() != Some(entry.key.as_str()) {
+                self.finish_group(bucket, rule, &mut group, pacer, report).await;
+                let path = self.store.path_in(&dir, &entry.key).await?;
+                let current = find_object(&self.store, dir.id, &path, &entry.key).await?.filter(|o| !o.dir);
+                group = VersionGroup {
+                    key: Some(entry.key.clone()),
+                    newer_mtime_ns: current.as_ref().map(|c| c.meta.mtime_ns),
+                    ..VersionGroup::default()
+                };
+            }
+            self.fill_store_records(std::slice::from_mut(&mut entry)).await?;
+            report.examined += 1;
+            group.entries += 1;
+            let Some(since) = group.newer_mtime_ns else {
+                // No current object: this newest entry is the latest version.
+                group.newer_mtime_ns = Some(entry.meta.mtime_ns);
+                group.latest = Some(entry);
+                continue;
+            };
+            group.newer_mtime_ns = Some(entry.meta.mtime_ns);
+            let newer = group.noncurrent;
+            group.noncurrent += 1;
+            let tags = if rule.needs_tags() { Some(self.tags_of(entry.inode.id).await?.unwrap_or_default()) } else { None };
+            if rule.expires_noncurrent(&entry.key, entry.meta.size, tags.as_ref(), since, newer, now_ns, day_ms) {
+                pacer.wait().await;
+                self.expire_entry(bucket, &entry, "noncurrent version expired", report).await;
+            }
+        }
+    }
+
+    /// The end of one key's entries: a delete marker that was its only
+    /// version goes under `ExpiredObjectDeleteMarker`.
+    async fn finish_group(&self, bucket: &str, rule: &Rule, group: &mut VersionGroup, pacer: &mut Pacer, report: &mut ScanReport) {
+        let g = std::mem::take(group);
+        if let (Some(latest), 1) = (g.latest, g.entries) {
+            if latest.meta.delete_marker && rule.removes_lone_marker(&latest.key) {
+                pacer.wait().await;
+                self.expire_entry(bucket, &latest, "lone delete marker removed", report).await;
+            }
+        }
+    }
+
+    async fn expire_entry(&self, bucket: &str, e: &StoreEntry, what: &str, report: &mut ScanReport) {
+        let expected = Expected::Inode { id: e.inode.id, version: e.inode.version };
+        match self.store.fs.meta().unlink_expected(e.parent, &e.name, expected).await {
+            Ok(()) => {
+                report.versions_expired += 1;
+                tracing::info!(bucket, key = %e.key, version = e.version_id(), "lifecycle: {what}");
+            }
+            // Changed or gone since it was judged: the next scan judges again.
+            Err(err) if matches!(err.code(), ErrorCode::PreconditionFailed | ErrorCode::NotFound) => {}
+            Err(err) => {
+                tracing::warn!(bucket, key = %e.key, error = %err, "lifecycle: removing a version failed");
+                report.errors += 1;
             }
         }
     }
