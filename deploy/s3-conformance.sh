@@ -49,6 +49,27 @@ fi
 read -r s3 ak sk reader < <(python3 -c "import json;e=json.load(open('$work/data/endpoints.json'));print(e['s3'],e['access_key'],e['secret_key'],e['s3_reader'])")
 echo "s3-conformance: fskv up on base port $base (S3 $s3, reader $reader${fuse_root:+, mount $fuse_root})"
 
+# A second tenant with a user of its own (test_tenants.py: what one tenant's
+# key may do to another tenant's buckets).
+admin() { FSKV_CLUSTER_KEY_FILE="$work/data/cluster.key" FSKV_LOG=warn ./target/debug/fskv admin "$@" --mgmtd "127.0.0.1:$((base + 11))" --json; }
+tenant2_ak="" tenant2_sk=""
+# The user store is made by the first gateway process, which the front
+# starts on the first request: ask once, then wait for the store (bounded).
+python3 -c "import urllib.request as u
+try: u.urlopen('$s3/', timeout=10)
+except Exception: pass"
+for _ in $(seq 1 100); do
+    admin tenant create conftwo >"$work/tenant2.json" 2>"$work/tenant2.err" && break
+    grep -q "no user store yet" "$work/tenant2.err" || break
+    sleep 0.2
+done
+if [ -s "$work/tenant2.json" ] && admin user create bob --tenant conftwo >"$work/user2.json" 2>>"$work/tenant2.err"; then
+    read -r tenant2_ak tenant2_sk < <(python3 -c "import json;u=json.load(open('$work/user2.json'));print(u['access_key'],u['secret_key'])")
+else
+    echo "s3-conformance: could not make a second tenant (test_tenants.py fails):"; cat "$work/tenant2.err"
+fi
+export S3_TENANT2_NAME=conftwo S3_TENANT2_USER=bob S3_TENANT2_ACCESS_KEY="$tenant2_ak" S3_TENANT2_SECRET_KEY="$tenant2_sk"
+
 # A third gateway over HTTPS (a throw-away CA and a certificate for 127.0.0.1).
 tls_url="" tls_ca=""
 if command -v openssl >/dev/null; then

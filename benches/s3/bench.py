@@ -14,6 +14,15 @@ s5cmd and rclone: run conformance/s3/run.sh once, or pass --venv):
   benches/s3/bench.py [--small 2000] [--large 4] [--workers 32] [--rounds 3]
                       [--servers fskv-r1,fskv-r3,rclone,s3s-fs] [--json out.json]
                       [--fskv-base OLD_BIN --servers base-r1,fskv-r1,...]
+                      [--servers fskv-r1,fskv-r1-versioned,...]
+
+`fskv-rN-versioned` is `fskv up --replicas N` whose bench bucket has
+versioning Enabled (set with boto3 from the venv): every PUT goes through the
+versioned publish (one meta transaction guarded on the key). Rounds write
+fresh keys, so each PUT makes the first version of its key; with
+--overwrite every round writes the same keys, so from the second round on
+each PUT replaces an object (on a versioned bucket: moves the previous
+version into the version store), for every server alike.
 
 Every server runs on loopback with its data under --work (default a fresh
 temp dir on the same disk), all at once, and is stopped at the end. Rounds
@@ -155,16 +164,24 @@ def make_inputs(work, small, large):
     return sdir, ldir
 
 
-def bench_round(srv, creds, venv, out_root, sdir, ldir, small, large, workers, r):
+def enable_versioning(venv, url, creds):
+    code = ("import boto3, sys; boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2], "
+            "aws_secret_access_key=sys.argv[3], region_name='us-east-1')"
+            ".put_bucket_versioning(Bucket='bench', VersioningConfiguration={'Status': 'Enabled'})")
+    subprocess.run([os.path.join(venv, "bin", "python"), "-c", code, url, creds[0], creds[1]], check=True, timeout=60)
+
+
+def bench_round(srv, creds, venv, out_root, sdir, ldir, small, large, workers, r, overwrite=False):
     run = lambda *a: s5cmd(venv, srv.url, creds, workers, *a)
     out = os.path.join(out_root, f"out-{srv.name}-{r}")
     os.makedirs(out)
+    p = "same" if overwrite else f"r{r}"
     try:
         return {
-            "put-small": small / run("cp", f"{sdir}/*", f"s3://bench/r{r}/small/"),
-            "get-small": small / run("cp", f"s3://bench/r{r}/small/*", f"{out}/small/"),
-            "put-large": large * 64 / run("cp", f"{ldir}/*", f"s3://bench/r{r}/large/"),
-            "get-large": large * 64 / run("cp", f"s3://bench/r{r}/large/*", f"{out}/large/"),
+            "put-small": small / run("cp", f"{sdir}/*", f"s3://bench/{p}/small/"),
+            "get-small": small / run("cp", f"s3://bench/{p}/small/*", f"{out}/small/"),
+            "put-large": large * 64 / run("cp", f"{ldir}/*", f"s3://bench/{p}/large/"),
+            "get-large": large * 64 / run("cp", f"s3://bench/{p}/large/*", f"{out}/large/"),
         }
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -183,6 +200,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--servers", default="fskv-r1,fskv-r3,rclone,s3s-fs")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--overwrite", action="store_true", help="every round writes the same keys (PUTs replace objects)")
     ap.add_argument("--out", default="/dev/shm" if os.path.isdir("/dev/shm") else None, help="where downloads go")
     a = ap.parse_args()
     if not (1 <= a.small <= 100_000 and 1 <= a.large <= 64 and 1 <= a.rounds <= 10):
@@ -198,8 +216,12 @@ def main():
     servers = []
     out_root = tempfile.mkdtemp(prefix="fskv-s3bench-out-", dir=a.out or work)
     try:
+        versioned = set()
         for name in a.servers.split(","):
-            if name.startswith("fskv-r"):
+            if name.startswith("fskv-r") and name.endswith("-versioned"):
+                servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):-len("-versioned")]), name))
+                versioned.add(name)
+            elif name.startswith("fskv-r"):
                 servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):])))
             elif name.startswith("base-r"):
                 if not a.fskv_base:
@@ -213,9 +235,11 @@ def main():
                 raise SystemExit(f"unknown server {name}")
         for srv, creds in servers:
             s5cmd(a.venv, srv.url, creds, a.workers, "mb", "s3://bench")
+            if srv.name in versioned:
+                enable_versioning(a.venv, srv.url, creds)
         for r in range(a.rounds):
             for srv, creds in servers:
-                figures = bench_round(srv, creds, a.venv, out_root, sdir, ldir, a.small, a.large, a.workers, r)
+                figures = bench_round(srv, creds, a.venv, out_root, sdir, ldir, a.small, a.large, a.workers, r, a.overwrite)
                 best = results.setdefault(srv.name, {})
                 for k, v in figures.items():
                     best[k] = max(best.get(k, 0.0), v)
