@@ -281,3 +281,24 @@ async fn copy_restores_a_version_and_conditions_apply_per_version() {
     assert_eq!(ids, [v3.as_str(), v2.as_str(), v1.as_str()]);
     server.shutdown().await;
 }
+
+/// In a tree bucket, a DELETE of a key whose path is blocked (a prefix of
+/// other keys, or below an object) still makes a delete marker, as S3 does,
+/// and touches nothing else.
+#[tokio::test]
+async fn deletes_of_blocked_tree_paths_make_markers() {
+    let (gw, server) = common::gateway(|_| {}).await;
+    set_versioning(&gw, "bkt", "Enabled").await;
+    put(&gw, "bkt", "x/y", b"under x").await.expect("x/y");
+    put(&gw, "bkt", "f", b"a file").await.expect("f");
+    for key in ["x", "f/g"] {
+        let d = gw.delete_object("bkt", key, None).await.expect("delete makes a marker");
+        assert!(d.delete_marker && d.version_id.is_some(), "{key}: {d:?}");
+    }
+    assert_eq!(get(&gw, "bkt", "x/y", None).await, Ok(b"under x".to_vec()));
+    assert_eq!(get(&gw, "bkt", "f", None).await, Ok(b"a file".to_vec()));
+    let listed = list_all(&gw, "bkt", 1000).await;
+    let markers: Vec<&str> = listed.iter().filter(|v| v.3).map(|v| v.0.as_str()).collect();
+    assert_eq!(markers, ["f/g", "x"]);
+    server.shutdown().await;
+}

@@ -369,8 +369,20 @@ impl Gateway {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let parent = self.store.ensure_dirs(bucket, path.parent(), key).await?;
-            let cur = self.current_file(parent, path.name(), key).await?;
+            // In a tree bucket the key's path may be blocked (a parent is an
+            // object, or the name is a directory of other keys): then no
+            // object is there, and none can appear while it is blocked; S3
+            // still makes the marker.
+            let conflict = |e: &S3Error| e.status_code() == Some(http::StatusCode::CONFLICT);
+            let (parent, cur) = match self.store.ensure_dirs(bucket, path.parent(), key).await {
+                Ok(p) => match self.current_file(p, path.name(), key).await {
+                    Ok(c) => (Some(p), c),
+                    Err(e) if conflict(&e) => (None, None),
+                    Err(e) => return Err(e),
+                },
+                Err(e) if conflict(&e) => (None, None),
+                Err(e) => return Err(e),
+            };
             let now = write::now_ns();
             let marker = ObjectMeta {
                 etag: objmeta::EMPTY_MD5.into(),
@@ -379,8 +391,11 @@ impl Gateway {
                 delete_marker: true,
                 ..ObjectMeta::default()
             };
-            let mut ops = vec![MetaOp::Expect { parent, name: path.name().into(), expected: guard_of(cur.as_ref().map(|c| &c.0)) }];
-            if let Some((_, cm)) = &cur {
+            let mut ops = Vec::new();
+            if let Some(parent) = parent {
+                ops.push(MetaOp::Expect { parent, name: path.name().into(), expected: guard_of(cur.as_ref().map(|c| &c.0)) });
+            }
+            if let (Some((_, cm)), Some(parent)) = (&cur, parent) {
                 if v == Versioning::Enabled || cm.version_id.is_some() {
                     let (sp, sn) = self.store_slot(store, key, &versions::sort_of(cm.version_id.as_deref(), cm.mtime_ns)).await?;
                     ops.push(MetaOp::Rename { src_parent: parent, src_name: path.name().into(), dst_parent: sp, dst_name: sn });
@@ -504,7 +519,19 @@ impl Gateway {
         version: Option<&str>,
     ) -> Result<Object, S3Error> {
         let cur = find_object(&self.store, bucket, path, key).await?;
-        let Some(version) = version else { return cur.ok_or_else(|| error::no_such_key(key)) };
+        let Some(version) = version else {
+            if let Some(c) = cur {
+                return Ok(c);
+            }
+            // As AWS: a key whose latest version is a delete marker says so.
+            let mut e = error::no_such_key(key);
+            if let Some(store) = self.version_store(bucket_name, false).await? {
+                if let Some(m) = self.store_entries(store, key, 1).await?.into_iter().find(|m| m.meta.delete_marker) {
+                    e.set_headers(marker_headers(m.version_id()));
+                }
+            }
+            return Err(e);
+        };
         let v = parse_version(version)?;
         if let Some(c) = cur.filter(|c| v.names(c.meta.version_id.as_deref())) {
             return Ok(c);
@@ -512,7 +539,9 @@ impl Gateway {
         let Some(store) = self.version_store(bucket_name, false).await? else { return Err(no_such_version(key, version)) };
         let entry = self.store_entry(store, key, &v).await?.ok_or_else(|| no_such_version(key, version))?;
         if entry.meta.delete_marker {
-            return Err(S3Error::with_message(S3ErrorCode::MethodNotAllowed, format!("version {version:?} of {key:?} is a delete marker")));
+            let mut e = S3Error::with_message(S3ErrorCode::MethodNotAllowed, format!("version {version:?} of {key:?} is a delete marker"));
+            e.set_headers(marker_headers(entry.version_id()));
+            return Err(e);
         }
         Ok(Object { inode: entry.inode, meta: entry.meta, dir: false })
     }
@@ -543,6 +572,16 @@ impl Gateway {
             Err(e) => tracing::warn!(bucket, error = %e, "the bucket's version store could not be removed"),
         }
     }
+}
+
+/// `x-amz-delete-marker: true` and the marker's `x-amz-version-id`.
+fn marker_headers(version_id: &str) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    h.insert("x-amz-delete-marker", http::HeaderValue::from_static("true"));
+    if let Ok(v) = http::HeaderValue::from_str(version_id) {
+        h.insert("x-amz-version-id", v);
+    }
+    h
 }
 
 fn v_name(v: &VersionRef) -> String {
