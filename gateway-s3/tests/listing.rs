@@ -7,7 +7,6 @@
 mod common;
 
 use fskv_gateway_s3::list::{self, ListRequest};
-use fskv_gateway_s3::ops::object::PutArgs;
 use fskv_gateway_s3::ops::Gateway;
 use fskv_gateway_s3::paths::Layout;
 use http::HeaderMap;
@@ -23,17 +22,7 @@ async fn put(gw: &Gateway, key: &str) -> bool {
 }
 
 async fn put_in(gw: &Gateway, bucket: &str, key: &str) -> bool {
-    let args = PutArgs {
-        bucket,
-        key,
-        headers: Default::default(),
-        user: Default::default(),
-        tags: None,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
-    gw.put(args, None, &HeaderMap::new(), None, None).await.is_ok()
+    gw.put(common::put_args(bucket, key), None, &HeaderMap::new(), None, None).await.is_ok()
 }
 
 #[derive(Debug, PartialEq, Eq, Clone)]

@@ -7,17 +7,11 @@
 
 mod common;
 
-use fskv_gateway_s3::ops::object::PutArgs;
 use fskv_gateway_s3::ops::Gateway;
 use fskv_gateway_s3::paths::Layout;
 use rand::{Rng, SeedableRng};
 use s3s::dto::*;
 use std::collections::BTreeMap;
-
-fn blob(data: &[u8]) -> StreamingBlob {
-    let b = bytes::Bytes::copy_from_slice(data);
-    StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(b) }))
-}
 
 /// One version in the model: its id and its data (`None`: a delete marker).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,17 +63,8 @@ impl Model {
 }
 
 async fn put(gw: &Gateway, bucket: &str, key: &str, data: &[u8]) -> Option<String> {
-    let args = PutArgs {
-        bucket,
-        key,
-        headers: Default::default(),
-        user: Default::default(),
-        tags: None,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
-    gw.put(args, Some(blob(data)), &http::HeaderMap::new(), None, None).await.expect("put").version_id
+    let args = common::put_args(bucket, key);
+    gw.put(args, Some(common::blob(data)), &http::HeaderMap::new(), None, None).await.expect("put").version_id
 }
 
 async fn get(gw: &Gateway, bucket: &str, key: &str, version: Option<&str>) -> Result<Vec<u8>, String> {

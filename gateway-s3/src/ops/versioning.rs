@@ -418,16 +418,26 @@ impl Gateway {
                 expected: Some(Expected::Absent),
                 attrs,
             });
-            match self.store.fs.meta().txn(ops).await {
-                Ok(_) => {
-                    self.store.remove_empty_dirs(bucket, path.parent()).await;
-                    return Ok(Deleted { version_id: Some(version_name(&marker)), delete_marker: true });
-                }
-                Err(e) if matches!(e.code(), ErrorCode::PreconditionFailed | ErrorCode::NotFound) && attempt < MAX_MOVE_ATTEMPTS => {
-                    self.store.dirs.clear();
-                }
-                Err(e) => return Err(error::from_meta(e, key)),
+            if self.delete_move(ops, bucket, path, key, attempt).await? {
+                return Ok(Deleted { version_id: Some(version_name(&marker)), delete_marker: true });
             }
+        }
+    }
+
+    /// Sends a delete's move: `true` once it committed (emptied directories
+    /// of the key's path removed), `false` when a concurrent change broke
+    /// its guard and attempt `attempt` may go again.
+    async fn delete_move(&self, ops: Vec<MetaOp>, bucket: InodeId, path: &ObjectPath, key: &str, attempt: u32) -> Result<bool, S3Error> {
+        match self.store.fs.meta().txn(ops).await {
+            Ok(_) => {
+                self.store.remove_empty_dirs(bucket, path.parent()).await;
+                Ok(true)
+            }
+            Err(e) if matches!(e.code(), ErrorCode::PreconditionFailed | ErrorCode::NotFound) && attempt < MAX_MOVE_ATTEMPTS => {
+                self.store.dirs.clear();
+                Ok(false)
+            }
+            Err(e) => Err(error::from_meta(e, key)),
         }
     }
 
@@ -494,15 +504,8 @@ impl Gateway {
                     }
                 }
             }
-            match self.store.fs.meta().txn(ops).await {
-                Ok(_) => {
-                    self.store.remove_empty_dirs(bucket, path.parent()).await;
-                    return Ok(Deleted { version_id: Some(v_name(v)), delete_marker: removed_marker });
-                }
-                Err(e) if matches!(e.code(), ErrorCode::PreconditionFailed | ErrorCode::NotFound) && attempt < MAX_MOVE_ATTEMPTS => {
-                    self.store.dirs.clear();
-                }
-                Err(e) => return Err(error::from_meta(e, key)),
+            if self.delete_move(ops, bucket, path, key, attempt).await? {
+                return Ok(Deleted { version_id: Some(v_name(v)), delete_marker: removed_marker });
             }
         }
     }

@@ -30,3 +30,25 @@ pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rp
     gw.create_bucket("bkt").await.expect("bucket");
     (gw, server)
 }
+
+/// A body of `data` in one piece.
+#[allow(dead_code)] // not every test file sends bodies
+pub fn blob(data: &[u8]) -> s3s::dto::StreamingBlob {
+    let b = bytes::Bytes::copy_from_slice(data);
+    s3s::dto::StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(b) }))
+}
+
+/// A plain PutObject of `key` into `bucket`: no headers, tags, ACL or condition.
+#[allow(dead_code)] // not every test file puts
+pub fn put_args<'a>(bucket: &'a str, key: &'a str) -> fskv_gateway_s3::ops::object::PutArgs<'a> {
+    fskv_gateway_s3::ops::object::PutArgs {
+        bucket,
+        key,
+        headers: Default::default(),
+        user: Default::default(),
+        tags: None,
+        if_match: None,
+        if_none_match: None,
+        acl: None,
+    }
+}
