@@ -8,11 +8,6 @@ mod common;
 use s3s::dto::*;
 use s3s::S3ErrorCode;
 
-fn blob(data: &[u8]) -> StreamingBlob {
-    let b = bytes::Bytes::copy_from_slice(data);
-    StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(b) }))
-}
-
 fn attrs(key: &str, names: &[&str], marker: Option<i32>, max: Option<i32>) -> GetObjectAttributesInput {
     GetObjectAttributesInput {
         bucket: "bkt".into(),
@@ -39,7 +34,7 @@ async fn multipart(gw: &fskv_gateway_s3::ops::Gateway, key: &str, parts: &[&[u8]
             key: key.into(),
             upload_id: id.clone(),
             part_number: i as i32 + 1,
-            body: Some(blob(data)),
+            body: Some(common::blob(data)),
             ..Default::default()
         };
         let e = gw.upload_part(input, &http::HeaderMap::new(), None, None).await.expect("part").e_tag;
@@ -58,20 +53,11 @@ async fn multipart(gw: &fskv_gateway_s3::ops::Gateway, key: &str, parts: &[&[u8]
 #[tokio::test]
 async fn single_put_objects() {
     let (gw, server) = common::gateway(|_| {}).await;
-    let args = fskv_gateway_s3::ops::object::PutArgs {
-        bucket: "bkt",
-        key: "k",
-        headers: Default::default(),
-        user: Default::default(),
-        tags: None,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
+    let args = common::put_args("bkt", "k");
     let mut headers = http::HeaderMap::new();
     // CRC32 of "hello" is 0x3610a686.
     headers.insert("x-amz-checksum-crc32", http::HeaderValue::from_static("NhCmhg=="));
-    gw.put(args, Some(blob(b"hello")), &headers, None, None).await.expect("put");
+    gw.put(args, Some(common::blob(b"hello")), &headers, None, None).await.expect("put");
     let all = ["ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"];
     let out = gw.object_attributes(&attrs("k", &all, None, None)).await.expect("attributes");
     // As the header arrives: one comma-separated list.

@@ -15,11 +15,6 @@ fn unsized_blob(pieces: &[&'static [u8]]) -> StreamingBlob {
     StreamingBlob::wrap(futures::stream::iter(pieces))
 }
 
-fn blob(data: &[u8]) -> StreamingBlob {
-    let b = bytes::Bytes::copy_from_slice(data);
-    StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(b) }))
-}
-
 async fn part(gw: &fskv_gateway_s3::ops::Gateway, id: &str, n: i32, data: &[u8]) -> ETag {
     let input = UploadPartInput {
         bucket: "bkt".into(),
@@ -28,7 +23,7 @@ async fn part(gw: &fskv_gateway_s3::ops::Gateway, id: &str, n: i32, data: &[u8])
         part_number: n,
         // No length: the part is a file of its own (inline; the in-place
         // `data` file would need storage).
-        body: Some(blob(data)),
+        body: Some(common::blob(data)),
         ..Default::default()
     };
     gw.upload_part(input, &http::HeaderMap::new(), None, None).await.expect("part").e_tag.expect("etag")
@@ -68,17 +63,8 @@ async fn a_repeated_completion_gets_the_first_answer_while_the_object_is_current
     assert_eq!(other.code(), &S3ErrorCode::NoSuchUpload);
     // Overwritten: the completion is forgotten.
     let put = PutObjectInput { bucket: "bkt".into(), key: "k".into(), ..Default::default() };
-    let args = fskv_gateway_s3::ops::object::PutArgs {
-        bucket: &put.bucket,
-        key: &put.key,
-        headers: Default::default(),
-        user: Default::default(),
-        tags: None,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
-    gw.put(args, Some(blob(b"newer")), &http::HeaderMap::new(), None, None).await.expect("put");
+    let args = common::put_args(&put.bucket, &put.key);
+    gw.put(args, Some(common::blob(b"newer")), &http::HeaderMap::new(), None, None).await.expect("put");
     let gone = gw.complete_upload(&complete_input(&id, &etags)).await.expect_err("after overwrite");
     assert_eq!(gone.code(), &S3ErrorCode::NoSuchUpload);
     server.shutdown().await;
@@ -114,17 +100,8 @@ async fn a_part_uploaded_again_later_replaces_the_earlier_one() {
 async fn prefixes_naming_no_path_list_nothing() {
     let (gw, server) = common::gateway(|_| {}).await;
     for key in ["b/a/r", "g"] {
-        let args = fskv_gateway_s3::ops::object::PutArgs {
-            bucket: "bkt",
-            key,
-            headers: Default::default(),
-            user: Default::default(),
-            tags: None,
-            if_match: None,
-            if_none_match: None,
-            acl: None,
-        };
-        gw.put(args, Some(blob(b"x")), &http::HeaderMap::new(), None, None).await.expect("put");
+        let args = common::put_args("bkt", key);
+        gw.put(args, Some(common::blob(b"x")), &http::HeaderMap::new(), None, None).await.expect("put");
     }
     for prefix in ["/", "//", "/b", "b//", "b//a", "./", "b/../"] {
         for delimiter in [Some("d"), Some("/"), None] {
@@ -153,16 +130,7 @@ async fn prefixes_naming_no_path_list_nothing() {
 #[tokio::test]
 async fn a_body_of_unknown_length_stops_at_the_object_limit() {
     let (gw, server) = common::gateway(|c| c.limits.max_object_bytes = 10).await;
-    let args = fskv_gateway_s3::ops::object::PutArgs {
-        bucket: "bkt",
-        key: "big",
-        headers: Default::default(),
-        user: Default::default(),
-        tags: None,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
+    let args = common::put_args("bkt", "big");
     let err = gw
         .put(args, Some(unsized_blob(&[b"12345", b"67890", b"x", b"never read"])), &http::HeaderMap::new(), None, None)
         .await
@@ -171,16 +139,7 @@ async fn a_body_of_unknown_length_stops_at_the_object_limit() {
     let head = gw.head(&HeadObjectInput { bucket: "bkt".into(), key: "big".into(), ..Default::default() }).await.expect_err("nothing");
     assert_eq!(head.code(), &S3ErrorCode::NoSuchKey);
     // At the limit it is stored.
-    let args = fskv_gateway_s3::ops::object::PutArgs {
-        bucket: "bkt",
-        key: "fits",
-        headers: Default::default(),
-        user: Default::default(),
-        tags: None,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
+    let args = common::put_args("bkt", "fits");
     let meta = gw.put(args, Some(unsized_blob(&[b"12345", b"67890"])), &http::HeaderMap::new(), None, None).await.expect("fits").meta;
     assert_eq!(meta.size, 10);
     server.shutdown().await;

@@ -13,23 +13,9 @@ use s3s::S3ErrorCode;
 const DAY_MS: u64 = 1000;
 const DAY_NS: u64 = DAY_MS * 1_000_000;
 
-fn blob(data: &[u8]) -> StreamingBlob {
-    let b = bytes::Bytes::copy_from_slice(data);
-    StreamingBlob::wrap(futures::stream::once(async move { Ok::<_, std::io::Error>(b) }))
-}
-
 async fn put(gw: &fskv_gateway_s3::ops::Gateway, key: &str, tags: Option<Vec<(String, String)>>) {
-    let args = fskv_gateway_s3::ops::object::PutArgs {
-        bucket: "bkt",
-        key,
-        headers: Default::default(),
-        user: Default::default(),
-        tags,
-        if_match: None,
-        if_none_match: None,
-        acl: None,
-    };
-    gw.put(args, Some(blob(b"data")), &http::HeaderMap::new(), None, None).await.expect("put");
+    let args = fskv_gateway_s3::ops::object::PutArgs { tags, ..common::put_args("bkt", key) };
+    gw.put(args, Some(common::blob(b"data")), &http::HeaderMap::new(), None, None).await.expect("put");
 }
 
 async fn keys(gw: &fskv_gateway_s3::ops::Gateway) -> Vec<String> {
