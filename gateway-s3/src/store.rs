@@ -84,17 +84,24 @@ pub struct LayoutCache {
 
 pub const LAYOUT_CACHE_MAX_ENTRIES: usize = 65_536;
 
-/// Versioning states of bucket directories by inode, each kept
-/// [`VERSIONING_CACHE_TTL_MS`]: a state put through another gateway
-/// process applies here within that time (S3 too lets a change take a
-/// while); one put through this process applies at once. Bounded: cleared
-/// when full.
+/// Versioning states of bucket directories by inode, valid while the
+/// directory's inode version is the one they were read at. Every request
+/// looks its bucket up first ([`Store::bucket`]), which records the version
+/// it saw; setting the state's xattr bumps that version, so a state put
+/// through any gateway process is seen by the next request after it, at no
+/// extra meta call while it does not change. Bounded: cleared when full.
 #[derive(Default)]
 pub struct VersioningCache {
-    map: parking_lot::Mutex<HashMap<InodeId, (Versioning, Instant)>>,
+    map: parking_lot::Mutex<HashMap<InodeId, VersioningEntry>>,
 }
 
-pub const VERSIONING_CACHE_TTL_MS: u64 = 2_000;
+#[derive(Clone, Copy, Default)]
+struct VersioningEntry {
+    /// The newest inode version of the bucket directory a lookup saw.
+    seen: u64,
+    /// The state and the `seen` version it was read after.
+    state: Option<(Versioning, u64)>,
+}
 
 #[derive(Clone)]
 pub struct Store {
@@ -210,7 +217,10 @@ impl Store {
             return Err(error::no_such_bucket(name));
         }
         match self.fs.meta().lookup(self.root, name).await {
-            Ok(i) if i.dir().is_some() && self.owns(&i) => Ok(i),
+            Ok(i) if i.dir().is_some() && self.owns(&i) => {
+                self.saw_bucket(&i);
+                Ok(i)
+            }
             Ok(i) if i.dir().is_some() => Err(error::access_denied(name)),
             Ok(_) => Err(error::no_such_bucket(name)),
             Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_bucket(name)),
@@ -238,27 +248,49 @@ impl Store {
 
     /// The versioning state of the bucket whose directory is `bucket`.
     pub async fn versioning_of(&self, bucket: InodeId) -> Result<Versioning, S3Error> {
-        if let Some((v, at)) = self.versioning.map.lock().get(&bucket) {
-            if at.elapsed() < Duration::from_millis(VERSIONING_CACHE_TTL_MS) {
-                return Ok(*v);
+        let seen = {
+            let map = self.versioning.map.lock();
+            let e = map.get(&bucket).copied().unwrap_or_default();
+            match e.state {
+                Some((v, at)) if at == e.seen => return Ok(v),
+                _ => e.seen,
             }
-        }
+        };
+        // Read after the lookup that saw `seen`: at least that new.
         let v = match self.fs.meta().get_xattr(bucket, XATTR_VERSIONING).await {
             Ok(b) => Versioning::of_xattr(Some(&b)),
             Err(e) if e.code() == ErrorCode::NotFound => Versioning::Off,
             Err(e) => return Err(error::from_meta(e, "bucket versioning")),
         };
-        self.remember_versioning(bucket, v);
-        Ok(v)
-    }
-
-    /// Records a state this process just put (or read).
-    pub fn remember_versioning(&self, bucket: InodeId, v: Versioning) {
         let mut map = self.versioning.map.lock();
         if map.len() >= LAYOUT_CACHE_MAX_ENTRIES {
             map.clear();
         }
-        map.insert(bucket, (v, Instant::now()));
+        let e = map.entry(bucket).or_default();
+        if e.seen == seen {
+            e.state = Some((v, seen));
+        }
+        Ok(v)
+    }
+
+    /// Records the inode version of a bucket directory a lookup saw.
+    fn saw_bucket(&self, dir: &Inode) {
+        let mut map = self.versioning.map.lock();
+        if let Some(e) = map.get_mut(&dir.id) {
+            e.seen = e.seen.max(dir.version);
+        } else {
+            if map.len() >= LAYOUT_CACHE_MAX_ENTRIES {
+                map.clear();
+            }
+            map.insert(dir.id, VersioningEntry { seen: dir.version, state: None });
+        }
+    }
+
+    /// Drops the state of `bucket` (this process just put a new one).
+    pub fn forget_versioning(&self, bucket: InodeId) {
+        if let Some(e) = self.versioning.map.lock().get_mut(&bucket) {
+            e.state = None;
+        }
     }
 
     /// The bucket directory `bucket` and the path `key` names in it (by the

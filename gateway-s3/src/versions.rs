@@ -22,7 +22,8 @@
 //!
 //! **State** (xattr `user.s3.versioning` of the bucket directory): absent
 //! (never enabled), `Enabled` or `Suspended`; once set it is never absent
-//! again, as in S3.
+//! again, as in S3. Cached by `store::VersioningCache` against the bucket
+//! directory's inode version (exact, not time-bounded).
 //!
 //! **Moves** (each one `MetaOp::Txn`, guarded by an `Expect` on the
 //! current file, so it commits whole or not at all):

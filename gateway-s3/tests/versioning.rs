@@ -287,3 +287,19 @@ async fn deletes_of_blocked_tree_paths_make_markers() {
     assert_eq!(markers, ["f/g", "x"]);
     server.shutdown().await;
 }
+
+/// A state put through another gateway process applies to the very next
+/// request here: the cached state is tied to the bucket directory's inode
+/// version, which every request's bucket lookup sees.
+#[tokio::test]
+async fn a_state_put_elsewhere_applies_at_once() {
+    let (gw, server) = common::gateway(|_| {}).await;
+    let store2 = fskv_gateway_s3::store::Store::open(gw.store.fs.clone(), "/s3", false).await.expect("second store");
+    let other = Gateway { store: store2, cfg: gw.cfg.clone(), access: Default::default() };
+    assert_eq!(put(&gw, "bkt", "k", b"1").await, None, "unversioned: cached as Off here");
+    set_versioning(&other, "bkt", "Enabled").await;
+    assert!(put(&gw, "bkt", "k", b"2").await.is_some(), "the next PUT here makes a version");
+    set_versioning(&other, "bkt", "Suspended").await;
+    assert_eq!(put(&gw, "bkt", "k", b"3").await, None, "and the next one a null version");
+    server.shutdown().await;
+}

@@ -121,7 +121,6 @@ impl Gateway {
             Err(e) if e.code() == ErrorCode::NotFound => Versioning::Off,
             Err(e) => return Err(error::from_meta(e, bucket)),
         };
-        self.store.remember_versioning(dir, v);
         Ok(v)
     }
 
@@ -143,7 +142,7 @@ impl Gateway {
             .set_xattr(dir.id, XATTR_VERSIONING, status.as_bytes(), XattrFlag::Any)
             .await
             .map_err(|e| error::from_meta(e, &input.bucket))?;
-        self.store.remember_versioning(dir.id, Versioning::of_xattr(Some(status.as_bytes())));
+        self.store.forget_versioning(dir.id);
         Ok(())
     }
 
