@@ -136,7 +136,11 @@ fn cid(chunk: u64) -> ChunkId {
 
 /// Opens the engine; `power`: synced writes and the power-loss model on.
 fn open(dir: &std::path::Path, power: bool) -> ChunkEngine {
-    let e = ChunkEngine::open(dir, EngineConfig { blocks_per_grow: 256, sync_writes: power, journal_region_bytes: 512 }).expect("reopen");
+    let e = ChunkEngine::open(
+        dir,
+        EngineConfig { blocks_per_grow: 256, sync_writes: power, journal_region_bytes: 512, ..EngineConfig::default() },
+    )
+    .expect("reopen");
     if power {
         e.enable_power_loss_model();
     }

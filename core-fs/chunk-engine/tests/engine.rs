@@ -621,3 +621,33 @@ fn update_with_checks_the_callers_payload_crc_without_writing_bad_data() {
     e.check_invariants().unwrap();
     assert_eq!(read_all(&e, c), want);
 }
+
+/// A forwarded update whose tag this chunk already committed, but at
+/// another version than the one the predecessor now creates, is applied
+/// (the predecessor lost the tag with a full-chunk sync and applied the
+/// request again): deduplicating it would leave this replica a version
+/// behind its predecessor (simulation seed 422). A retry at the same
+/// version is still a duplicate.
+#[test]
+fn a_known_tag_at_another_expected_version_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = open(&dir);
+    let c = cid(10, 0);
+    let forward = |data: &[u8], t: u64, expected: u64| {
+        let req = UpdateRequest { expected_ver: Some(expected), ..write_req(c, 0, data, t) };
+        e.update_and_commit(&req).expect("update_and_commit")
+    };
+    assert_eq!(forward(b"one", 1, 1).committed_ver, 1);
+    assert_eq!(forward(b"two", 2, 2).committed_ver, 2);
+    // The same forward retried: a duplicate, nothing applied.
+    let retry = forward(b"two", 2, 2);
+    assert_eq!((retry.committed_ver, retry.duplicate), (2, true));
+    // Request 2 again, now as version 3: applied.
+    let again = forward(b"two", 2, 3);
+    assert_eq!((again.pending_ver, again.committed_ver, again.duplicate), (3, 3, false));
+    assert_eq!(e.meta(c).unwrap().committed_ver, 3);
+    // Without an expected version (the head's own client retry) the tag
+    // still deduplicates.
+    let head_retry = e.update_and_commit(&write_req(c, 0, b"two", 2)).expect("update_and_commit");
+    assert_eq!((head_retry.committed_ver, head_retry.duplicate), (3, true));
+}

@@ -8,7 +8,7 @@ use fskv_types::{ChunkId, InodeId};
 use std::sync::Arc;
 
 fn config(region: u64, sync_writes: bool) -> EngineConfig {
-    EngineConfig { blocks_per_grow: 256, sync_writes, journal_region_bytes: region }
+    EngineConfig { blocks_per_grow: 256, sync_writes, journal_region_bytes: region, ..EngineConfig::default() }
 }
 
 fn cid(inode: u64, index: u64) -> ChunkId {

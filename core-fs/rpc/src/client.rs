@@ -7,6 +7,15 @@
 //! pending map, queues its frame and waits; a drop guard removes the entry
 //! and sends a Cancel frame if the call ends (timeout or the future dropped)
 //! before its reply.
+//!
+//! A connection that stops answering is closed: when
+//! [`SILENT_TIMEOUTS_BEFORE_CLOSE`] calls in a row reach their deadline with
+//! no frame at all arriving on the connection since each was sent, it is
+//! failed like a broken one, and the next call dials again. Without this a
+//! stream that lost bytes without an error (a peer that rebooted behind a
+//! dropped RST, a middlebox that forgot the flow, the simulation's
+//! partitions) took a share of every later call to its deadline for good
+//! (simulation seed 2819: one in three heartbeats to the primary mgmtd).
 
 use crate::auth::{ClientHandshake, ClusterKey, NONCE_BYTES};
 use crate::error::{Result, RpcError};
@@ -19,7 +28,7 @@ use bytes::Bytes;
 use fskv_types::{ErrorCode, Status};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -109,12 +118,21 @@ struct Pool {
 type PendingTx = oneshot::Sender<Result<Frame>>;
 
 /// State shared by a connection's handle and its reader/writer tasks.
+/// Calls in a row that time out on a connection that delivers nothing
+/// before the connection is closed (module doc).
+pub const SILENT_TIMEOUTS_BEFORE_CLOSE: u32 = 2;
+
 struct ConnShared {
     addr: String,
     /// Invariant: `closed` is set while holding this lock, and entries are
     /// only added while it is unset, so no call waits on a dead connection.
     pending: Mutex<DetHashMap<u64, PendingTx>>,
     closed: AtomicBool,
+    /// Frames received so far (any kind).
+    frames_received: AtomicU64,
+    /// Calls in a row that reached their deadline with no frame received
+    /// since they were sent; reset by every frame.
+    silent_timeouts: AtomicU32,
 }
 
 impl ConnShared {
@@ -165,6 +183,9 @@ struct PendingGuard {
     request_id: u64,
     armed: bool,
     _permit: OwnedSemaphorePermit,
+    /// The call's deadline, and the connection's frame count when it was sent.
+    deadline: Option<Instant>,
+    frames_at_send: u64,
 }
 
 impl Drop for PendingGuard {
@@ -172,12 +193,21 @@ impl Drop for PendingGuard {
         if !self.armed {
             return;
         }
-        let was_pending = self.conn.shared.pending.lock().remove(&self.request_id).is_some();
+        let shared = &self.conn.shared;
+        let was_pending = shared.pending.lock().remove(&self.request_id).is_some();
         if was_pending {
             // Best effort: the queue holds at most one request and one cancel
             // per permit, so it is full only under extreme churn; then the
             // handler simply runs to completion and its reply is dropped.
             let _ = self.conn.tx.try_send(OutFrame::cancel(self.request_id));
+        }
+        let timed_out = self.deadline.is_some_and(|d| Instant::now() >= d);
+        if was_pending && timed_out && shared.frames_received.load(Ordering::Acquire) == self.frames_at_send {
+            let silent = shared.silent_timeouts.fetch_add(1, Ordering::AcqRel).saturating_add(1);
+            if silent >= SILENT_TIMEOUTS_BEFORE_CLOSE {
+                debug!(addr = %shared.addr, silent, "no frame for calls in a row past their deadlines; closing the connection");
+                shared.fail(&format!("closed: {silent} calls in a row got no reply before their deadlines, and nothing else arrived"));
+            }
         }
     }
 }
@@ -211,7 +241,7 @@ impl RpcClient {
             payload,
             self.inner.config.max_frame_bytes,
         )?;
-        let exchange = self.exchange(addr, request_id, frame).instrument(span);
+        let exchange = self.exchange(addr, request_id, frame, deadline).instrument(span);
         let reply = match deadline {
             // On timeout `exchange` is dropped: its guard sends the Cancel.
             Some(at) => {
@@ -223,11 +253,12 @@ impl RpcClient {
     }
 
     /// Sends one request frame and waits for its response frame.
-    async fn exchange(&self, addr: &str, request_id: u64, frame: OutFrame) -> Result<Frame> {
+    async fn exchange(&self, addr: &str, request_id: u64, frame: OutFrame, deadline: Option<Instant>) -> Result<Frame> {
         let conn = self.conn_for(addr).await?;
         let permit = conn.permits.clone().acquire_owned().await.map_err(|_| RpcError::connection(addr, "connection closed"))?;
+        let frames_at_send = conn.shared.frames_received.load(Ordering::Acquire);
         let rx = conn.shared.register(request_id)?;
-        let mut guard = PendingGuard { conn: conn.clone(), request_id, armed: true, _permit: permit };
+        let mut guard = PendingGuard { conn: conn.clone(), request_id, armed: true, _permit: permit, deadline, frames_at_send };
         if conn.tx.send(frame).await.is_err() {
             return Err(RpcError::connection(addr, "connection writer stopped"));
         }
@@ -284,8 +315,13 @@ impl RpcClient {
             }
         }
         let max_in_flight = config.max_in_flight_per_connection.max(1);
-        let shared =
-            Arc::new(ConnShared { addr: addr.to_string(), pending: Mutex::new(DetHashMap::default()), closed: AtomicBool::new(false) });
+        let shared = Arc::new(ConnShared {
+            addr: addr.to_string(),
+            pending: Mutex::new(DetHashMap::default()),
+            closed: AtomicBool::new(false),
+            frames_received: AtomicU64::new(0),
+            silent_timeouts: AtomicU32::new(0),
+        });
         // Capacity: one request plus one cancel per permit (see PendingGuard).
         let (tx, rx) = mpsc::channel(max_in_flight.saturating_mul(2).saturating_add(16));
         let span = debug_span!("rpc_client_conn", peer = %connection.peer);
@@ -356,7 +392,12 @@ async fn client_handshake(
 async fn read_loop(mut reader: FrameReader, shared: Arc<ConnShared>, keyless: bool) {
     let mut replies = 0u64;
     let reason = loop {
-        match reader.next().await {
+        let next = reader.next().await;
+        if let Ok(Some(_)) = &next {
+            shared.frames_received.fetch_add(1, Ordering::AcqRel);
+            shared.silent_timeouts.store(0, Ordering::Release);
+        }
+        match next {
             Ok(Some(frame)) if frame.header.kind == FrameKind::Response => {
                 replies += 1;
                 let waiter = shared.pending.lock().remove(&frame.header.request_id);

@@ -529,3 +529,58 @@ async fn a_stalled_http_request_is_closed_by_the_frame_read_timeout() {
     assert_eq!(r, "ok");
     server.shutdown().await;
 }
+
+/// A connection that swallows requests and never sends a byte (what a
+/// stream that lost data without an error looks like) is closed after
+/// `SILENT_TIMEOUTS_BEFORE_CLOSE` timed-out calls in a row, and the next
+/// call dials a new one; before, every later call on it ran to its deadline.
+#[tokio::test]
+async fn a_connection_that_answers_nothing_is_closed_and_redialled() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let hole = tokio::spawn({
+        let accepted = accepted.clone();
+        async move {
+            let mut held = Vec::new();
+            while let Ok((mut sock, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                held.push(tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while matches!(sock.read(&mut buf).await, Ok(n) if n > 0) {}
+                }));
+            }
+        }
+    });
+    // No cluster key: the black hole does not speak the handshake.
+    let c = client(ClientConfig { cluster_key: None, ..one_conn() });
+    assert_eq!(fskv_rpc::client::SILENT_TIMEOUTS_BEFORE_CLOSE, 2);
+    for round in 1..=2 {
+        let e = c.call::<Echo>(&addr, &"x".to_string(), Bytes::new(), opts_ms(50)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeadlineExceeded, "{e}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "round {round}: still the first connection");
+    }
+    // The second silent timeout closed it: the third call dials again.
+    let e = c.call::<Echo>(&addr, &"x".to_string(), Bytes::new(), opts_ms(50)).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::DeadlineExceeded, "{e}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "a new connection after two silent timeouts");
+    hole.abort();
+}
+
+/// Timeouts on a connection that keeps delivering replies to other calls
+/// do not close it (a slow handler is not a dead connection).
+#[tokio::test]
+async fn timeouts_with_replies_in_between_keep_the_connection() {
+    let (server, probe) = start(ServerConfig::default()).await;
+    let c = client(one_conn());
+    let addr = server.local_addr().to_string();
+    for _ in 0..4 {
+        let e = c.call::<Block>(&addr, &(), Bytes::new(), opts_ms(50)).await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::DeadlineExceeded);
+        let (echo, _) = c.call::<Echo>(&addr, &"hi".to_string(), Bytes::new(), opts_ms(5_000)).await.unwrap();
+        assert_eq!(echo, "hi");
+    }
+    assert_eq!(probe.started.load(Ordering::SeqCst), 4);
+    assert_eq!(server.metrics().rpc().connections_accepted.get(), 1, "one connection throughout");
+    server.shutdown().await;
+}

@@ -60,6 +60,7 @@
 //! | `begin` | otherwise | `QueryTail` (the write chain's tail) |
 //! | `tail_answered(Err)` | tail has no address, RPC failed | `Finished(Retry)` |
 //! | `tail_answered(Ok)` | committed version and CRC equal the left-over's | `CommitLeftOver { v }` |
+//! | `tail_answered(Ok)` | otherwise, the tail syncing (it may not have been synced yet: its answer proves nothing) | `Finished(Retry)` |
 //! | `tail_answered(Ok)` | otherwise: never committed anywhere, the next update replaces it | `Finished(Clean)` |
 //! | `left_over_committed` | Ok / Err | `Finished(Clean)` / `Finished(Retry)` |
 //!
@@ -444,12 +445,16 @@ pub struct SettleStep {
     /// The tag of the request about to apply (its own pending version is
     /// not a left-over); `None` in the settle pass.
     current: Option<UpdateTag>,
+    /// Whether the tail asked is syncing (its "not committed" is no proof:
+    /// simulation seed 2197, where a head gave up a version its serving
+    /// successors had committed because the unsynced tail lacked it).
+    tail_syncing: bool,
     phase: SettlePhase,
 }
 
 impl SettleStep {
     pub fn new(me: TargetId, left_over: Option<LeftOver>, current: Option<UpdateTag>) -> Self {
-        SettleStep { me, left_over, current, phase: SettlePhase::Start }
+        SettleStep { me, left_over, current, tail_syncing: false, phase: SettlePhase::Start }
     }
 
     /// Starts with the current routing's chain.
@@ -466,6 +471,7 @@ impl SettleStep {
             return self.finish(SettleOutcome::Clean);
         }
         self.phase = SettlePhase::Querying;
+        self.tail_syncing = tail.state == fskv_proto::routing::PublicTargetState::Syncing;
         SettleEffect::QueryTail { tail: tail.target_id, node: tail.node_id }
     }
 
@@ -480,6 +486,7 @@ impl SettleStep {
                 self.phase = SettlePhase::Committing;
                 SettleEffect::CommitLeftOver { version: left_over.version }
             }
+            Ok(_) if self.tail_syncing => self.finish(SettleOutcome::Retry),
             Ok(_) => self.finish(SettleOutcome::Clean),
         }
     }
@@ -915,9 +922,18 @@ mod tests {
         let mut s = SettleStep::new(TargetId(1), lo, None);
         assert_eq!(s.begin(Some(&c)), SettleEffect::QueryTail { tail: TargetId(3), node: NodeId(13) });
         assert_eq!(s.tail_answered(Err(StorageError::NoAddress(NodeId(13)))), finished(SettleOutcome::Retry));
+        // A syncing tail without it proves nothing yet: later.
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
+        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Retry));
+        // A serving tail without it: never committed.
+        let serving = chain(&[Serving, Serving, Serving]);
+        let mut s = SettleStep::new(TargetId(1), lo, None);
+        let _ = s.begin(Some(&serving));
         assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Clean));
+        let mut s = SettleStep::new(TargetId(1), lo, None);
+        let _ = s.begin(Some(&serving));
+        assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Clean));
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
         assert_eq!(s.tail_answered(Ok(Some(remote(3, 0x1111)))), SettleEffect::CommitLeftOver { version: 3 });

@@ -124,11 +124,16 @@ pub struct Target {
     pub id: TargetId,
     pub engine: Arc<ChunkEngine>,
     locks: ChunkLocks,
-    /// The chain version of the predecessor's sync-done; cleared by
-    /// sync-start. Counts only while routing shows this target syncing at
-    /// that chain version (a late sync-done of an older version must not
-    /// make a waiting target report up-to-date).
-    sync_done: Mutex<Option<u32>>,
+    /// The newest sync mark from the predecessor: sync-start clears `done`,
+    /// sync-done sets it, each for its chain version; a mark of an older
+    /// chain version than the one held is ignored (two syncs of one target
+    /// at two chain versions can overlap, and their marks arrive in any
+    /// order: simulation seed 398 at 5 ms ticks, where the older sync's
+    /// late sync-done undid the newer one's). Counts only while routing
+    /// shows this target syncing at that chain version (a late sync-done
+    /// of an older version must not make a waiting target report
+    /// up-to-date).
+    sync_mark: Mutex<SyncMark>,
     /// Write steps running here, by (chain, request chain version): a sync
     /// waits for the older ones before its dump (`crate::inflight`).
     inflight: InflightUpdates,
@@ -223,7 +228,7 @@ impl StorageService {
                         id,
                         engine,
                         locks: ChunkLocks::default(),
-                        sync_done: Mutex::new(None),
+                        sync_mark: Mutex::new(SyncMark::default()),
                         inflight: InflightUpdates::default(),
                         scrub: Mutex::new(ScrubProgress::default()),
                         repairing: Mutex::new(BTreeSet::new()),
@@ -382,7 +387,7 @@ impl StorageService {
         let located = routing.locate_target(target);
         let serving = located.is_some_and(|(_, ct)| ct.state.can_read());
         let synced =
-            located.is_some_and(|(chain, ct)| ct.state == PublicTargetState::Syncing && *t.sync_done.lock() == Some(chain.chain_version));
+            located.is_some_and(|(chain, ct)| ct.state == PublicTargetState::Syncing && t.sync_mark.lock().done_at(chain.chain_version));
         Some(if serving || synced { LocalTargetState::UpToDate } else { LocalTargetState::Online })
     }
 
@@ -573,5 +578,53 @@ impl StorageService {
 
     fn addr_of(routing: &RoutingInfo, node: NodeId) -> Result<String> {
         routing.node_address(node).map(str::to_string).ok_or(StorageError::NoAddress(node))
+    }
+}
+
+/// A syncing target's last sync mark (see `sync_mark` above).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SyncMark {
+    chain_ver: u32,
+    done: bool,
+}
+
+impl SyncMark {
+    /// Applies a mark; false (and unchanged) when it is older than the one held.
+    pub(crate) fn apply(&mut self, chain_ver: u32, done: bool) -> bool {
+        if chain_ver < self.chain_ver {
+            return false;
+        }
+        *self = SyncMark { chain_ver, done };
+        true
+    }
+
+    /// Whether the predecessor finished the sync of `chain_ver`.
+    pub(crate) fn done_at(&self, chain_ver: u32) -> bool {
+        self.done && self.chain_ver == chain_ver
+    }
+}
+
+#[cfg(test)]
+mod sync_mark_tests {
+    use super::SyncMark;
+
+    #[test]
+    fn an_older_mark_never_undoes_a_newer_one() {
+        // Seed 398: syncs at chain versions 3 and 4 overlap; 4's done
+        // arrives before 3's done.
+        let mut m = SyncMark::default();
+        assert!(m.apply(3, false));
+        assert!(m.apply(4, false));
+        assert!(m.apply(4, true));
+        assert!(!m.apply(3, true));
+        assert!(m.done_at(4));
+        assert!(!m.done_at(3));
+        // A retried sync at the same version starts over.
+        assert!(m.apply(4, false));
+        assert!(!m.done_at(4));
+        // A newer version's start clears it.
+        assert!(m.apply(4, true));
+        assert!(m.apply(5, false));
+        assert!(!m.done_at(4) && !m.done_at(5));
     }
 }

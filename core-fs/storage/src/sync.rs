@@ -6,6 +6,7 @@
 //! | 1 | chunk only on the local (predecessor) side | send |
 //! | 2 | chunk only on the remote (syncing) side | delete |
 //! | 3 | local chain version newer than remote's | send |
+//! | 3b | remote chain version newer than local's | send |
 //! | 4 | same chain version, local committed ≠ remote pending (update) version | send |
 //! | 4b | same chain version, local committed = remote pending, remote still holds that version only as pending | send |
 //! | 5 | otherwise | skip |
@@ -17,6 +18,24 @@
 //! back). Nothing would ever commit it; skipping left it committed at the
 //! old version, and when it later synced its own successor it sent that
 //! older version, so replicas diverged (simulation seed 6).
+//!
+//! Rule 3b is ours too (3FS skips there): the remote wrote the chunk under a
+//! chain version its predecessor never wrote it under, so it holds a branch
+//! the chain dropped. Simulation seed 232 (5 ms ticks): the tail committed
+//! a write whose ack was lost, then lost power; the head kept the write
+//! pending, synced a rejoining target without it, and when the old tail
+//! came back behind that target its newer version was skipped, so the
+//! replicas differed for good. A syncing target's data is never the
+//! authority: after a sync it must equal its predecessor.
+//!
+//! Before deciding, a pending version of the predecessor that the syncing
+//! target holds committed (same version, length, CRC) is committed at the
+//! predecessor ([`left_over_committed_at`]): the successor is the write
+//! chain's tail, so that version is committed and may have been
+//! acknowledged. Seed 7646 (5 ms ticks): the predecessor's forward was
+//! cancelled after the successor committed, the head then committed from
+//! the tail and acknowledged the client, and rule 4 (local committed ≠
+//! remote) sent the older version, losing the acknowledged write.
 //!
 //! "Local" counts only committed data (a local chunk with committed version
 //! 0 holds nothing a reader may see, so it counts as absent). The remote's
@@ -40,6 +59,8 @@ pub enum SendReason {
     LocalOnly,
     /// Rule 3.
     NewerChainVersion,
+    /// Rule 3b.
+    RemoteNewerChainVersion,
     /// Rule 4.
     CommittedNeRemotePending,
     /// Rule 4b.
@@ -87,7 +108,17 @@ pub fn remote_meta(m: &ChunkMeta) -> RemoteChunkMeta {
     }
 }
 
-/// Decides one chunk by the five rules.
+/// The local pending version, if the syncing target holds exactly that
+/// version committed (same version, length and CRC): it is committed down
+/// the chain, so the predecessor commits it before deciding (the shell
+/// does, under the chunk lock).
+pub fn left_over_committed_at(local: &ChunkMeta, remote: Option<&RemoteChunkMeta>) -> Option<u64> {
+    let (pending_ver, fskv_chunk_engine::PendingState::Data(pending)) = local.pending.as_ref()? else { return None };
+    let r = remote?;
+    (r.committed_ver == *pending_ver && r.crc == pending.crc && r.len_bytes == pending.len_bytes).then_some(*pending_ver)
+}
+
+/// Decides one chunk by the rules of the module doc's table.
 pub fn decide(chunk: ChunkId, local: Option<LocalChunk>, remote: Option<&RemoteChunkMeta>) -> Option<SyncAction> {
     let local = local.filter(|l| l.committed_ver > 0);
     Some(match (local, remote) {
@@ -95,6 +126,7 @@ pub fn decide(chunk: ChunkId, local: Option<LocalChunk>, remote: Option<&RemoteC
         (Some(_), None) => SyncAction::Send(chunk, SendReason::LocalOnly),
         (None, Some(_)) => SyncAction::Delete(chunk),
         (Some(l), Some(r)) if l.chain_ver > r.chain_ver => SyncAction::Send(chunk, SendReason::NewerChainVersion),
+        (Some(l), Some(r)) if l.chain_ver < r.chain_ver => SyncAction::Send(chunk, SendReason::RemoteNewerChainVersion),
         (Some(l), Some(r)) if l.chain_ver == r.chain_ver && l.committed_ver != r.update_ver() => {
             SyncAction::Send(chunk, SendReason::CommittedNeRemotePending)
         }
@@ -203,8 +235,36 @@ mod tests {
     fn rule_5_otherwise_skip() {
         // Equal versions.
         assert_eq!(plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(3, 2, None))]), vec![SyncAction::Skip(id(1))]);
-        // Remote chain version newer: not covered by rules 1-4, so skipped (see docs/storage.md).
-        assert_eq!(plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(4, 1, None))]), vec![SyncAction::Skip(id(1))]);
+    }
+
+    #[test]
+    fn rule_3b_newer_remote_chain_version_is_sent() {
+        // Seed 232's shape: the remote committed v15 under chain version 2,
+        // the predecessor has only v14 from chain version 1.
+        assert_eq!(
+            plan_sync(&[(id(1), local(1, 14))], &[(id(1), remote(2, 15, None))]),
+            vec![SyncAction::Send(id(1), SendReason::RemoteNewerChainVersion)]
+        );
+        // Even with a lower committed version there (a dropped branch is
+        // replaced, never kept).
+        assert_eq!(
+            plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(4, 1, None))]),
+            vec![SyncAction::Send(id(1), SendReason::RemoteNewerChainVersion)]
+        );
+    }
+
+    #[test]
+    fn a_left_over_the_successor_committed_is_recognised() {
+        let data = VersionData { len_bytes: 16, crc: 0xabc, ..VersionData::default() };
+        let mut m = local(3, 15);
+        m.pending = Some((16, fskv_chunk_engine::PendingState::Data(data)));
+        let committed = RemoteChunkMeta { chain_ver: 3, committed_ver: 16, pending_ver: None, len_bytes: 16, crc: 0xabc };
+        assert_eq!(left_over_committed_at(&m, Some(&committed)), Some(16));
+        // Another version, other bytes, or no remote: not settled here.
+        assert_eq!(left_over_committed_at(&m, Some(&RemoteChunkMeta { committed_ver: 15, ..committed })), None);
+        assert_eq!(left_over_committed_at(&m, Some(&RemoteChunkMeta { crc: 1, ..committed })), None);
+        assert_eq!(left_over_committed_at(&m, None), None);
+        assert_eq!(left_over_committed_at(&local(3, 16), Some(&committed)), None);
     }
 
     #[test]

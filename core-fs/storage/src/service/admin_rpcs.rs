@@ -61,7 +61,10 @@ impl StorageService {
 
     pub(super) fn handle_sync_mark(&self, req: SyncReq, done: bool) -> Result<SyncResp> {
         let target = self.target(req.target)?;
-        *target.sync_done.lock() = done.then_some(req.chain_ver);
+        if !target.sync_mark.lock().apply(req.chain_ver, done) {
+            info!(target = %req.target, from = %req.from, chain_ver = req.chain_ver, done, "sync mark of an older chain version ignored");
+            return Ok(SyncResp {});
+        }
         info!(target = %req.target, from = %req.from, chain_ver = req.chain_ver, done, "sync mark");
         Ok(SyncResp {})
     }

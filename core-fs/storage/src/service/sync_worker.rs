@@ -129,8 +129,29 @@ impl StorageService {
         remote: Option<&RemoteChunkMeta>,
     ) -> Result<()> {
         let _guard = target.locks.lock(chunk).await;
-        let current = target.engine.meta(chunk);
+        let mut current = target.engine.meta(chunk);
+        // A left-over pending version here that the syncing successor has
+        // committed (same version and CRC) is committed down the chain: the
+        // successor is its write tail, and the head may have acknowledged
+        // it after asking that tail. Commit it here first, as the settle
+        // pass would (`crate::craq::SettleStep`); sending the older
+        // committed version instead rolled back an acknowledged write
+        // (simulation seed 7646 at 5 ms ticks, where the settle pass could
+        // not reach the successor before the sync ran).
+        if let Some(version) = current.as_ref().and_then(|m| sync::left_over_committed_at(m, remote)) {
+            let engine = target.engine.clone();
+            self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
+            info!(%chunk, version, "committed a left-over pending version the syncing successor already committed");
+            current = target.engine.meta(chunk);
+        }
         let decision = sync::decide(chunk, current.as_ref().map(LocalChunk::from), remote);
+        // The committed version's request tag goes with the chunk, so the
+        // synced target recognises a retry of that request (seed 422: a
+        // head that got the chunk by sync applied a client's retry again).
+        // Only that one: the tags of older versions (`recent`) stay behind.
+        let tag = current
+            .as_ref()
+            .map_or(RequestTag::default(), |m| RequestTag { client: m.committed.tag.client, request: m.committed.tag.request });
         let (mode, data) = match decision {
             None | Some(SyncAction::Skip(_)) => return Ok(()),
             Some(SyncAction::Delete(_)) => (ForwardMode::ReplaceRemove, Bytes::new()),
@@ -158,7 +179,7 @@ impl StorageService {
             chunk,
             op: UpdateOp::Remove,
             mode,
-            tag: RequestTag::default(),
+            tag: if removal { RequestTag::default() } else { tag },
             chunk_size_hint_bytes: None,
         };
         self.inner
