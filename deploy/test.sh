@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, check that the FoundationDB
 # engine compiles, then run every test of the workspace (unit, integration,
-# conformance, kill -9 durability), the S3, KV and MQ conformance suites, pjdfstest and
+# conformance, kill -9 durability), the simulation soak, the S3, KV and MQ conformance suites, pjdfstest and
 # the USRBIO conformance (deploy/usrbio-conformance.sh). Its tests of FoundationDB itself run only
 # where FDB_CLUSTER_FILE names a cluster.
 set -euo pipefail
@@ -67,6 +67,15 @@ fi
 summary="workspace: $passed passed, $failed failed, $skipped skipped"
 echo "$summary"
 
+# The simulation soak: FSKV_SIM_SOAK_HOURS (default 50) simulated
+# cluster-hours of the turmoil simulation on fixed seeds, one shard per
+# core, optimized build (deploy/sim-soak.sh; docs/mgmtd.md "Simulation").
+echo "test: simulation soak (${FSKV_SIM_SOAK_HOURS:-50} simulated cluster-hours, release build)"
+set +e
+./deploy/sim-soak.sh --release --cluster-hours "${FSKV_SIM_SOAK_HOURS:-50}" 2>&1 | tail -40
+soak_status=${PIPESTATUS[0]}
+set -e
+
 echo "test: S3 conformance (boto3, awscli, s3cmd, rclone, s5cmd; differential against moto) on a fresh fskv up"
 set +e
 ./deploy/s3-conformance.sh
@@ -109,6 +118,10 @@ set -e
 grep -E '^pjdfstest: ([0-9]+ passed|skipped)' "$pjd_log" | tail -1 || true
 grep -E '^usrbio: ([0-9]+ passed|SKIPPED)' "$usrbio_log" | tail -1 || echo "usrbio: no summary (exit $usrbio_status)"
 echo "$summary"
+if [ "$status" -eq 0 ] && [ "$soak_status" -ne 0 ]; then
+    echo "test: the simulation soak failed (replay commands above)"
+    status=$soak_status
+fi
 if [ "$status" -eq 0 ] && [ "$s3_status" -ne 0 ]; then
     status=$s3_status
 fi
