@@ -117,11 +117,11 @@ struct Pool {
 
 type PendingTx = oneshot::Sender<Result<Frame>>;
 
-/// State shared by a connection's handle and its reader/writer tasks.
 /// Calls in a row that time out on a connection that delivers nothing
 /// before the connection is closed (module doc).
 pub const SILENT_TIMEOUTS_BEFORE_CLOSE: u32 = 2;
 
+/// State shared by a connection's handle and its reader/writer tasks.
 struct ConnShared {
     addr: String,
     /// Invariant: `closed` is set while holding this lock, and entries are
