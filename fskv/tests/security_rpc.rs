@@ -527,7 +527,9 @@ fn a_user_key_acts_as_its_user_and_storage_wants_capabilities() {
             ),
             (
                 "QueryChunk",
-                user.call::<QueryChunk>(&addr, &QueryChunkReq { target: head.target_id, chunk }, Bytes::new(), opts).await.unwrap_err(),
+                user.call::<QueryChunk>(&addr, &QueryChunkReq { target: head.target_id, chunk, chain_ver: 1 }, Bytes::new(), opts)
+                    .await
+                    .unwrap_err(),
             ),
             (
                 "RemoveChunks",

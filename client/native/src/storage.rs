@@ -8,7 +8,9 @@
 //! * `StaleChainVersion` / `TargetNotServing`: refresh routing through the
 //!   [`RoutingHandle`], then retry.
 //! * `ChunkUncommitted` on a read: short backoff and retry on the next
-//!   serving target (or ask for a relaxed read up front).
+//!   serving target (or ask for a relaxed read up front). On a write: the
+//!   chunk holds another request's pending version whose fate the chain
+//!   cannot tell yet (`fskv_storage::craq`); backoff and retry.
 //! * Transport errors: backoff and retry. Every loop is bounded by
 //!   `max_retries`.
 //!

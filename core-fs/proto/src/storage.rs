@@ -182,11 +182,16 @@ pub struct QueryLastChunkResp {
 }
 
 /// One chunk's metadata on one target (peer to peer: a target settling a
-/// left-over pending version asks the chain's tail).
+/// left-over pending version asks the chain's serving tail).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueryChunkReq {
     pub target: TargetId,
     pub chunk: ChunkId,
+    /// The asker's chain version: the target answers only if its own
+    /// routing has its chain at this version with the target serving
+    /// (else `StaleChainVersion` / `TargetNotServing`), so an asker with
+    /// stale routing never takes a dropped target's answer for the tail's.
+    pub chain_ver: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

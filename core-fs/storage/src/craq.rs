@@ -22,11 +22,12 @@
 //! |---|---|---|---|
 //! | start | `begin(chain, left_over)` | chain not in routing | `Fail(UnknownChain)` |
 //! | start | `begin` | [`chain::check_write`] rejects (stale chain version first, then membership, state, role) | `Fail(Route)` |
-//! | start | `begin` | update, not the write chain's tail, left-over pending of another request, tail known | `QueryTail` → settling |
+//! | start | `begin` | update, left-over pending of another request: the [`SettleStep`] table's first effect | `QueryTail`, or `CommitLeftOver` at the serving tail → settling |
 //! | start | `begin` | other updates | `ApplyUpdate { expected_ver, commit: is tail }` → applying |
 //! | start | `begin` | replace | `ApplyReplace` → replacing |
-//! | settling | `tail_answered` | the tail committed exactly the left-over (version and CRC) | `CommitLeftOver { v }` → settling |
-//! | settling | `tail_answered`, `left_over_committed` | otherwise, errors included (the write goes on; the left-over is replaced) | `ApplyUpdate` → applying |
+//! | settling | `tail_answered` | the serving tail committed exactly the left-over (version and CRC) | `CommitLeftOver { v }` → settling |
+//! | settling | `tail_answered`, `left_over_committed` | settled: never committed anywhere (replaced by this update), or committed here now | `ApplyUpdate` → applying |
+//! | settling | `tail_answered`, `left_over_committed` | not settled: the serving tail could not be asked, or the commit failed | `Fail(Unsettled)` (retryable), `settle_later` |
 //! | applying | `applied` | engine error, or an impossible outcome | `Fail` |
 //! | applying | `applied` | duplicate whose version is already committed here | `Ack(duplicate)` (nothing forwarded) |
 //! | applying | `applied` | tail (the engine committed at once) | `Ack` |
@@ -49,20 +50,52 @@
 //!
 //! ## Transitions of [`SettleStep`]
 //!
-//! Settling a left-over pending version: at the start of a write (above) and
-//! in the sync worker's pass over chunks whose forward failed.
+//! Settling a left-over pending version: at the start of a write (above)
+//! and in the sync worker's pass over chunks whose forward failed. A sync's
+//! predecessor (the serving tail) completes its left-overs itself: it sends
+//! the pending content to the syncing target, then commits it. The
+//! *serving tail* is the chain's last serving target: the authority on what
+//! is committed. A syncing target is never asked: its data is not the
+//! authority until its sync ends (seed 2197: a syncing tail's "not
+//! committed" dropped a version serving targets had committed; seed 3221: a
+//! syncing target's committed version, left from before it failed, made the
+//! head commit a version its serving successor did not have).
 //!
 //! | input | condition | effect |
 //! |---|---|---|
 //! | `begin(chain)` | no left-over, or it is the current request's own pending version | `Finished(Clean)` |
-//! | `begin` | chain not in routing, or it has no writable target | `Finished(Retry)` |
-//! | `begin` | this target is the write chain's tail | `Finished(Clean)` |
-//! | `begin` | otherwise | `QueryTail` (the write chain's tail) |
-//! | `tail_answered(Err)` | tail has no address, RPC failed | `Finished(Retry)` |
+//! | `begin` | chain not in routing | `Finished(Retry)` |
+//! | `begin` | this target is not serving (its next sync replaces the left-over) | `Finished(Clean)` |
+//! | `begin` | this target is the serving tail and the chain's last writable target | `CommitLeftOver { v }` (a new tail commits what it holds pending) |
+//! | `begin` | this target is the serving tail, a syncing target after it (the sync sends the left-over, then commits it) | `Finished(Retry)` |
+//! | `begin` | otherwise | `QueryTail` (the serving tail) |
+//! | `tail_answered(Err)` | no address, RPC failed | `Finished(Retry)` |
 //! | `tail_answered(Ok)` | committed version and CRC equal the left-over's | `CommitLeftOver { v }` |
-//! | `tail_answered(Ok)` | otherwise, the tail syncing (it may not have been synced yet: its answer proves nothing) | `Finished(Retry)` |
+//! | `tail_answered(Ok)` | the tail holds that version only pending (it settles its own first; the query puts it in its settle pass) | `Finished(Retry)` |
 //! | `tail_answered(Ok)` | otherwise: never committed anywhere, the next update replaces it | `Finished(Clean)` |
 //! | `left_over_committed` | Ok / Err | `Finished(Clean)` / `Finished(Retry)` |
+//!
+//! A left-over is never replaced while its fate is unknown: the next update
+//! would take the same version number with other bytes, and a successor
+//! that committed the left-over would keep it at that version, which sync
+//! (same version: skip) never repairs. Simulation seed 3103 (5 ms ticks):
+//! the head could not reach the tail, replaced a left-over its successors
+//! had committed, became the chain's only target and committed the new
+//! write as the same version; an acknowledged write was then missing from
+//! both successors. So a write that cannot settle fails retryably, and a
+//! target that has become the chain's last target commits its left-over,
+//! as chain replication's new tail does (the old tail may have committed
+//! it, and readers there may have seen it). With a syncing target after
+//! it, the serving tail must not commit first: that target's sync may end
+//! without the version and it would turn serving without a committed
+//! version (seed 403: three acknowledged writes lost when the two targets
+//! that had them failed). The sync sends the left-over, then commits it.
+//!
+//! A serving tail that holds the left-over's version only pending (its own
+//! forward to a former tail was cut) makes the asker wait: it commits its
+//! copy on its settle pass (as the serving tail), and the asker's next try
+//! finds it committed. `QueryChunk` puts such a chunk in the tail's settle
+//! pass, so it never waits for a write that may not come.
 //!
 //! Inputs out of order (a bug in the shell) end the step with an internal
 //! error, never a panic.
@@ -70,13 +103,19 @@
 use crate::chain::{self, ChainPosition, ForwardKind, Origin, Successor};
 use crate::error::StorageError;
 use fskv_chunk_engine::{UpdateOutcome, UpdateTag};
-use fskv_proto::routing::{ChainInfo, ChainRoles};
+use fskv_proto::routing::{ChainInfo, ChainRoles, PublicTargetState};
 use fskv_proto::storage::{ForwardMode, ForwardReq, RemoteChunkMeta, RequestTag, UpdateOp};
 use fskv_types::{ChainId, ErrorCode, NodeId, TargetId};
 
 /// The engine's update tag of a request tag (one identity end to end).
 pub fn engine_tag(tag: RequestTag) -> UpdateTag {
     UpdateTag { client: tag.client, request: tag.request }
+}
+
+/// The request tag of an engine's update tag (what a sync sends with a
+/// version, so the synced target recognises a retry of that request).
+pub fn request_tag(tag: UpdateTag) -> RequestTag {
+    RequestTag { client: tag.client, request: tag.request }
 }
 
 /// A pending version found in the chunk when a step starts.
@@ -233,12 +272,11 @@ impl WriteStep {
                 self.phase = Phase::Replacing;
                 Effect::ApplyReplace
             }
-            Kind::Update { .. } if self.successor.is_some() => {
+            Kind::Update { .. } => {
                 let mut settle = SettleStep::new(self.me, left_over, Some(self.tag));
                 let effect = settle.begin(Some(chain));
                 self.settling(settle, effect)
             }
-            Kind::Update { .. } => self.apply(),
         }
     }
 
@@ -360,9 +398,16 @@ impl WriteStep {
                 self.phase = Phase::Settling(settle);
                 Effect::CommitLeftOver { version }
             }
-            // Settled or not, the write goes on: a left-over the tail never
-            // committed is replaced by this update.
-            SettleEffect::Finished(_) => self.apply(),
+            // A left-over the tail never committed is replaced by this update.
+            SettleEffect::Finished(SettleOutcome::Clean) => self.apply(),
+            // Its fate unknown: replacing it would reuse its version number
+            // (module doc); the client retries, and the settle pass keeps
+            // trying even if no retry comes (seed 407: the head otherwise
+            // kept it pending, a version behind its successors, for good).
+            SettleEffect::Finished(SettleOutcome::Retry) => {
+                let version = settle.left_over.map_or(0, |l| l.version);
+                self.fail(StorageError::Unsettled { target: self.me, version }, true)
+            }
         }
     }
 
@@ -435,26 +480,22 @@ enum SettlePhase {
 }
 
 /// Settles a left-over pending version: a write whose acknowledgement was
-/// lost may be committed down the chain; if the write chain's tail
-/// committed exactly that version, commit it here too, so the next update
-/// builds on it instead of rolling it back (module doc: the table).
+/// lost may be committed down the chain; if the serving tail committed
+/// exactly that version, commit it here too, so the next update builds on
+/// it instead of rolling it back (module doc: the table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SettleStep {
     me: TargetId,
     left_over: Option<LeftOver>,
     /// The tag of the request about to apply (its own pending version is
-    /// not a left-over); `None` in the settle pass.
+    /// not a left-over); `None` in the settle pass and in a sync.
     current: Option<UpdateTag>,
-    /// Whether the tail asked is syncing (its "not committed" is no proof:
-    /// simulation seed 2197, where a head gave up a version its serving
-    /// successors had committed because the unsynced tail lacked it).
-    tail_syncing: bool,
     phase: SettlePhase,
 }
 
 impl SettleStep {
     pub fn new(me: TargetId, left_over: Option<LeftOver>, current: Option<UpdateTag>) -> Self {
-        SettleStep { me, left_over, current, tail_syncing: false, phase: SettlePhase::Start }
+        SettleStep { me, left_over, current, phase: SettlePhase::Start }
     }
 
     /// Starts with the current routing's chain.
@@ -466,16 +507,31 @@ impl SettleStep {
         if Some(left_over.tag) == self.current {
             return self.finish(SettleOutcome::Clean);
         }
-        let Some(tail) = chain.and_then(|c| c.writable_tail()) else { return self.finish(SettleOutcome::Retry) };
-        if tail.target_id == self.me {
+        let Some(chain) = chain else { return self.finish(SettleOutcome::Retry) };
+        let serving = |t: &&fskv_proto::routing::ChainTarget| t.state == PublicTargetState::Serving;
+        if !chain.targets.iter().filter(serving).any(|t| t.target_id == self.me) {
+            // Not serving: its next sync replaces the left-over (rule 4b).
             return self.finish(SettleOutcome::Clean);
         }
+        let Some(tail) = chain.targets.iter().rev().find(serving) else { return self.finish(SettleOutcome::Retry) };
+        if tail.target_id == self.me {
+            if chain.writable_tail().is_some_and(|t| t.target_id != self.me) {
+                // A syncing successor has not got it: committing here first
+                // would let that target turn serving without a committed
+                // version (seed 403). The sync sends it, then commits it.
+                return self.finish(SettleOutcome::Retry);
+            }
+            // The chain's last target commits what it holds pending: a
+            // former tail may have committed it (module doc).
+            self.phase = SettlePhase::Committing;
+            return SettleEffect::CommitLeftOver { version: left_over.version };
+        }
         self.phase = SettlePhase::Querying;
-        self.tail_syncing = tail.state == fskv_proto::routing::PublicTargetState::Syncing;
         SettleEffect::QueryTail { tail: tail.target_id, node: tail.node_id }
     }
 
-    /// The tail's metadata of the chunk (or why it could not be asked).
+    /// The serving tail's metadata of the chunk (or why it could not be
+    /// asked).
     pub fn tail_answered(&mut self, answer: Result<Option<RemoteChunkMeta>, StorageError>) -> SettleEffect {
         let (SettlePhase::Querying, Some(left_over)) = (self.phase, self.left_over) else {
             return self.finish(SettleOutcome::Retry);
@@ -486,7 +542,13 @@ impl SettleStep {
                 self.phase = SettlePhase::Committing;
                 SettleEffect::CommitLeftOver { version: left_over.version }
             }
-            Ok(_) if self.tail_syncing => self.finish(SettleOutcome::Retry),
+            // The serving tail holds that version only pending: it settles
+            // its own first (it commits it, as the serving tail), then this
+            // one follows (seed 133: answered "clean" here, the head kept a
+            // version behind its successors for good).
+            Ok(Some(r)) if r.committed_ver < left_over.version && r.pending_ver == Some(left_over.version) => {
+                self.finish(SettleOutcome::Retry)
+            }
             Ok(_) => self.finish(SettleOutcome::Clean),
         }
     }
@@ -707,24 +769,41 @@ mod tests {
     }
 
     #[test]
-    fn a_settle_that_cannot_reach_the_tail_does_not_stop_the_write() {
+    fn a_write_that_cannot_settle_a_left_over_fails_retryably_and_replaces_nothing() {
+        // Seed 3103: replacing it would give its version number other bytes.
         let c = chain(&[Serving, Serving, Serving]);
         let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: 0x1111 });
         let mut s = client(1);
         assert!(matches!(s.begin(Some(&c), left_over), Effect::QueryTail { .. }));
-        assert_apply(s.tail_answered(Err(StorageError::NoAddress(NodeId(13)))), None, false);
+        let e = assert_fail(s.tail_answered(Err(StorageError::NoAddress(NodeId(13)))), ErrorCode::ChunkUncommitted, true);
+        assert!(matches!(e, StorageError::Unsettled { target: TargetId(1), version: 3 }));
         let mut s = client(1);
         assert!(matches!(s.begin(Some(&c), left_over), Effect::QueryTail { .. }));
         assert!(matches!(s.tail_answered(Ok(Some(remote(3, 0x1111)))), Effect::CommitLeftOver { .. }));
-        assert_apply(s.left_over_committed(Err(StorageError::Invalid("disk".into()))), None, false);
+        assert_fail(s.left_over_committed(Err(StorageError::Invalid("disk".into()))), ErrorCode::ChunkUncommitted, true);
+        // A syncing tail is never asked (seeds 2197, 3221): the serving one is.
+        let syncing = chain(&[Serving, Serving, Syncing]);
+        let mut s = client(1);
+        assert!(matches!(s.begin(Some(&syncing), left_over), Effect::QueryTail { tail: TargetId(2), node: NodeId(12) }));
+        assert_apply(s.tail_answered(Ok(Some(remote(2, 0x1111)))), None, false);
     }
 
     #[test]
-    fn the_tail_never_settles_and_a_requests_own_pending_version_is_no_left_over() {
+    fn the_tail_commits_its_left_over_first_and_a_requests_own_pending_version_is_no_left_over() {
         let c = chain(&[Serving, Serving]);
-        // At the tail: applied and committed at once, whatever is pending.
+        // At the tail: nobody to ask; it commits what it holds pending (the
+        // old tail may have), then applies and commits at once.
+        let mut tail = forwarded(2, 1, 4);
+        assert!(matches!(tail.begin(Some(&c), Some(LeftOver { version: 3, tag: OTHER, crc: 1 })), Effect::CommitLeftOver { version: 3 }));
+        assert_apply(tail.left_over_committed(Ok(())), Some(4), true);
+        // Nothing pending: straight to the engine.
         let mut tail = forwarded(2, 1, 3);
-        assert_apply(tail.begin(Some(&c), Some(LeftOver { version: 3, tag: OTHER, crc: 1 })), Some(3), true);
+        assert_apply(tail.begin(Some(&c), None), Some(3), true);
+        // A one-target chain's head is its tail.
+        let alone = chain(&[Serving]);
+        let mut s = client(1);
+        assert!(matches!(s.begin(Some(&alone), Some(LeftOver { version: 3, tag: OTHER, crc: 1 })), Effect::CommitLeftOver { version: 3 }));
+        assert_apply(s.left_over_committed(Ok(())), None, true);
         // A retry finds its own pending version: no query, forwarded again.
         let mut retry = client(1);
         let own = Some(LeftOver { version: 3, tag: engine_tag(TAG), crc: 1 });
@@ -911,29 +990,41 @@ mod tests {
         // No left-over; the current request's own pending version.
         assert_eq!(SettleStep::new(TargetId(1), None, None).begin(Some(&c)), finished(SettleOutcome::Clean));
         assert_eq!(SettleStep::new(TargetId(1), lo, Some(OTHER)).begin(Some(&c)), finished(SettleOutcome::Clean));
-        // Unknown chain, no writable target: later.
+        // Unknown chain: later.
         assert_eq!(SettleStep::new(TargetId(1), lo, None).begin(None), finished(SettleOutcome::Retry));
-        let down = chain(&[Offline, Waiting]);
-        assert_eq!(SettleStep::new(TargetId(1), lo, None).begin(Some(&down)), finished(SettleOutcome::Retry));
-        // The write chain's tail has nobody to ask (its pending version is
-        // replaced by the next update).
+        // Not serving (syncing, offline, not in the chain): its sync replaces it.
         assert_eq!(SettleStep::new(TargetId(3), lo, None).begin(Some(&c)), finished(SettleOutcome::Clean));
-        // The writable tail is asked, even while it syncs.
+        let down = chain(&[Offline, Waiting]);
+        assert_eq!(SettleStep::new(TargetId(1), lo, None).begin(Some(&down)), finished(SettleOutcome::Clean));
+        assert_eq!(SettleStep::new(TargetId(9), lo, None).begin(Some(&c)), finished(SettleOutcome::Clean));
+        // The serving tail has nobody to ask: as the chain's last target it
+        // commits its left-over; with a syncing target behind it, it waits
+        // for the sync to send it (seed 403).
+        let mut s = SettleStep::new(TargetId(2), lo, None);
+        assert_eq!(s.begin(Some(&chain(&[Serving, Serving, Offline]))), SettleEffect::CommitLeftOver { version: 3 });
+        assert_eq!(s.left_over_committed(Ok(())), finished(SettleOutcome::Clean));
+        assert_eq!(SettleStep::new(TargetId(2), lo, None).begin(Some(&c)), finished(SettleOutcome::Retry));
+        // Others ask the serving tail, never a syncing one.
         let mut s = SettleStep::new(TargetId(1), lo, None);
-        assert_eq!(s.begin(Some(&c)), SettleEffect::QueryTail { tail: TargetId(3), node: NodeId(13) });
-        assert_eq!(s.tail_answered(Err(StorageError::NoAddress(NodeId(13)))), finished(SettleOutcome::Retry));
-        // A syncing tail without it proves nothing yet: later.
+        assert_eq!(s.begin(Some(&c)), SettleEffect::QueryTail { tail: TargetId(2), node: NodeId(12) });
+        assert_eq!(s.tail_answered(Err(StorageError::NoAddress(NodeId(12)))), finished(SettleOutcome::Retry));
+        // The serving tail without it: never committed.
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
-        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Retry));
-        // A serving tail without it: never committed.
-        let serving = chain(&[Serving, Serving, Serving]);
-        let mut s = SettleStep::new(TargetId(1), lo, None);
-        let _ = s.begin(Some(&serving));
         assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Clean));
         let mut s = SettleStep::new(TargetId(1), lo, None);
-        let _ = s.begin(Some(&serving));
+        let _ = s.begin(Some(&c));
         assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Clean));
+        // The serving tail holds it only pending: later (seed 133).
+        let mut s = SettleStep::new(TargetId(1), lo, None);
+        let _ = s.begin(Some(&c));
+        let pending_there = RemoteChunkMeta { pending_ver: Some(3), ..remote(2, 0x9999) };
+        assert_eq!(s.tail_answered(Ok(Some(pending_there))), finished(SettleOutcome::Retry));
+        // The same version with other bytes is not the left-over.
+        let mut s = SettleStep::new(TargetId(1), lo, None);
+        let _ = s.begin(Some(&c));
+        assert_eq!(s.tail_answered(Ok(Some(remote(3, 0x2222)))), finished(SettleOutcome::Clean));
+        // Committed there: committed here.
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
         assert_eq!(s.tail_answered(Ok(Some(remote(3, 0x1111)))), SettleEffect::CommitLeftOver { version: 3 });

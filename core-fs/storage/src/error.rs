@@ -40,6 +40,12 @@ pub enum StorageError {
     /// method users may not call (`crate::access`).
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The chunk holds a pending version of another request whose fate is
+    /// not known yet (the write chain's tail could not be asked, or its
+    /// answer proves nothing yet): a write there would reuse its version
+    /// number for other bytes, so it waits (retryable; `craq.rs`).
+    #[error("{target}: left-over pending version {version} not settled yet")]
+    Unsettled { target: TargetId, version: u64 },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -68,6 +74,7 @@ impl StorageError {
             StorageError::Forward { status, .. } => status.code,
             StorageError::CopySource { status, .. } => status.code,
             StorageError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            StorageError::Unsettled { .. } => ErrorCode::ChunkUncommitted,
             StorageError::Internal(_) => ErrorCode::Internal,
         }
     }

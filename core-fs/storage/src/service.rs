@@ -395,6 +395,12 @@ impl StorageService {
     /// Recorded only once the syncing target acknowledged `SyncDone`, so it
     /// lags the target's up-to-date state (set when it handles `SyncDone`)
     /// by that reply: whoever sees the target up to date must wait for it.
+    /// Chunks waiting for the settle pass (a left-over whose fate was not
+    /// known yet: `service/write.rs`).
+    pub fn unsettled_chunks(&self) -> usize {
+        self.inner.unsettled.lock().len()
+    }
+
     pub fn last_sync(&self, target: TargetId) -> Option<sync::PlanSummary> {
         self.inner.last_sync.lock().get(&target).copied()
     }

@@ -9,6 +9,7 @@
 //! | 3b | remote chain version newer than local's | send |
 //! | 4 | same chain version, local committed ≠ remote pending (update) version | send |
 //! | 4b | same chain version, local committed = remote pending, remote still holds that version only as pending | send |
+//! | 4c | same chain version and committed version, nothing pending remotely, committed length or CRC differ | send |
 //! | 5 | otherwise | skip |
 //!
 //! Rule 4b is ours (3FS skips there): a syncing target applies the writes
@@ -28,14 +29,17 @@
 //! replicas differed for good. A syncing target's data is never the
 //! authority: after a sync it must equal its predecessor.
 //!
-//! Before deciding, a pending version of the predecessor that the syncing
-//! target holds committed (same version, length, CRC) is committed at the
-//! predecessor ([`left_over_committed_at`]): the successor is the write
-//! chain's tail, so that version is committed and may have been
-//! acknowledged. Seed 7646 (5 ms ticks): the predecessor's forward was
-//! cancelled after the successor committed, the head then committed from
-//! the tail and acknowledged the client, and rule 4 (local committed ≠
-//! remote) sent the older version, losing the acknowledged write.
+//! Rule 4c is ours (3FS compares versions only): one version number must
+//! never name two contents, but if it ever does, skipping would leave the
+//! replicas different for good. Simulation seed 3103 (5 ms ticks) gave a
+//! version number other bytes at the head (fixed in `craq.rs`: a left-over
+//! is never replaced while its fate is unknown); this rule is the second
+//! line, so a sync always leaves the syncing target equal to its
+//! predecessor.
+//!
+//! Before deciding, the predecessor settles a left-over pending version
+//! of the chunk (`crate::craq::SettleStep`): as the serving tail it commits
+//! it, since a former tail may have (seeds 7646 and 3221).
 //!
 //! "Local" counts only committed data (a local chunk with committed version
 //! 0 holds nothing a reader may see, so it counts as absent). The remote's
@@ -65,6 +69,8 @@ pub enum SendReason {
     CommittedNeRemotePending,
     /// Rule 4b.
     RemotePendingLeftOver,
+    /// Rule 4c.
+    ContentDiffers,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,11 +95,14 @@ impl SyncAction {
 pub struct LocalChunk {
     pub chain_ver: u32,
     pub committed_ver: u64,
+    /// Length and CRC32C of the committed version (rule 4c).
+    pub len_bytes: u32,
+    pub crc: u32,
 }
 
 impl From<&ChunkMeta> for LocalChunk {
     fn from(m: &ChunkMeta) -> Self {
-        LocalChunk { chain_ver: m.chain_ver, committed_ver: m.committed_ver }
+        LocalChunk { chain_ver: m.chain_ver, committed_ver: m.committed_ver, len_bytes: m.committed.len_bytes, crc: m.committed.crc }
     }
 }
 
@@ -106,16 +115,6 @@ pub fn remote_meta(m: &ChunkMeta) -> RemoteChunkMeta {
         len_bytes: m.committed.len_bytes,
         crc: m.committed.crc,
     }
-}
-
-/// The local pending version, if the syncing target holds exactly that
-/// version committed (same version, length and CRC): it is committed down
-/// the chain, so the predecessor commits it before deciding (the shell
-/// does, under the chunk lock).
-pub fn left_over_committed_at(local: &ChunkMeta, remote: Option<&RemoteChunkMeta>) -> Option<u64> {
-    let (pending_ver, fskv_chunk_engine::PendingState::Data(pending)) = local.pending.as_ref()? else { return None };
-    let r = remote?;
-    (r.committed_ver == *pending_ver && r.crc == pending.crc && r.len_bytes == pending.len_bytes).then_some(*pending_ver)
 }
 
 /// Decides one chunk by the rules of the module doc's table.
@@ -133,6 +132,7 @@ pub fn decide(chunk: ChunkId, local: Option<LocalChunk>, remote: Option<&RemoteC
         (Some(l), Some(r)) if l.chain_ver == r.chain_ver && r.pending_ver.is_some() => {
             SyncAction::Send(chunk, SendReason::RemotePendingLeftOver)
         }
+        (Some(l), Some(r)) if (l.len_bytes, l.crc) != (r.len_bytes, r.crc) => SyncAction::Send(chunk, SendReason::ContentDiffers),
         (Some(_), Some(_)) => SyncAction::Skip(chunk),
     })
 }
@@ -232,6 +232,21 @@ mod tests {
     }
 
     #[test]
+    fn rule_4c_same_version_other_bytes_is_sent() {
+        // Seed 3103's shape: both committed v31, written by different requests.
+        let mut l = local(3, 31);
+        l.committed.len_bytes = 16384;
+        l.committed.crc = 0x1111;
+        let r = RemoteChunkMeta { len_bytes: 16384, crc: 0x2222, ..remote(3, 31, None) };
+        assert_eq!(plan_sync(&[(id(1), l.clone())], &[(id(1), r)]), vec![SyncAction::Send(id(1), SendReason::ContentDiffers)]);
+        let r = RemoteChunkMeta { len_bytes: 8192, crc: 0x1111, ..remote(3, 31, None) };
+        assert_eq!(plan_sync(&[(id(1), l.clone())], &[(id(1), r)]), vec![SyncAction::Send(id(1), SendReason::ContentDiffers)]);
+        // The same bytes: skipped.
+        let r = RemoteChunkMeta { len_bytes: 16384, crc: 0x1111, ..remote(3, 31, None) };
+        assert_eq!(plan_sync(&[(id(1), l)], &[(id(1), r)]), vec![SyncAction::Skip(id(1))]);
+    }
+
+    #[test]
     fn rule_5_otherwise_skip() {
         // Equal versions.
         assert_eq!(plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(3, 2, None))]), vec![SyncAction::Skip(id(1))]);
@@ -251,20 +266,6 @@ mod tests {
             plan_sync(&[(id(1), local(3, 2))], &[(id(1), remote(4, 1, None))]),
             vec![SyncAction::Send(id(1), SendReason::RemoteNewerChainVersion)]
         );
-    }
-
-    #[test]
-    fn a_left_over_the_successor_committed_is_recognised() {
-        let data = VersionData { len_bytes: 16, crc: 0xabc, ..VersionData::default() };
-        let mut m = local(3, 15);
-        m.pending = Some((16, fskv_chunk_engine::PendingState::Data(data)));
-        let committed = RemoteChunkMeta { chain_ver: 3, committed_ver: 16, pending_ver: None, len_bytes: 16, crc: 0xabc };
-        assert_eq!(left_over_committed_at(&m, Some(&committed)), Some(16));
-        // Another version, other bytes, or no remote: not settled here.
-        assert_eq!(left_over_committed_at(&m, Some(&RemoteChunkMeta { committed_ver: 15, ..committed })), None);
-        assert_eq!(left_over_committed_at(&m, Some(&RemoteChunkMeta { crc: 1, ..committed })), None);
-        assert_eq!(left_over_committed_at(&m, None), None);
-        assert_eq!(left_over_committed_at(&local(3, 16), Some(&committed)), None);
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! up-to-date flag, see [`StorageService::local_state`]).
 
 use super::StorageService;
-use crate::error::Result;
+use crate::chain::RouteReject;
+use crate::error::{Result, StorageError};
 use crate::sync;
+use fskv_proto::routing::PublicTargetState;
 use fskv_proto::storage::{
     CommitReq, CommitResp, DumpChunkMetaReq, DumpChunkMetaResp, QueryChunkReq, QueryChunkResp, SpaceInfoResp, SyncReq, SyncResp,
     TargetSpace,
@@ -24,7 +26,31 @@ impl StorageService {
 
     pub(super) fn handle_query_chunk(&self, req: QueryChunkReq) -> Result<QueryChunkResp> {
         let target = self.target(req.target)?;
-        Ok(QueryChunkResp { meta: target.engine.meta(req.chunk).map(|m| sync::remote_meta(&m)) })
+        // Answer only at the asker's chain version, as a serving target
+        // (simulation seed 407: a head with stale routing asked a target
+        // already dropped from the chain, which had missed the version the
+        // new tail committed, and took its "not committed" as final).
+        let routing = self.inner.routing.current();
+        let Some((chain, me)) = routing.locate_target(req.target) else { return Err(StorageError::UnknownTarget(req.target)) };
+        let reject = if chain.chain_version != req.chain_ver {
+            Some(RouteReject::StaleChainVersion { request: req.chain_ver, current: chain.chain_version })
+        } else if me.state != PublicTargetState::Serving {
+            Some(RouteReject::NotServing { state: me.state })
+        } else {
+            None
+        };
+        if let Some(reject) = reject {
+            return Err(StorageError::Route { chain: chain.chain_id, target: req.target, reject });
+        }
+        let meta = target.engine.meta(req.chunk);
+        if meta.as_ref().is_some_and(|m| m.pending.is_some()) {
+            // A peer settling a left-over found this target holding a
+            // pending version too (it waits until this one is settled:
+            // `crate::craq::SettleStep`); the settle pass settles it, even if
+            // nothing else would (e.g. after a restart, or no write comes).
+            self.remember_unsettled(req.target, chain.chain_id, req.chunk);
+        }
+        Ok(QueryChunkResp { meta: meta.map(|m| sync::remote_meta(&m)) })
     }
 
     pub(super) fn space_info(&self) -> SpaceInfoResp {

@@ -1,17 +1,20 @@
 //! The recovery worker. It watches routing; for every local target that
 //! must recover its syncing successor ([`chain::sync_successor`]) it runs
 //! one sync per (successor, chain version): `SyncStart`, dump both sides,
-//! plan with the five rules ([`crate::sync`]), transfer each chunk under
-//! its lock as a full-chunk replace (or a remove), `SyncDone`. Each pass
+//! plan with the rules of [`crate::sync`], transfer each chunk under its
+//! lock as a full-chunk replace (or a remove; a left-over pending version
+//! is sent, then committed), `SyncDone`. Each pass
 //! also settles the chunks whose forward failed (`write.rs`).
 
 use super::{StorageService, Target};
 use crate::chain::{self, Successor};
+use crate::craq;
 use crate::error::{Result, StorageError};
 use crate::metrics::SyncRunning;
 use crate::sync::{self, LocalChunk, SyncAction};
 use bytes::Bytes;
 use fskv_chunk_engine::ReadMode;
+use fskv_proto::routing::ChainRoles;
 use fskv_proto::storage::{
     DumpChunkMeta, DumpChunkMetaReq, ForwardChunk, ForwardMode, ForwardReq, RemoteChunkMeta, RequestTag, SyncDone, SyncReq, SyncStart,
     UpdateOp,
@@ -129,29 +132,35 @@ impl StorageService {
         remote: Option<&RemoteChunkMeta>,
     ) -> Result<()> {
         let _guard = target.locks.lock(chunk).await;
-        let mut current = target.engine.meta(chunk);
-        // A left-over pending version here that the syncing successor has
-        // committed (same version and CRC) is committed down the chain: the
-        // successor is its write tail, and the head may have acknowledged
-        // it after asking that tail. Commit it here first, as the settle
-        // pass would (`crate::craq::SettleStep`); sending the older
-        // committed version instead rolled back an acknowledged write
-        // (simulation seed 7646 at 5 ms ticks, where the settle pass could
-        // not reach the successor before the sync ran).
-        if let Some(version) = current.as_ref().and_then(|m| sync::left_over_committed_at(m, remote)) {
+        // This target is the serving tail (a syncing target's predecessor):
+        // a left-over pending version here completes through the chain as
+        // any write does: sent to the syncing target, then committed here.
+        // Sending the older committed version instead rolled back a version
+        // a former tail had committed (simulation seed 7646 at 5 ms ticks,
+        // where it had been acknowledged; seed 3221, where the head later
+        // committed it from a stale copy and acknowledged a retry the
+        // successors never got); committing it without sending let the
+        // syncing target turn serving without it (seed 403).
+        let is_serving_tail = || {
+            let routing = self.inner.routing.current();
+            routing.chain(chain_id).and_then(|c| c.tail()).is_some_and(|t| t.target_id == target.id)
+        };
+        if let Some((version, tag, _)) = target.engine.pending_data(chunk).filter(|_| is_serving_tail()) {
+            let chunk_chain_ver = target.engine.meta(chunk).map_or(chain_ver, |m| m.chain_ver);
+            let (mode, data) = self.full_chunk(target, chunk, version, chunk_chain_ver).await?;
+            let tag = craq::request_tag(tag);
+            self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data).await?;
             let engine = target.engine.clone();
             self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
-            info!(%chunk, version, "committed a left-over pending version the syncing successor already committed");
-            current = target.engine.meta(chunk);
+            info!(%chunk, version, "a left-over pending version sent to the syncing successor and committed");
         }
+        let current = target.engine.meta(chunk);
         let decision = sync::decide(chunk, current.as_ref().map(LocalChunk::from), remote);
         // The committed version's request tag goes with the chunk, so the
         // synced target recognises a retry of that request (seed 422: a
         // head that got the chunk by sync applied a client's retry again).
         // Only that one: the tags of older versions (`recent`) stay behind.
-        let tag = current
-            .as_ref()
-            .map_or(RequestTag::default(), |m| RequestTag { client: m.committed.tag.client, request: m.committed.tag.request });
+        let tag = current.as_ref().map_or(RequestTag::default(), |m| craq::request_tag(m.committed.tag));
         let (mode, data) = match decision {
             None | Some(SyncAction::Skip(_)) => return Ok(()),
             Some(SyncAction::Delete(_)) => (ForwardMode::ReplaceRemove, Bytes::new()),
@@ -170,11 +179,29 @@ impl StorageService {
             }
         };
         debug!(%chunk, ?decision, "sync transfer");
+        self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data).await
+    }
+
+    /// A full-chunk replace or a replace-remove of `chunk` to the syncing
+    /// successor.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_replace(
+        &self,
+        from: TargetId,
+        addr: &str,
+        succ: Successor,
+        chain_id: ChainId,
+        chain_ver: u32,
+        chunk: ChunkId,
+        mode: ForwardMode,
+        tag: RequestTag,
+        data: Bytes,
+    ) -> Result<()> {
         let (removal, len) = (matches!(mode, ForwardMode::ReplaceRemove), data.len() as u64);
         let fwd = ForwardReq {
             chain_id,
             chain_ver,
-            from: target.id,
+            from,
             to: succ.target,
             chunk,
             op: UpdateOp::Remove,

@@ -234,7 +234,7 @@ impl StorageService {
         loop {
             effect = match effect {
                 Effect::QueryTail { tail, node } => {
-                    let answer = self.query_tail(&routing, tail, node, req.chunk).await;
+                    let answer = self.query_tail(&routing, req.chain_id, tail, node, req.chunk).await;
                     run.step.tail_answered(answer)
                 }
                 Effect::CommitLeftOver { version } => {
@@ -340,7 +340,7 @@ impl StorageService {
     }
 
     /// The whole pending content of `chunk` at `version` as a replace.
-    async fn full_chunk(&self, target: &Target, chunk: ChunkId, version: u64, chain_ver: u32) -> Result<(ForwardMode, Bytes)> {
+    pub(super) async fn full_chunk(&self, target: &Target, chunk: ChunkId, version: u64, chain_ver: u32) -> Result<(ForwardMode, Bytes)> {
         let engine = target.engine.clone();
         let read = self.blocking(move || Ok(engine.read(chunk, 0, u64::MAX >> 1, ReadMode::Relaxed)?)).await?;
         if read.version != version {
@@ -353,9 +353,17 @@ impl StorageService {
     }
 
     /// [`crate::craq::Effect::QueryTail`]: the tail's metadata of `chunk`.
-    async fn query_tail(&self, routing: &RoutingInfo, tail: TargetId, node: NodeId, chunk: ChunkId) -> Result<Option<RemoteChunkMeta>> {
+    async fn query_tail(
+        &self,
+        routing: &RoutingInfo,
+        chain_id: ChainId,
+        tail: TargetId,
+        node: NodeId,
+        chunk: ChunkId,
+    ) -> Result<Option<RemoteChunkMeta>> {
         let addr = Self::addr_of(routing, node)?;
-        let query = QueryChunkReq { target: tail, chunk };
+        let chain_ver = routing.chain(chain_id).map_or(0, |c| c.chain_version);
+        let query = QueryChunkReq { target: tail, chunk, chain_ver };
         match self.inner.rpc.call::<QueryChunk>(&addr, &query, Bytes::new(), self.call_opts()).await {
             Ok((resp, _)) => Ok(resp.meta),
             Err(e) => {
@@ -370,7 +378,7 @@ impl StorageService {
         let engine = target.engine.clone();
         match self.blocking(move || Ok(engine.commit(chunk, version)?)).await {
             Ok(_) => {
-                info!(%chunk, version, "committed a left-over pending version the tail already committed");
+                info!(%chunk, version, "committed a left-over pending version (the tail had, or this target is the tail now)");
                 Ok(())
             }
             Err(e) => {
@@ -380,7 +388,7 @@ impl StorageService {
         }
     }
 
-    fn remember_unsettled(&self, target: TargetId, chain: ChainId, chunk: ChunkId) {
+    pub(super) fn remember_unsettled(&self, target: TargetId, chain: ChainId, chunk: ChunkId) {
         let mut set = self.inner.unsettled.lock();
         if set.len() < MAX_UNSETTLED_CHUNKS {
             set.insert((target, chain, chunk));
@@ -403,7 +411,7 @@ impl StorageService {
     }
 
     /// One [`SettleStep`] of `chunk` (the caller holds its lock).
-    async fn settle(&self, target: &Target, chain_id: ChainId, chunk: ChunkId) -> SettleOutcome {
+    pub(super) async fn settle(&self, target: &Target, chain_id: ChainId, chunk: ChunkId) -> SettleOutcome {
         let routing = self.inner.routing.current();
         let left_over = target.engine.pending_data(chunk).map(LeftOver::from_pending);
         let mut step = SettleStep::new(target.id, left_over, None);
@@ -411,7 +419,8 @@ impl StorageService {
         loop {
             effect = match effect {
                 SettleEffect::QueryTail { tail, node } => {
-                    let answer = self.query_tail(&routing, tail, node, chunk).await;
+                    let answer = self.query_tail(&routing, chain_id, tail, node, chunk).await;
+                    debug!(%chunk, ?left_over, %tail, ?answer, "settling a left-over: the serving tail's answer");
                     step.tail_answered(answer)
                 }
                 SettleEffect::CommitLeftOver { version } => {
