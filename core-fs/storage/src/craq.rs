@@ -22,12 +22,12 @@
 //! |---|---|---|---|
 //! | start | `begin(chain, left_over)` | chain not in routing | `Fail(UnknownChain)` |
 //! | start | `begin` | [`chain::check_write`] rejects (stale chain version first, then membership, state, role) | `Fail(Route)` |
-//! | start | `begin` | update, left-over pending of another request: the [`SettleStep`] table's first effect | `QueryTail`, or `CommitLeftOver` at the serving tail → settling |
+//! | start | `begin` | update, left-over pending of another request: the [`SettleStep`] table's first effect | `QueryTail` (the serving tail), or `CommitLeftOver` at the chain's last target → settling; a finish as below |
 //! | start | `begin` | other updates | `ApplyUpdate { expected_ver, commit: is tail }` → applying |
 //! | start | `begin` | replace | `ApplyReplace` → replacing |
 //! | settling | `tail_answered` | the serving tail committed exactly the left-over (version and CRC) | `CommitLeftOver { v }` → settling |
 //! | settling | `tail_answered`, `left_over_committed` | settled: never committed anywhere (replaced by this update), or committed here now | `ApplyUpdate` → applying |
-//! | settling | `tail_answered`, `left_over_committed` | not settled: the serving tail could not be asked, or the commit failed | `Fail(Unsettled)` (retryable), `settle_later` |
+//! | settling | `begin`, `tail_answered`, `left_over_committed` | not settled (`SettleOutcome::Retry`: the serving tail could not be asked or holds it only pending, this target is the serving tail with a syncing target after it, the commit failed) | `Fail(Unsettled)` (retryable), `settle_later` |
 //! | applying | `applied` | engine error, or an impossible outcome | `Fail` |
 //! | applying | `applied` | duplicate whose version is already committed here | `Ack(duplicate)` (nothing forwarded) |
 //! | applying | `applied` | tail (the engine committed at once) | `Ack` |

@@ -41,9 +41,10 @@ pub enum StorageError {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     /// The chunk holds a pending version of another request whose fate is
-    /// not known yet (the write chain's tail could not be asked, or its
-    /// answer proves nothing yet): a write there would reuse its version
-    /// number for other bytes, so it waits (retryable; `craq.rs`).
+    /// not known yet (the serving tail could not be asked or holds it only
+    /// pending, or this target is the serving tail with a syncing target
+    /// after it): a write there would reuse its version number for other
+    /// bytes, so it waits (retryable; `craq.rs`, `SettleStep`).
     #[error("{target}: left-over pending version {version} not settled yet")]
     Unsettled { target: TargetId, version: u64 },
     #[error("internal: {0}")]

@@ -37,9 +37,12 @@
 //! line, so a sync always leaves the syncing target equal to its
 //! predecessor.
 //!
-//! Before deciding, the predecessor settles a left-over pending version
-//! of the chunk (`crate::craq::SettleStep`): as the serving tail it commits
-//! it, since a former tail may have (seeds 7646 and 3221).
+//! Before deciding, the predecessor completes a left-over pending version
+//! of the chunk as a write would (`service/sync_worker.rs`): it is the
+//! serving tail, so it sends the pending content to the syncing target and
+//! then commits it, since a former tail may have committed it (seeds 7646,
+//! 3221); committing without sending let the syncing target turn serving
+//! without it (seed 403).
 //!
 //! "Local" counts only committed data (a local chunk with committed version
 //! 0 holds nothing a reader may see, so it counts as absent). The remote's
