@@ -3,6 +3,7 @@
 # FUSE mount of the same cluster (so objects-are-files is checked too; without
 # FUSE it runs without the mount and those tests are skipped). Uses the binary
 # that `cargo test` built (target/debug/fskv), building it if missing.
+# Arguments go to conformance/s3/run.sh (e.g. `-- -k versioning`).
 # Prints `s3 conformance: N passed, M failed, K skipped`; exits non-zero on failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,7 +95,7 @@ if command -v openssl >/dev/null; then
     [ -n "$tls_url" ] || { echo "s3-conformance: the HTTPS gateway did not start:"; tail -5 "$work/tls-gateway.log"; }
 fi
 set +e
-S3_FUSE_ROOT="$fuse_root" S3_TLS_ENDPOINT="$tls_url" S3_TLS_CA="$tls_ca" conformance/s3/run.sh --endpoint "$s3" --access-key "$ak" --secret-key "$sk" --reader-endpoint "$reader"
+S3_FUSE_ROOT="$fuse_root" S3_TLS_ENDPOINT="$tls_url" S3_TLS_CA="$tls_ca" conformance/s3/run.sh --endpoint "$s3" --access-key "$ak" --secret-key "$sk" --reader-endpoint "$reader" "$@"
 status=$?
 set -e
 exit $status

@@ -98,7 +98,8 @@ impl S3Access for Access {
             Facts { owner, bucket_acl: settings.acl, object_acl: None, ownership: settings.ownership(), policy: settings.policy.as_ref() };
         if access::needs_object_acl(&action, &facts) {
             if let Some(k) = &key {
-                facts.object_acl = self.0.object_acl_for_access(&dir, k).await?;
+                let version = version_id_of(cx.uri());
+                facts.object_acl = self.0.object_acl_for_access(&dir, &bucket, k, version.as_deref()).await?;
             }
         }
         match access::decide(&principal, &action, &resource, &facts) {
@@ -113,5 +114,29 @@ impl S3Access for Access {
                 Err(denied("Access Denied"))
             }
         }
+    }
+}
+
+/// The `versionId` query parameter of a request (its version's ACL is the
+/// one an object access is checked against), percent-decoded.
+fn version_id_of(uri: &http::Uri) -> Option<String> {
+    uri.query()?.split('&').find_map(|kv| {
+        let v = kv.strip_prefix("versionId=")?;
+        Some(percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_id_of;
+
+    #[test]
+    fn the_version_id_is_read_from_the_query() {
+        let v = |u: &str| version_id_of(&u.parse::<http::Uri>().unwrap());
+        assert_eq!(v("/b/k?versionId=abc&x=1").as_deref(), Some("abc"));
+        assert_eq!(v("/b/k?acl&versionId=a%2Bb").as_deref(), Some("a+b"));
+        assert_eq!(v("/b/k?xversionId=abc"), None);
+        assert_eq!(v("/b/k?versionId").as_deref(), None);
+        assert_eq!(v("/b/k"), None);
     }
 }

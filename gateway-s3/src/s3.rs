@@ -32,7 +32,7 @@ impl S3 for Gateway {
 
     async fn get_object_acl(&self, req: S3Request<GetObjectAclInput>) -> S3Result<S3Response<GetObjectAclOutput>> {
         let this = self.for_request(&req)?;
-        ok(this.get_object_acl(&req.input.bucket, &req.input.key).await?)
+        ok(this.get_object_acl(&req.input).await?)
     }
 
     async fn put_object_acl(&self, req: S3Request<PutObjectAclInput>) -> S3Result<S3Response<PutObjectAclOutput>> {
@@ -334,13 +334,13 @@ impl S3 for Gateway {
 
     async fn put_object_tagging(&self, req: S3Request<PutObjectTaggingInput>) -> S3Result<S3Response<PutObjectTaggingOutput>> {
         let this = self.for_request(&req)?;
-        this.put_tagging(&req.input).await?;
-        ok(PutObjectTaggingOutput::default())
+        let version_id = this.put_tagging(&req.input).await?;
+        ok(PutObjectTaggingOutput { version_id })
     }
 
     async fn delete_object_tagging(&self, req: S3Request<DeleteObjectTaggingInput>) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
         let this = self.for_request(&req)?;
-        this.delete_tagging(&req.input).await?;
-        ok(DeleteObjectTaggingOutput::default())
+        let version_id = this.delete_tagging(&req.input).await?;
+        ok(DeleteObjectTaggingOutput { version_id })
     }
 }

@@ -18,7 +18,7 @@
 //! by key first, then by `sort`, newest first: one walk of the store gives
 //! ListObjectVersions its order, and the newest noncurrent entry of a key
 //! is the first at `key ‖ 0x00`. A version with a real id is found by one
-//! lookup; the null one by reading the key's entries.
+//! lookup; the null one by a walk of the names of the key's entries.
 //!
 //! **State** (xattr `user.s3.versioning` of the bucket directory): absent
 //! (never enabled), `Enabled` or `Suspended`; once set it is never absent

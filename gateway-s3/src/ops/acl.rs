@@ -272,12 +272,29 @@ impl Gateway {
         })
     }
 
-    /// The canned ACL of object `key` of bucket directory `dir` (`None`:
-    /// no such object, which grants nothing).
-    pub async fn object_acl_for_access(&self, dir: &Inode, key: &str) -> Result<Option<CannedAcl>, S3Error> {
+    /// The canned ACL of the version `version` (`None`: the current one) of
+    /// object `key` of bucket `bucket`, directory `dir` (`None`: no such
+    /// version, which grants nothing).
+    pub async fn object_acl_for_access(
+        &self,
+        dir: &Inode,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+    ) -> Result<Option<CannedAcl>, S3Error> {
         let layout = self.store.layout(dir.id).await?;
         let Ok(path) = crate::paths::parse_key_in(layout, key) else { return Ok(None) };
-        Ok(super::object::find_object(&self.store, dir.id, &path, key).await?.map(|o| o.meta.acl.unwrap_or_default()))
+        let Some(version) = version else {
+            return Ok(super::object::find_object(&self.store, dir.id, &path, key).await?.map(|o| o.meta.acl.unwrap_or_default()));
+        };
+        match self.find_for_read(bucket, dir.id, &path, key, Some(version)).await {
+            Ok(o) => Ok(Some(o.meta.acl.unwrap_or_default())),
+            // No such version (or a marker, or a malformed id): grants
+            // nothing; the operation itself gives the error to the caller
+            // it lets through.
+            Err(e) if e.status_code().is_some_and(|s| s.is_client_error()) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Refuses an ACL other than private/bucket-owner-full-control on a
@@ -361,15 +378,18 @@ impl Gateway {
         self.set_bucket_xattr(&input.bucket, XATTR_ACL, value).await
     }
 
-    pub async fn get_object_acl(&self, bucket: &str, key: &str) -> Result<GetObjectAclOutput, S3Error> {
-        let (dir, path) = self.store.locate(bucket, key).await?;
-        let obj = super::object::find_object(&self.store, dir.id, &path, key).await?.ok_or_else(|| error::no_such_key(key))?;
+    /// The ACL of the version named by `versionId` (the current one
+    /// without it; the errors of `find_for_read`).
+    pub async fn get_object_acl(&self, input: &GetObjectAclInput) -> Result<GetObjectAclOutput, S3Error> {
+        let (dir, path) = self.store.locate(&input.bucket, &input.key).await?;
+        let obj = self.find_for_read(&input.bucket, dir.id, &path, &input.key, input.version_id.as_deref()).await?;
         let (owner, grants) = grants_of(obj.meta.acl.unwrap_or_default());
         Ok(GetObjectAclOutput { owner, grants, ..GetObjectAclOutput::default() })
     }
 
-    /// Rewrites the `user.s3.meta` record of the object's current inode
-    /// with the new ACL (an object replaced meanwhile keeps its own).
+    /// Rewrites the `user.s3.meta` record of the inode of the version
+    /// named by `versionId` (the current one without it) with the new ACL
+    /// (a version replaced meanwhile keeps its own).
     pub async fn put_object_acl(&self, input: &PutObjectAclInput) -> Result<(), S3Error> {
         let headers = canned_from_grant_headers(
             input.grant_full_control.as_deref(),
@@ -382,8 +402,7 @@ impl Gateway {
         let dir = self.store.bucket(&input.bucket).await?;
         self.check_acl_allowed(&dir, &input.bucket, Some(acl)).await?;
         let path = self.store.path_in(&dir, &input.key).await?;
-        let obj =
-            super::object::find_object(&self.store, dir.id, &path, &input.key).await?.ok_or_else(|| error::no_such_key(&input.key))?;
+        let obj = self.find_for_read(&input.bucket, dir.id, &path, &input.key, input.version_id.as_deref()).await?;
         let mut meta = obj.meta;
         meta.acl = (acl != CannedAcl::Private).then_some(acl);
         self.store

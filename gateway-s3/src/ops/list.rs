@@ -1,7 +1,7 @@
 //! ListObjects, ListObjectsV2, ListObjectVersions.
 
 use super::object::timestamp;
-use super::versioning::{parse_version, version_name, StoreEntry, MAX_VERSIONS_SCANNED};
+use super::versioning::{parse_version, version_name, StoreEntry};
 use super::Gateway;
 use crate::error;
 use crate::list::{self, url_encode_key, ListPage, ListRequest, ListedObject, MAX_KEYS};
@@ -165,12 +165,7 @@ impl Gateway {
         let start = match (&key_marker, &vref) {
             (Some(k), Some(VersionRef::Id(id))) => (versions::store_key(k, id), false),
             (Some(k), Some(VersionRef::Null)) => match store {
-                Some(s) => match self
-                    .store_entries(s, k, MAX_VERSIONS_SCANNED)
-                    .await?
-                    .into_iter()
-                    .find(|e| versions::version_of_sort(&e.sort).is_none())
-                {
+                Some(s) => match self.store_null(s, k).await? {
                     Some(e) => (versions::store_key(k, &e.sort), false),
                     None => (versions::store_prefix(k), true),
                 },

@@ -23,7 +23,8 @@ use s3s::{S3Error, S3ErrorCode};
 
 /// Attempts of a versioned move whose guard a concurrent write broke.
 pub const MAX_MOVE_ATTEMPTS: u32 = 4;
-/// Most store entries of one key read to find its null version.
+/// Most store entries of one key walked by one lookup (the null version,
+/// a page of a key's entries).
 pub const MAX_VERSIONS_SCANNED: usize = 100_000;
 
 /// A new object's data on its way to the key.
@@ -173,19 +174,37 @@ impl Gateway {
 
     /// Up to `limit` store entries of `key`, newest first.
     pub async fn store_entries(&self, store: InodeId, key: &str, limit: usize) -> Result<Vec<StoreEntry>, S3Error> {
+        let mut out = self.store_entries_where(store, key, limit, |_| true).await?;
+        self.fill_store_records(&mut out).await?;
+        Ok(out)
+    }
+
+    /// Up to `limit` store entries of `key` whose sort `pick` accepts,
+    /// newest first, walking at most [`MAX_VERSIONS_SCANNED`] entries of
+    /// the key; their records are not read.
+    async fn store_entries_where(
+        &self,
+        store: InodeId,
+        key: &str,
+        limit: usize,
+        pick: impl Fn(&str) -> bool,
+    ) -> Result<Vec<StoreEntry>, S3Error> {
         let start = versions::store_prefix(key);
         let mut walker = KeyWalker::new(self.store.fs.clone(), store, Some((&start, true)));
         let mut out = Vec::new();
-        while out.len() < limit {
+        let mut scanned = 0usize;
+        while out.len() < limit && scanned < MAX_VERSIONS_SCANNED {
             let Some(found) = walker.next().await.map_err(|e| error::from_meta(e, key))? else { break };
             let Some((k, sort)) = versions::split_store_key(&found.key) else { continue };
             if k != key {
                 break;
             }
+            scanned += 1;
             let Some(inode) = found.entry.attr else { continue };
-            out.push(StoreEntry { key: k, sort, parent: found.dir, name: found.entry.name, meta: ObjectMeta::default(), inode });
+            if pick(&sort) {
+                out.push(StoreEntry { key: k, sort, parent: found.dir, name: found.entry.name, meta: ObjectMeta::default(), inode });
+            }
         }
-        self.fill_store_records(&mut out).await?;
         Ok(out)
     }
 
@@ -231,9 +250,13 @@ impl Gateway {
         }
     }
 
-    /// The null version of `key` among its store entries.
-    async fn store_null(&self, store: InodeId, key: &str) -> Result<Option<StoreEntry>, S3Error> {
-        Ok(self.store_entries(store, key, MAX_VERSIONS_SCANNED).await?.into_iter().find(|e| versions::version_of_sort(&e.sort).is_none()))
+    /// The null version of `key` among its store entries: a walk of the
+    /// key's entries (names only, in pages) until the one whose sort has
+    /// no version id; only its record is read.
+    pub async fn store_null(&self, store: InodeId, key: &str) -> Result<Option<StoreEntry>, S3Error> {
+        let mut found = self.store_entries_where(store, key, 1, |sort| versions::version_of_sort(sort).is_none()).await?;
+        self.fill_store_records(&mut found).await?;
+        Ok(found.pop())
     }
 
     /// The current file of a key (`None`: no object; a directory is 409 as
