@@ -14,11 +14,14 @@ s5cmd and rclone: run conformance/s3/run.sh once, or pass --venv):
   benches/s3/bench.py [--small 2000] [--large 4] [--workers 32] [--rounds 3]
                       [--servers fskv-r1,fskv-r3,rclone,s3s-fs] [--json out.json]
                       [--fskv-base OLD_BIN --servers base-r1,fskv-r1,...]
-                      [--servers fskv-r1,fskv-r1-versioned,...]
+                      [--servers fskv-r1,fskv-r1-versioned,fskv-r1-nosync,...]
 
 `fskv-rN-versioned` is `fskv up --replicas N` whose bench bucket has
 versioning Enabled (set with boto3 from the venv): every PUT goes through the
-versioned publish (one meta transaction guarded on the key). Rounds write
+versioned publish (one meta transaction guarded on the key).
+`fskv-rN-nosync` is `fskv up --replicas N --no-sync-writes`: acknowledged
+writes are not synced (no fdatasync of chunk writes, no KV WAL sync), as
+neither peer syncs; it shows what durability costs, it is not the default. Rounds write
 fresh keys, so each PUT makes the first version of its key; with
 --overwrite every round writes the same keys, so from the second round on
 each PUT replaces an object (on a versioned bucket: moves the previous
@@ -92,12 +95,12 @@ class Server:
                 self.proc.wait()
 
 
-def start_fskv(work, fskv, replicas, name=None):
+def start_fskv(work, fskv, replicas, name=None, extra=()):
     name = name or f"fskv-r{replicas}"
     data = os.path.join(work, name)
     base = free_base()
     log = open(os.path.join(work, f"{name}.log"), "w")
-    proc = subprocess.Popen([fskv, "up", "--data", data, "--base-port", str(base), "--replicas", str(replicas)],
+    proc = subprocess.Popen([fskv, "up", "--data", data, "--base-port", str(base), "--replicas", str(replicas), *extra],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 300
     ep = os.path.join(data, "endpoints.json")
@@ -221,6 +224,8 @@ def main():
             if name.startswith("fskv-r") and name.endswith("-versioned"):
                 servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):-len("-versioned")]), name))
                 versioned.add(name)
+            elif name.startswith("fskv-r") and name.endswith("-nosync"):
+                servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):-len("-nosync")]), name, ["--no-sync-writes"]))
             elif name.startswith("fskv-r"):
                 servers.append(start_fskv(work, a.fskv, int(name[len("fskv-r"):])))
             elif name.startswith("base-r"):

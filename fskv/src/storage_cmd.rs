@@ -115,7 +115,7 @@ pub async fn run(args: StorageArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!targets.is_empty(), "no targets for {node} (pass --targets or list them in the routing file)");
     let (publisher, handle) = RoutingPublisher::new(routing);
     let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
-    let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
+    let engine_config = engine_config(&args);
     std::fs::create_dir_all(&args.data)?;
     let data = args.data.clone();
     let service_config = args.service_config(node);
@@ -159,7 +159,7 @@ async fn run_with_mgmtd(args: StorageArgs) -> anyhow::Result<()> {
         if args.targets.is_empty() { source.current().targets_of_node(node) } else { args.targets.iter().map(|t| TargetId(*t)).collect() };
     anyhow::ensure!(!targets.is_empty(), "no targets for {node} in mgmtd's routing (pass --targets)");
     mgmtd_link::wait_until_safe_to_start(&source, node, &targets, args.max_start_wait_ms).await?;
-    let engine_config = EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() };
+    let engine_config = engine_config(&args);
     std::fs::create_dir_all(&args.data)?;
     let data = args.data.clone();
     let handle = source.handle();
@@ -254,4 +254,12 @@ pub async fn bench(a: StorageBenchArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(())
+}
+
+/// The chunk engine's configuration; says so once when writes are not synced.
+fn engine_config(args: &StorageArgs) -> EngineConfig {
+    if args.no_sync_writes {
+        tracing::warn!("--no-sync-writes: chunk writes are acknowledged without fdatasync (a power loss may lose them)");
+    }
+    EngineConfig { sync_writes: !args.no_sync_writes, ..EngineConfig::default() }
 }

@@ -66,6 +66,12 @@ pub struct UpArgs {
     /// Also mount the filesystem (FUSE) on this directory once the cluster is ready; unmounted at stop.
     #[arg(long, value_name = "PATH")]
     mount: Option<PathBuf>,
+    /// Acknowledge writes without syncing them: storage does not fdatasync chunk writes and meta
+    /// does not sync its KV write-ahead log (`[kv] sync_writes = false`). A process crash loses
+    /// nothing acknowledged; an OS crash or power loss may. For comparisons with servers that
+    /// do not sync, and for scratch data.
+    #[arg(long)]
+    no_sync_writes: bool,
 }
 
 /// Prints a progress line; a closed stdout (e.g. `fskv up | head`) must not
@@ -182,7 +188,11 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
         (file, Arc::new(key))
     };
     crate::identity::install_key(Some(key), "client");
-    let config = &Config { security: crate::config::SecurityConfig { cluster_key_file: key_file }, ..config.clone() };
+    let mut config = Config { security: crate::config::SecurityConfig { cluster_key_file: key_file }, ..config.clone() };
+    if args.no_sync_writes {
+        config.kv.sync_writes = false;
+    }
+    let config = &config;
     let credentials = load_or_create_credentials(&data_dir)?;
     let exe = std::env::current_exe().context("cannot find the fskv executable")?;
     // Children read the same configuration as this process.
@@ -194,7 +204,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     anyhow::ensure!((1..=STORAGE_NODES).contains(&args.replicas), "--replicas {}: must be 1..={STORAGE_NODES}", args.replicas);
     let mut specs = vec![mgmtd_spec(&exe, &data_dir, &ports, args.heartbeat_timeout_ms, args.replicas)];
     for (i, addr) in ports.storage.iter().enumerate() {
-        specs.push(storage_spec(&exe, &data_dir, &ports, i as u32 + 1, addr));
+        specs.push(storage_spec(&exe, &data_dir, &ports, i as u32 + 1, addr, !args.no_sync_writes));
     }
     specs.push(meta_spec(&exe, &data_dir, &ports));
     let supervisor = Supervisor::start(specs, opts).await?;
@@ -392,8 +402,8 @@ fn mgmtd_spec(exe: &Path, data: &Path, ports: &Ports, heartbeat_timeout_ms: u64,
     child("mgmtd", exe, args)
 }
 
-fn storage_spec(exe: &Path, data: &Path, ports: &Ports, node: u32, addr: &str) -> ChildSpec {
-    let args = vec![
+fn storage_spec(exe: &Path, data: &Path, ports: &Ports, node: u32, addr: &str, sync_writes: bool) -> ChildSpec {
+    let mut args: Vec<String> = vec![
         "storage".into(),
         "--listen".into(),
         addr.to_string(),
@@ -406,6 +416,9 @@ fn storage_spec(exe: &Path, data: &Path, ports: &Ports, node: u32, addr: &str) -
         "--heartbeat-interval-ms".into(),
         "1000".into(),
     ];
+    if !sync_writes {
+        args.push("--no-sync-writes".into());
+    }
     child(&format!("storage-{node}"), exe, args)
 }
 
