@@ -14,6 +14,7 @@ On the gateway, the current version stays the file at the key's path: the
 FUSE test checks that the mount sees the current data only.
 """
 
+import json
 import os
 import time
 
@@ -190,6 +191,32 @@ def test_anonymous_reads_follow_the_acl_of_the_version_asked_for(s3, bucket):
         with pytest.raises(ClientError) as e:
             a.get_object(Bucket=bucket, Key="p", **kw)
         assert (http_status(e.value), error_code(e.value)) == (403, "AccessDenied"), kw
+
+    # A policy's s3:GetObject covers reads of the current version only; a
+    # read naming a version is s3:GetObjectVersion (as AWS).
+    def anon_status(**kw):
+        try:
+            a.get_object(Bucket=bucket, Key="p", **kw)["Body"].read()
+            return 200
+        except ClientError as e:
+            return http_status(e)
+
+    def policy(action):
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": action, "Resource": f"arn:aws:s3:::{bucket}/*"}]}))
+
+    def settle(want, **kw):  # other gateway processes see a new policy within 2 s
+        deadline = time.time() + 5
+        while anon_status(**kw) != want and time.time() < deadline:
+            time.sleep(0.1)
+        return anon_status(**kw)
+
+    policy("s3:GetObject")
+    assert settle(200) == 200
+    assert anon_status(VersionId=v2) == 403
+    policy("s3:GetObjectVersion")
+    assert settle(200, VersionId=v2) == 200
+    assert anon_status() == 403
 
 
 def test_conditional_reads_apply_to_the_version_asked_for(s3, bucket):

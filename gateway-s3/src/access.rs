@@ -30,9 +30,14 @@
 //!
 //! The permission an action needs from an ACL ([`Action::acl_permission`]):
 //! object READ for GetObject/HeadObject, object READ_ACP/WRITE_ACP for
-//! Get/PutObjectAcl, bucket READ for listing, bucket WRITE for PutObject
-//! (and multipart) and DeleteObject, bucket READ_ACP/WRITE_ACP for
-//! Get/PutBucketAcl; every other action is the owner's or a policy's.
+//! Get/PutObjectAcl, bucket READ for listing (objects and versions), bucket
+//! WRITE for PutObject (and multipart) and DeleteObject, bucket
+//! READ_ACP/WRITE_ACP for Get/PutBucketAcl; every other action is the
+//! owner's or a policy's. A request naming a version (`versionId`) is its
+//! version action ([`Action::of_request`]: `s3:GetObjectVersion`,
+//! `s3:DeleteObjectVersion`, `s3:Get/PutObjectVersionAcl`,
+//! `s3:Get/Put/DeleteObjectVersionTagging`,
+//! `s3:GetObjectVersionAttributes`), checked against that version's ACL.
 //!
 //! Policy statements: `Effect` Allow|Deny; `Principal` `"*"`, `{"AWS": "*"}`
 //! or `{"AWS": [..]}` naming tenants (`"TENANT"`,
@@ -255,6 +260,7 @@ impl Action {
             "AbortMultipartUpload" => ("s3:AbortMultipartUpload", Some((Bucket, Write))),
             "DeleteObject" | "DeleteObjects" => ("s3:DeleteObject", Some((Bucket, Write))),
             "ListObjects" | "ListObjectsV2" | "HeadBucket" => ("s3:ListBucket", Some((Bucket, Read))),
+            "ListObjectVersions" => ("s3:ListBucketVersions", Some((Bucket, Read))),
             "ListMultipartUploads" => ("s3:ListBucketMultipartUploads", Some((Bucket, Read))),
             "ListParts" => ("s3:ListMultipartUploadParts", Some((Bucket, Write))),
             "GetObjectAcl" => ("s3:GetObjectAcl", Some((Object, ReadAcp))),
@@ -281,6 +287,29 @@ impl Action {
             _ => ("s3:OwnerOnly", None),
         };
         Action { name, acl }
+    }
+
+    /// The action of a request: [`Action::of_operation`], except that an
+    /// object operation naming a version (`versionId`) is its version
+    /// action, as AWS names them (`s3:GetObject` → `s3:GetObjectVersion`,
+    /// …); the ACL permission it needs is the same, from that version's ACL.
+    pub fn of_request(op: &str, names_version: bool) -> Action {
+        let a = Action::of_operation(op);
+        if !names_version {
+            return a;
+        }
+        let name = match (op, a.name) {
+            ("GetObjectAttributes", _) => "s3:GetObjectVersionAttributes",
+            (_, "s3:GetObject") => "s3:GetObjectVersion",
+            ("DeleteObject", _) => "s3:DeleteObjectVersion",
+            (_, "s3:GetObjectAcl") => "s3:GetObjectVersionAcl",
+            (_, "s3:PutObjectAcl") => "s3:PutObjectVersionAcl",
+            (_, "s3:GetObjectTagging") => "s3:GetObjectVersionTagging",
+            (_, "s3:PutObjectTagging") => "s3:PutObjectVersionTagging",
+            (_, "s3:DeleteObjectTagging") => "s3:DeleteObjectVersionTagging",
+            (_, other) => other,
+        };
+        Action { name, ..a }
     }
 
     fn manages_policy(&self) -> bool {
@@ -730,6 +759,45 @@ mod tests {
         let bf = facts(false, CannedAcl::PublicRead, None, Ownership::ObjectWriter, None);
         assert_eq!(decide(&Principal::Anonymous, &list, &Resource::Bucket("b".into()), &bf), Decision::Allow);
         assert_eq!(decide(&Principal::Anonymous, &get, &obj, &bf), Decision::Deny { explicit: false });
+    }
+
+    #[test]
+    fn a_request_naming_a_version_is_its_version_action() {
+        let policy = |action: &str| {
+            Policy::parse(
+                &format!(r#"{{"Statement":[{{"Effect":"Allow","Principal":"*","Action":"{action}","Resource":"arn:aws:s3:::b/*"}}]}}"#),
+                Some("b"),
+            )
+            .unwrap()
+        };
+        let obj = Resource::Object("b".into(), "k".into());
+        let anon = |p: &Policy, op: &str, versioned: bool| {
+            let f = facts(false, CannedAcl::Private, Some(CannedAcl::Private), Ownership::ObjectWriter, Some(p));
+            decide(&Principal::Anonymous, &Action::of_request(op, versioned), &obj, &f) == Decision::Allow
+        };
+        let get = policy("s3:GetObject");
+        assert!(anon(&get, "GetObject", false) && anon(&get, "HeadObject", false));
+        assert!(!anon(&get, "GetObject", true) && !anon(&get, "HeadObject", true));
+        let get_version = policy("s3:GetObjectVersion");
+        assert!(anon(&get_version, "GetObject", true) && !anon(&get_version, "GetObject", false));
+        let both = policy("s3:GetObject*");
+        assert!(anon(&both, "GetObject", true) && anon(&both, "GetObject", false));
+        for (op, want) in [
+            ("DeleteObject", "s3:DeleteObjectVersion"),
+            ("GetObjectAcl", "s3:GetObjectVersionAcl"),
+            ("PutObjectAcl", "s3:PutObjectVersionAcl"),
+            ("GetObjectTagging", "s3:GetObjectVersionTagging"),
+            ("PutObjectTagging", "s3:PutObjectVersionTagging"),
+            ("DeleteObjectTagging", "s3:DeleteObjectVersionTagging"),
+            ("GetObjectAttributes", "s3:GetObjectVersionAttributes"),
+            ("PutObject", "s3:PutObject"),
+        ] {
+            assert_eq!(Action::of_request(op, true).name, want, "{op}");
+            assert_eq!(Action::of_request(op, true).acl, Action::of_operation(op).acl, "{op}");
+        }
+        // Listing versions is granted by the bucket's READ, as listing objects.
+        let list = Action::of_operation("ListObjectVersions");
+        assert_eq!((list.name, list.acl), ("s3:ListBucketVersions", Some((AclTarget::Bucket, Permission::Read))));
     }
 
     #[test]

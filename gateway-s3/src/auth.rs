@@ -88,7 +88,8 @@ impl S3Access for Access {
             };
         };
         let owner = ids.is_some_and(|i| i.uid == dir.acl.uid);
-        let action = Action::of_operation(op);
+        let version = key.as_ref().and_then(|_| version_id_of(cx.uri()));
+        let action = Action::of_request(op, version.is_some());
         let resource = match (op, key.clone()) {
             ("DeleteObjects", _) => Resource::AnyObject(bucket.clone()),
             (_, Some(k)) => Resource::Object(bucket.clone(), k),
@@ -98,7 +99,6 @@ impl S3Access for Access {
             Facts { owner, bucket_acl: settings.acl, object_acl: None, ownership: settings.ownership(), policy: settings.policy.as_ref() };
         if access::needs_object_acl(&action, &facts) {
             if let Some(k) = &key {
-                let version = version_id_of(cx.uri());
                 facts.object_acl = self.0.object_acl_for_access(&dir, &bucket, k, version.as_deref()).await?;
             }
         }
