@@ -290,7 +290,11 @@ impl KvConfig {
     /// engine's path resolved against `data_dir`.
     pub fn engine_spec(&self, data_dir: &Path) -> anyhow::Result<String> {
         match self.engine.as_str() {
-            "rocksdb" => Ok(format!("rocksdb:{}", data_dir.join(&self.path).display())),
+            "rocksdb" => Ok(format!(
+                "rocksdb:{}{}",
+                data_dir.join(&self.path).display(),
+                if self.sync_writes { "" } else { fskv_kv::ROCKSDB_NO_SYNC_SUFFIX }
+            )),
             "memory" => Ok("memory".into()),
             "fdb" => Ok(format!("fdb:{}", self.fdb_cluster_file)),
             "etcd" => {

@@ -66,8 +66,8 @@ pub struct UpArgs {
     /// Also mount the filesystem (FUSE) on this directory once the cluster is ready; unmounted at stop.
     #[arg(long, value_name = "PATH")]
     mount: Option<PathBuf>,
-    /// Acknowledge writes without syncing them: storage does not fdatasync chunk writes and meta
-    /// does not sync its KV write-ahead log (`[kv] sync_writes = false`). A process crash loses
+    /// Acknowledge writes without syncing them: storage does not fdatasync chunk writes, meta and
+    /// mgmtd do not sync their KV write-ahead log (`[kv] sync_writes = false`). A process crash loses
     /// nothing acknowledged; an OS crash or power loss may. For comparisons with servers that
     /// do not sync, and for scratch data.
     #[arg(long)]

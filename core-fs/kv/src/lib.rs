@@ -269,15 +269,27 @@ fn rand_jitter(backoff_ms: u64) -> u64 {
     half + nanos % (backoff_ms - half + 1)
 }
 
-/// Opens the engine named in a config: `memory`, `rocksdb:PATH`,
+/// Suffix of a `rocksdb:PATH` spec whose commits do not sync the WAL
+/// ([`RocksOptions::sync_writes`] off: `[kv] sync_writes = false`).
+pub const ROCKSDB_NO_SYNC_SUFFIX: &str = "?sync=false";
+
+/// Opens the engine named in a config: `memory`, `rocksdb:PATH` (with
+/// [`ROCKSDB_NO_SYNC_SUFFIX`]: commits not synced),
 /// `etcd:http://HOST:PORT[,...][?OPTIONS]` (see [`EtcdOptions::parse`]) or
 /// `fdb:CLUSTER_FILE`.
 pub fn open_engine(spec: &str) -> KvResult<Arc<dyn KvEngine>> {
     if spec == "memory" {
         return Ok(Arc::new(MemoryEngine::new()));
     }
-    if let Some(path) = spec.strip_prefix("rocksdb:") {
-        return Ok(Arc::new(RocksEngine::open(path, RocksOptions::default())?));
+    if let Some(rest) = spec.strip_prefix("rocksdb:") {
+        let (path, sync_writes) = match rest.strip_suffix(ROCKSDB_NO_SYNC_SUFFIX) {
+            Some(path) => (path, false),
+            None => (rest, true),
+        };
+        if !sync_writes {
+            tracing::warn!(path, "KV engine opened without WAL sync: commits survive a process crash, not a power loss");
+        }
+        return Ok(Arc::new(RocksEngine::open(path, RocksOptions { sync_writes, ..RocksOptions::default() })?));
     }
     if let Some(etcd) = spec.strip_prefix("etcd:") {
         return Ok(Arc::new(EtcdEngine::open(EtcdOptions::parse(etcd)?)?));
@@ -295,4 +307,21 @@ pub fn open_engine(spec: &str) -> KvResult<Arc<dyn KvEngine>> {
     Err(KvError::InvalidArgument(format!(
         "unknown KV engine '{spec}': expected memory, rocksdb:PATH, etcd:http://HOST:PORT[,...] or fdb:CLUSTER_FILE"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rocksdb_spec_may_turn_wal_sync_off() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, suffix) in [("synced", ""), ("unsynced", ROCKSDB_NO_SYNC_SUFFIX)] {
+            let path = dir.path().join(name);
+            let engine = open_engine(&format!("rocksdb:{}{suffix}", path.display())).unwrap();
+            drop(engine);
+            assert!(path.join("CURRENT").exists(), "{name}: the engine lives at the path without the suffix");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
 }
