@@ -6,7 +6,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{free_base_port, start_up, stop_up};
+use common::{free_base_port, start_up, start_up_with, stop_up};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_client::{MetaClient, MetaClientConfig};
@@ -120,6 +120,34 @@ fn up_serves_data_and_keeps_it_across_a_restart() {
         c.source.stop();
     });
     stop_up(up);
+}
+
+/// `fskv up --no-sync-writes`: every storage process runs without
+/// fdatasync and meta and mgmtd open their KV engine without WAL sync (each
+/// says so in its log), and data written is read back.
+#[test]
+fn up_without_synced_writes_says_so_and_serves_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let base = free_base_port();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = start_up_with(&data, base, &["--no-sync-writes"]);
+    let effective = std::fs::read_to_string(data.join("effective-config.toml")).expect("effective config");
+    assert!(effective.contains("sync_writes = false"), "{effective}");
+    rt.block_on(async {
+        let c = clients(base).await;
+        write_file(&c, "unsynced", 9, 700_000).await;
+        assert_eq!(read_file(&c, "unsynced").await, pattern(9, 700_000));
+        c.source.stop();
+    });
+    stop_up(up);
+    let log = |name: &str| std::fs::read_to_string(data.join("logs").join(format!("{name}.log"))).unwrap_or_default();
+    for n in 1..=3 {
+        assert!(log(&format!("storage-{n}")).contains("acknowledged without fdatasync"), "storage-{n} log:\n{}", log(&format!("storage-{n}")));
+    }
+    for name in ["meta", "mgmtd"] {
+        assert!(log(name).contains("without WAL sync"), "{name} log:\n{}", log(name));
+    }
 }
 
 /// One owner per data directory: a second `fskv up` on a directory in use
