@@ -33,7 +33,10 @@ interleave the servers (round r runs every server before round r+1), so
 drift of the machine during the run touches all of them alike. Downloads go
 to --out (default /dev/shm: s5cmd writing thousands of small files is often
 the bottleneck, and a tmpfs keeps the client's own disk out of the figure).
-Each figure is the best of --rounds rounds (fresh keys per round). Prints a
+Each figure is the best of --rounds rounds (fresh keys per round).
+--clients N runs the 4 KiB PUT and GET as N `s5cmd run` processes at once,
+each with an explicit `cp` per key of its share (one s5cmd process with 32
+workers is the bottleneck of GET 4 KiB for every server here). Prints a
 table with ratios to the best peer and writes JSON with --json.
 """
 
@@ -152,6 +155,44 @@ def s5cmd(venv, url, creds, workers, *args):
     return dt
 
 
+def s5cmd_parallel(venv, url, creds, workers, command_files):
+    """`s5cmd run FILE` for every file at once (one client process each);
+    the seconds until the last one ends."""
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": creds[0], "AWS_SECRET_ACCESS_KEY": creds[1], "AWS_REGION": "us-east-1"}
+    base = [os.path.join(venv, "bin", "s5cmd"), "--endpoint-url", url, "--numworkers", str(workers), "--retry-count", "2", "run"]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(base + [f], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for f in command_files]
+    errors = []
+    for f, p in zip(command_files, procs):
+        try:
+            _, err = p.communicate(timeout=1800)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        if p.returncode != 0:
+            errors.append(f"{f}: {err[-1000:]}")
+    dt = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"s5cmd run against {url} failed: {errors}")
+    return dt
+
+
+def small_ops_split(out_root, tag, sdir, prefix, out, clients):
+    """Command files of `clients` s5cmd processes that PUT, then GET, the
+    small inputs, each process a disjoint share (key i to process i mod N)."""
+    names = sorted(os.listdir(sdir))
+    files = {"put": [], "get": []}
+    for c in range(clients):
+        share = names[c::clients]
+        for op, line in (("put", lambda n: f"cp {sdir}/{n} s3://bench/{prefix}/small/{n}"),
+                         ("get", lambda n: f"cp s3://bench/{prefix}/small/{n} {out}/small/{n}")):
+            path = os.path.join(out_root, f"{tag}-{op}-{c}.txt")
+            with open(path, "w") as f:
+                f.write("".join(line(n) + "\n" for n in share))
+            files[op].append(path)
+    return files
+
+
 def make_inputs(work, small, large):
     sdir = os.path.join(work, "in-small")
     ldir = os.path.join(work, "in-large")
@@ -174,15 +215,23 @@ def enable_versioning(venv, url, creds):
     subprocess.run([os.path.join(venv, "bin", "python"), "-c", code, url, creds[0], creds[1]], check=True, timeout=60)
 
 
-def bench_round(srv, creds, venv, out_root, sdir, ldir, small, large, workers, r, overwrite=False):
+def bench_round(srv, creds, venv, out_root, sdir, ldir, small, large, workers, r, overwrite=False, clients=1):
     run = lambda *a: s5cmd(venv, srv.url, creds, workers, *a)
     out = os.path.join(out_root, f"out-{srv.name}-{r}")
     os.makedirs(out)
     p = "same" if overwrite else f"r{r}"
     try:
+        if clients > 1:
+            os.makedirs(os.path.join(out, "small"))
+            cmds = small_ops_split(out_root, f"{srv.name}-{r}", sdir, p, out, clients)
+            put_small = small / s5cmd_parallel(venv, srv.url, creds, workers, cmds["put"])
+            get_small = small / s5cmd_parallel(venv, srv.url, creds, workers, cmds["get"])
+        else:
+            put_small = small / run("cp", f"{sdir}/*", f"s3://bench/{p}/small/")
+            get_small = small / run("cp", f"s3://bench/{p}/small/*", f"{out}/small/")
         return {
-            "put-small": small / run("cp", f"{sdir}/*", f"s3://bench/{p}/small/"),
-            "get-small": small / run("cp", f"s3://bench/{p}/small/*", f"{out}/small/"),
+            "put-small": put_small,
+            "get-small": get_small,
             "put-large": large * 64 / run("cp", f"{ldir}/*", f"s3://bench/{p}/large/"),
             "get-large": large * 64 / run("cp", f"s3://bench/{p}/large/*", f"{out}/large/"),
         }
@@ -205,15 +254,18 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--overwrite", action="store_true", help="every round writes the same keys (PUTs replace objects)")
     ap.add_argument("--out", default="/dev/shm" if os.path.isdir("/dev/shm") else None, help="where downloads go")
+    ap.add_argument("--clients", type=int, default=1,
+                    help="s5cmd processes for the 4 KiB PUT and GET (each `s5cmd run` of its share of the keys; "
+                         "1: one `s5cmd cp` with a wildcard)")
     a = ap.parse_args()
-    if not (1 <= a.small <= 100_000 and 1 <= a.large <= 64 and 1 <= a.rounds <= 10):
-        raise SystemExit("limits: --small 1..100000, --large 1..64, --rounds 1..10")
+    if not (1 <= a.small <= 100_000 and 1 <= a.large <= 64 and 1 <= a.rounds <= 10 and 1 <= a.clients <= 8):
+        raise SystemExit("limits: --small 1..100000, --large 1..64, --rounds 1..10, --clients 1..8")
     for tool in ("s5cmd", "rclone"):
         if not os.path.exists(os.path.join(a.venv, "bin", tool)):
             raise SystemExit(f"{tool} missing in {a.venv}: run conformance/s3/run.sh once (it makes the venv)")
     work = a.work or tempfile.mkdtemp(prefix="fskv-s3bench-", dir=os.path.join(REPO, "target"))
     os.makedirs(work, exist_ok=True)
-    print(f"s3 bench: inputs {a.small} x 4 KiB, {a.large} x 64 MiB; s5cmd --numworkers {a.workers}; best of {a.rounds}; work {work}", flush=True)
+    print(f"s3 bench: inputs {a.small} x 4 KiB, {a.large} x 64 MiB; s5cmd --numworkers {a.workers}, {a.clients} client process(es) for 4 KiB; best of {a.rounds}; work {work}", flush=True)
     sdir, ldir = make_inputs(work, a.small, a.large)
     results = {}
     servers = []
@@ -244,7 +296,7 @@ def main():
                 enable_versioning(a.venv, srv.url, creds)
         for r in range(a.rounds):
             for srv, creds in servers:
-                figures = bench_round(srv, creds, a.venv, out_root, sdir, ldir, a.small, a.large, a.workers, r, a.overwrite)
+                figures = bench_round(srv, creds, a.venv, out_root, sdir, ldir, a.small, a.large, a.workers, r, a.overwrite, a.clients)
                 best = results.setdefault(srv.name, {})
                 for k, v in figures.items():
                     best[k] = max(best.get(k, 0.0), v)
