@@ -143,7 +143,11 @@ fn up_without_synced_writes_says_so_and_serves_data() {
     stop_up(up);
     let log = |name: &str| std::fs::read_to_string(data.join("logs").join(format!("{name}.log"))).unwrap_or_default();
     for n in 1..=3 {
-        assert!(log(&format!("storage-{n}")).contains("acknowledged without fdatasync"), "storage-{n} log:\n{}", log(&format!("storage-{n}")));
+        assert!(
+            log(&format!("storage-{n}")).contains("acknowledged without fdatasync"),
+            "storage-{n} log:\n{}",
+            log(&format!("storage-{n}"))
+        );
     }
     for name in ["meta", "mgmtd"] {
         assert!(log(name).contains("without WAL sync"), "{name} log:\n{}", log(name));
