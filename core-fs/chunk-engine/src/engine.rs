@@ -996,13 +996,16 @@ impl ChunkEngine {
 
     // ----- query -----
 
-    /// `(version, tag, crc)` of the chunk's pending data version, if any —
-    /// without cloning the whole record (a hot-path check of the write path).
-    pub fn pending_data(&self, chunk: ChunkId) -> Option<(u64, UpdateTag, u32)> {
+    /// `(version, tag, crc)` of the chunk's pending version, if any — the
+    /// CRC32C of its content for a pending write, `None` for a pending
+    /// removal — without cloning the whole record (a hot-path check of the
+    /// write path).
+    pub fn pending_update(&self, chunk: ChunkId) -> Option<(u64, UpdateTag, Option<u32>)> {
         let c = self.cached(chunk)?;
         match &c.meta.pending {
-            Some((ver, PendingState::Data(v))) => Some((*ver, v.tag, v.crc)),
-            _ => None,
+            Some((ver, PendingState::Data(v))) => Some((*ver, v.tag, Some(v.crc))),
+            Some((ver, PendingState::Removed { tag })) => Some((*ver, *tag, None)),
+            None => None,
         }
     }
 

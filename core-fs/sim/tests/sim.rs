@@ -1,5 +1,6 @@
 //! Deterministic simulation (turmoil) of two mgmtd instances (primary +
-//! standby on one KV engine) + 3–6 storage nodes + 2 writing clients under
+//! standby on one KV engine) + 3–6 storage nodes + 2 writing clients (4 KiB
+//! writes, and one chunk removal in [`REMOVE_ONE_IN`] operations) under
 //! random crashes, restarts, pauses longer than T and partitions (the
 //! primary mgmtd crashed, isolated and paused too), disk faults (a target's
 //! block-file reads or writes fail with EIO through the chunk engine's
@@ -77,6 +78,8 @@ const REGION_BYTES: usize = 4096;
 const REGIONS_PER_CHUNK: u64 = 4;
 const CHUNKS_PER_WRITER: u64 = 4;
 const WRITERS: u64 = 2;
+/// A writer's operation is a chunk removal one time in this many.
+const REMOVE_ONE_IN: u32 = 12;
 const MGMTD_PORT: u16 = 9000;
 const STORAGE_PORT: u16 = 9100;
 const TICK_MS: u64 = 5;
@@ -295,12 +298,27 @@ fn now_ms() -> u64 {
 
 // ---------------------------------------------------------------- shared state
 
-/// One client write, in issue order per writer.
+/// One client write or removal, in issue order per writer (a removal is
+/// recorded in every region of its chunk).
 #[derive(Clone, Debug)]
 struct WriteRecord {
     writer: u64,
     seq: u64,
     acked: bool,
+    /// The chunk's removal: the region reads as nothing or as zeros after it.
+    removal: bool,
+}
+
+impl WriteRecord {
+    /// Whether `got` (the region's bytes, `None` past the chunk's end) is
+    /// what this write or removal left there.
+    fn left(&self, got: Option<&[u8]>) -> bool {
+        match got {
+            _ if self.removal => got.is_none_or(|b| b.iter().all(|x| *x == 0)),
+            Some(bytes) => bytes == &pattern(self.writer, self.seq)[..],
+            None => false,
+        }
+    }
 }
 
 /// Key of a 4 KiB region: (chain, chunk, region index).
@@ -681,20 +699,36 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
         seq += 1;
         let region = regions[rng.gen_range(0..regions.len())];
         let (chain, chunk, r) = region;
-        let result = client.write(chain, chunk, r * REGION_BYTES as u64, pattern(writer, seq)).await;
+        // One in REMOVE_ONE_IN operations removes the whole chunk (as a
+        // truncate or unlink does), so versions restart and removals can be
+        // left pending as writes are.
+        let removal = rng.gen_range(0..REMOVE_ONE_IN) == 0;
+        let result = if removal {
+            client.remove(chain, chunk).await
+        } else {
+            client.write(chain, chunk, r * REGION_BYTES as u64, pattern(writer, seq)).await
+        };
         let acked = result.is_ok();
         {
             let mut s = ctx.shared.lock().unwrap();
-            s.writes.entry(region).or_default().push(WriteRecord { writer, seq, acked });
+            let record = WriteRecord { writer, seq, acked, removal };
+            if removal {
+                for r in 0..REGIONS_PER_CHUNK {
+                    s.writes.entry((chain, chunk, r)).or_default().push(record.clone());
+                }
+            } else {
+                s.writes.entry(region).or_default().push(record);
+            }
             if acked {
                 s.acked += 1;
             } else {
                 s.failed += 1;
             }
         }
+        let what = if removal { format!("removal {seq} of {chain} {chunk}") } else { format!("write {seq} to {chain} {chunk} region {r}") };
         match result {
-            Ok(_) => ctx.trace(format!("{who} write {seq} to {chain} {chunk} region {r} acked")),
-            Err(e) => ctx.trace(format!("{who} write {seq} to {chain} {chunk} region {r} failed: {e}")),
+            Ok(_) => ctx.trace(format!("{who} {what} acked")),
+            Err(e) => ctx.trace(format!("{who} {what} failed: {e}")),
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(5..40))).await;
     }
@@ -1480,17 +1514,13 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         };
         for (t, state) in replicas.get(chain).map(Vec::as_slice).unwrap_or_default() {
             let got = state.get(chunk).and_then(|(_, d)| region_of(d, *r));
-            let ok = match got {
-                Some(bytes) => {
-                    allowed.iter().any(|w| bytes == &pattern(w.writer, w.seq)[..])
-                        || (last_acked.is_none() && bytes.iter().all(|b| *b == 0))
-                }
-                None => last_acked.is_none(),
-            };
+            // Before any acknowledged operation the region may still be as
+            // it started: nothing, or zeros.
+            let ok = allowed.iter().any(|w| w.left(got)) || (last_acked.is_none() && got.is_none_or(|b| b.iter().all(|x| *x == 0)));
             if !ok {
                 problems.push(format!(
                     "{chain} {chunk} region {r} on {t}: lost acknowledged write: expected one of {:?} (last acked {:?}), found {}",
-                    allowed.iter().map(|w| (w.writer, w.seq, w.acked)).collect::<Vec<_>>(),
+                    allowed.iter().map(|w| (w.writer, w.seq, w.acked, w.removal)).collect::<Vec<_>>(),
                     last_acked.map(|i| writes[i].seq),
                     got.map_or_else(|| "nothing".to_string(), describe_region),
                 ));

@@ -25,7 +25,7 @@
 //! | start | `begin` | update, left-over pending of another request: the [`SettleStep`] table's first effect | `QueryTail` (the serving tail), or `CommitLeftOver` at the chain's last target → settling; a finish as below |
 //! | start | `begin` | other updates | `ApplyUpdate { expected_ver, commit: is tail }` → applying |
 //! | start | `begin` | replace | `ApplyReplace` → replacing |
-//! | settling | `tail_answered` | the serving tail committed exactly the left-over (version and CRC) | `CommitLeftOver { v }` → settling |
+//! | settling | `tail_answered` | the serving tail committed exactly the left-over (version and CRC; for a removal: it has no such chunk) | `CommitLeftOver { v }` → settling |
 //! | settling | `tail_answered`, `left_over_committed` | settled: never committed anywhere (replaced by this update), or committed here now | `ApplyUpdate` → applying |
 //! | settling | `begin`, `tail_answered`, `left_over_committed` | not settled (`SettleOutcome::Retry`: the serving tail could not be asked or holds it only pending, this target is the serving tail with a syncing target after it, the commit failed) | `Fail(Unsettled)` (retryable), `settle_later` |
 //! | applying | `applied` | engine error, or an impossible outcome | `Fail` |
@@ -71,6 +71,7 @@
 //! | `begin` | otherwise | `QueryTail` (the serving tail) |
 //! | `tail_answered(Err)` | no address, RPC failed | `Finished(Retry)` |
 //! | `tail_answered(Ok)` | committed version and CRC equal the left-over's | `CommitLeftOver { v }` |
+//! | `tail_answered(Ok)` | the left-over is a removal and the serving tail has no such chunk (it committed the removal) | `CommitLeftOver { v }` |
 //! | `tail_answered(Ok)` | the tail holds that version only pending (it settles its own first; the query puts it in its settle pass) | `Finished(Retry)` |
 //! | `tail_answered(Ok)` | otherwise: never committed anywhere, the next update replaces it | `Finished(Clean)` |
 //! | `left_over_committed` | Ok / Err | `Finished(Clean)` / `Finished(Retry)` |
@@ -118,19 +119,20 @@ pub fn request_tag(tag: UpdateTag) -> RequestTag {
     RequestTag { client: tag.client, request: tag.request }
 }
 
-/// A pending version found in the chunk when a step starts.
+/// A pending version found in the chunk when a step starts: a write's or a
+/// removal's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeftOver {
     pub version: u64,
     /// The request that wrote it.
     pub tag: UpdateTag,
-    /// CRC32C of its whole content.
-    pub crc: u32,
+    /// CRC32C of its whole content; `None` for a pending removal.
+    pub crc: Option<u32>,
 }
 
 impl LeftOver {
-    /// From `ChunkEngine::pending_data`.
-    pub fn from_pending((version, tag, crc): (u64, UpdateTag, u32)) -> Self {
+    /// From `ChunkEngine::pending_update`.
+    pub fn from_pending((version, tag, crc): (u64, UpdateTag, Option<u32>)) -> Self {
         LeftOver { version, tag, crc }
     }
 }
@@ -538,7 +540,18 @@ impl SettleStep {
         };
         match answer {
             Err(_) => self.finish(SettleOutcome::Retry),
-            Ok(Some(r)) if r.committed_ver == left_over.version && r.crc == left_over.crc => {
+            Ok(Some(r)) if r.committed_ver == left_over.version && Some(r.crc) == left_over.crc => {
+                self.phase = SettlePhase::Committing;
+                SettleEffect::CommitLeftOver { version: left_over.version }
+            }
+            // A removal: the serving tail no longer has the chunk, so it
+            // committed the removal (it held every version committed here,
+            // and no later update of the chunk passes this target before
+            // the left-over is settled). Without this the removal stayed
+            // pending here for good over the old committed content, which
+            // the successors no longer had (simulation seeds 209, 837 and
+            // 895, once the writers removed chunks).
+            Ok(None) if left_over.crc.is_none() => {
                 self.phase = SettlePhase::Committing;
                 SettleEffect::CommitLeftOver { version: left_over.version }
             }
@@ -734,7 +747,7 @@ mod tests {
             assert_apply(first.begin(Some(&c), None), None, false);
             assert_forward(first.applied(outcome(3, 2, false)), 2, Payload::Update { version: 3 });
         }
-        let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: 0x1111 });
+        let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: Some(0x1111) });
 
         // Never forwarded: the tail has v2; the next write replaces the left-over.
         let mut next = client(1);
@@ -752,7 +765,7 @@ mod tests {
     #[test]
     fn a_left_over_the_tail_committed_is_committed_before_the_next_write() {
         let c = chain(&[Serving, Serving, Serving]);
-        let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: 0x1111 });
+        let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: Some(0x1111) });
         let mut s = client(1);
         assert!(matches!(s.begin(Some(&c), left_over), Effect::QueryTail { tail: TargetId(3), .. }));
         assert!(matches!(s.tail_answered(Ok(Some(remote(3, 0x1111)))), Effect::CommitLeftOver { version: 3 }));
@@ -772,7 +785,7 @@ mod tests {
     fn a_write_that_cannot_settle_a_left_over_fails_retryably_and_replaces_nothing() {
         // Seed 3103: replacing it would give its version number other bytes.
         let c = chain(&[Serving, Serving, Serving]);
-        let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: 0x1111 });
+        let left_over = Some(LeftOver { version: 3, tag: OTHER, crc: Some(0x1111) });
         let mut s = client(1);
         assert!(matches!(s.begin(Some(&c), left_over), Effect::QueryTail { .. }));
         let e = assert_fail(s.tail_answered(Err(StorageError::NoAddress(NodeId(13)))), ErrorCode::ChunkUncommitted, true);
@@ -794,7 +807,10 @@ mod tests {
         // At the tail: nobody to ask; it commits what it holds pending (the
         // old tail may have), then applies and commits at once.
         let mut tail = forwarded(2, 1, 4);
-        assert!(matches!(tail.begin(Some(&c), Some(LeftOver { version: 3, tag: OTHER, crc: 1 })), Effect::CommitLeftOver { version: 3 }));
+        assert!(matches!(
+            tail.begin(Some(&c), Some(LeftOver { version: 3, tag: OTHER, crc: Some(1) })),
+            Effect::CommitLeftOver { version: 3 }
+        ));
         assert_apply(tail.left_over_committed(Ok(())), Some(4), true);
         // Nothing pending: straight to the engine.
         let mut tail = forwarded(2, 1, 3);
@@ -802,11 +818,14 @@ mod tests {
         // A one-target chain's head is its tail.
         let alone = chain(&[Serving]);
         let mut s = client(1);
-        assert!(matches!(s.begin(Some(&alone), Some(LeftOver { version: 3, tag: OTHER, crc: 1 })), Effect::CommitLeftOver { version: 3 }));
+        assert!(matches!(
+            s.begin(Some(&alone), Some(LeftOver { version: 3, tag: OTHER, crc: Some(1) })),
+            Effect::CommitLeftOver { version: 3 }
+        ));
         assert_apply(s.left_over_committed(Ok(())), None, true);
         // A retry finds its own pending version: no query, forwarded again.
         let mut retry = client(1);
-        let own = Some(LeftOver { version: 3, tag: engine_tag(TAG), crc: 1 });
+        let own = Some(LeftOver { version: 3, tag: engine_tag(TAG), crc: Some(1) });
         assert_apply(retry.begin(Some(&c), own), None, false);
         assert_forward(retry.applied(outcome(3, 2, true)), 2, Payload::Update { version: 3 });
         assert!(matches!(retry.forwarded(Ok(())), Effect::Commit { version: 3 }));
@@ -911,7 +930,7 @@ mod tests {
         // At the syncing tail.
         let c = chain(&[Serving, Serving, Syncing]);
         let mut s = WriteStep::new(Origin::Predecessor(TargetId(2)), &req(3, 2, UpdateOp::Remove, full));
-        assert!(matches!(s.begin(Some(&c), Some(LeftOver { version: 3, tag: OTHER, crc: 1 })), Effect::ApplyReplace));
+        assert!(matches!(s.begin(Some(&c), Some(LeftOver { version: 3, tag: OTHER, crc: Some(1) })), Effect::ApplyReplace));
         assert_ack(s.replaced(Ok(8)), Applied { version: 8, len_bytes: 10, crc: 0x77, duplicate: false });
         // At a middle target (divergence repair): relayed; a failure is not
         // settled later (nothing pending here).
@@ -985,7 +1004,7 @@ mod tests {
     #[test]
     fn settle_pass_table() {
         let c = chain(&[Serving, Serving, Syncing]);
-        let lo = Some(LeftOver { version: 3, tag: OTHER, crc: 0x1111 });
+        let lo = Some(LeftOver { version: 3, tag: OTHER, crc: Some(0x1111) });
         let finished = |o| SettleEffect::Finished(o);
         // No left-over; the current request's own pending version.
         assert_eq!(SettleStep::new(TargetId(1), None, None).begin(Some(&c)), finished(SettleOutcome::Clean));
@@ -1036,5 +1055,35 @@ mod tests {
         // Out of order.
         let mut s = SettleStep::new(TargetId(1), lo, None);
         assert_eq!(s.left_over_committed(Ok(())), finished(SettleOutcome::Retry));
+    }
+
+    #[test]
+    fn a_left_over_removal_is_settled_as_a_write_is() {
+        let c = chain(&[Serving, Serving, Syncing]);
+        let removal = Some(LeftOver { version: 3, tag: OTHER, crc: None });
+        let finished = |o| SettleEffect::Finished(o);
+        // The serving tail no longer has the chunk: it committed the
+        // removal, so it commits here (seeds 209, 837, 895).
+        let mut s = SettleStep::new(TargetId(1), removal, None);
+        assert_eq!(s.begin(Some(&c)), SettleEffect::QueryTail { tail: TargetId(2), node: NodeId(12) });
+        assert_eq!(s.tail_answered(Ok(None)), SettleEffect::CommitLeftOver { version: 3 });
+        assert_eq!(s.left_over_committed(Ok(())), finished(SettleOutcome::Clean));
+        // It still has the version before: never committed; the next update replaces it.
+        let mut s = SettleStep::new(TargetId(1), removal, None);
+        let _ = s.begin(Some(&c));
+        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Clean));
+        // It holds the removal pending: later.
+        let mut s = SettleStep::new(TargetId(1), removal, None);
+        let _ = s.begin(Some(&c));
+        let pending_there = RemoteChunkMeta { pending_ver: Some(3), ..remote(2, 0x1111) };
+        assert_eq!(s.tail_answered(Ok(Some(pending_there))), finished(SettleOutcome::Retry));
+        // The chain's last target commits it; with a syncing target after it, it waits.
+        let mut s = SettleStep::new(TargetId(2), removal, None);
+        assert_eq!(s.begin(Some(&chain(&[Serving, Serving, Offline]))), SettleEffect::CommitLeftOver { version: 3 });
+        assert_eq!(SettleStep::new(TargetId(2), removal, None).begin(Some(&c)), finished(SettleOutcome::Retry));
+        // A pending write is not settled by an absent chunk at the tail.
+        let mut s = SettleStep::new(TargetId(1), Some(LeftOver { version: 3, tag: OTHER, crc: Some(0) }), None);
+        let _ = s.begin(Some(&c));
+        assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Clean));
     }
 }

@@ -145,9 +145,16 @@ impl StorageService {
             let routing = self.inner.routing.current();
             routing.chain(chain_id).and_then(|c| c.tail()).is_some_and(|t| t.target_id == target.id)
         };
-        if let Some((version, tag, _)) = target.engine.pending_data(chunk).filter(|_| is_serving_tail()) {
-            let chunk_chain_ver = target.engine.meta(chunk).map_or(chain_ver, |m| m.chain_ver);
-            let (mode, data) = self.full_chunk(target, chunk, version, chunk_chain_ver).await?;
+        // A left-over removal goes the same way: the syncing target removes
+        // the chunk, then the removal commits here.
+        if let Some((version, tag, crc)) = target.engine.pending_update(chunk).filter(|_| is_serving_tail()) {
+            let (mode, data) = match crc {
+                None => (ForwardMode::ReplaceRemove, Bytes::new()),
+                Some(_) => {
+                    let chunk_chain_ver = target.engine.meta(chunk).map_or(chain_ver, |m| m.chain_ver);
+                    self.full_chunk(target, chunk, version, chunk_chain_ver).await?
+                }
+            };
             let tag = craq::request_tag(tag);
             self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data).await?;
             let engine = target.engine.clone();

@@ -228,7 +228,7 @@ impl StorageService {
         let _guard = target.locks.lock(req.chunk).await;
         // Routing may have changed while we waited for the lock.
         let routing = self.inner.routing.current();
-        let left_over = target.engine.pending_data(req.chunk).map(LeftOver::from_pending);
+        let left_over = target.engine.pending_update(req.chunk).map(LeftOver::from_pending);
         let mut run = StepRun { service: self, key: (target.id, req.chain_id, req.chunk), step: WriteStep::new(origin, req) };
         let mut effect = run.step.begin(routing.chain(req.chain_id), left_over);
         loop {
@@ -413,7 +413,7 @@ impl StorageService {
     /// One [`SettleStep`] of `chunk` (the caller holds its lock).
     pub(super) async fn settle(&self, target: &Target, chain_id: ChainId, chunk: ChunkId) -> SettleOutcome {
         let routing = self.inner.routing.current();
-        let left_over = target.engine.pending_data(chunk).map(LeftOver::from_pending);
+        let left_over = target.engine.pending_update(chunk).map(LeftOver::from_pending);
         let mut step = SettleStep::new(target.id, left_over, None);
         let mut effect = step.begin(routing.chain(chain_id));
         loop {
@@ -591,14 +591,15 @@ mod tests {
             r = write => panic!("the write finished: {r:?}"),
         }
         let engine = service.engine(TargetId(101)).unwrap();
-        let (pending_ver, _, crc) = engine.pending_data(chunk).expect("pending after the cancelled forward");
+        let (pending_ver, _, crc) = engine.pending_update(chunk).expect("pending after the cancelled forward");
+        let crc = crc.expect("a pending write, not a removal");
         assert_eq!(engine.meta(chunk).unwrap().committed_ver, 0);
 
         // The tail committed it: the settle pass commits it here too.
         *tail_meta.lock() = Some(RemoteChunkMeta { chain_ver: 1, committed_ver: pending_ver, pending_ver: None, len_bytes: 7, crc });
         service.settle_unsettled().await;
         assert_eq!(engine.meta(chunk).unwrap().committed_ver, pending_ver, "the left-over was not settled");
-        assert!(engine.pending_data(chunk).is_none());
+        assert!(engine.pending_update(chunk).is_none());
         tail.shutdown().await;
     }
 }
