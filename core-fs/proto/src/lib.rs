@@ -48,6 +48,7 @@ pub fn all_methods() -> Vec<(u16, &'static str)> {
         m::<storage::QueryChunk>(),
         m::<storage::CopyRange>(),
         m::<storage::InjectDiskFault>(),
+        m::<storage::InjectBitRot>(),
         m::<mgmtd::Heartbeat>(),
         m::<mgmtd::GetRouting>(),
         m::<mgmtd::MgmtdStatus>(),

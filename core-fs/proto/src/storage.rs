@@ -337,6 +337,24 @@ pub struct InjectDiskFaultReq {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InjectDiskFaultResp {}
 
+/// Bit rot, injected (test builds only): one byte of a committed chunk's
+/// content is flipped in its block file, its checksums left as they were.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InjectBitRotReq {
+    pub target: TargetId,
+    /// `None`: the target's first chunk with committed content.
+    pub chunk: Option<ChunkId>,
+    /// Taken modulo the chunk's committed length.
+    pub offset_bytes: u64,
+}
+
+/// Which byte was flipped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InjectBitRotResp {
+    pub chunk: ChunkId,
+    pub offset_bytes: u64,
+}
+
 // ----- methods -----
 
 fskv_rpc::rpc_method!(
@@ -374,4 +392,8 @@ fskv_rpc::rpc_method!(
     /// feature, which release builds never enable; elsewhere it is an
     /// unknown method.
     "storage", InjectDiskFault = 2013, InjectDiskFaultReq => InjectDiskFaultResp
+);
+fskv_rpc::rpc_method!(
+    /// Test builds only: flip a byte of a committed chunk (bit rot).
+    "storage", InjectBitRot = 2014, InjectBitRotReq => InjectBitRotResp
 );

@@ -1,7 +1,7 @@
 //! Who may call which storage method, and the chunk-capability check of
 //! `user:` connections (docs/security.md, "Chunk capabilities").
 //!
-//! | connection's principal | data path (`WriteChunk`, `BatchRead`, `QueryLastChunk`) | every other method (`ForwardChunk`, `CommitChunk`, `QueryChunk`, `RemoveChunks`, `SpaceInfo`, `DumpChunkMeta`, `SyncStart`/`SyncDone`, `CopyRange`; `InjectDiskFault` in test builds) |
+//! | connection's principal | data path (`WriteChunk`, `BatchRead`, `QueryLastChunk`) | every other method (`ForwardChunk`, `CommitChunk`, `QueryChunk`, `RemoveChunks`, `SpaceInfo`, `DumpChunkMeta`, `SyncStart`/`SyncDone`, `CopyRange`; `InjectDiskFault` and `InjectBitRot` in test builds) |
 //! |---|---|---|
 //! | none (server without a cluster key) | allowed | allowed |
 //! | trusted (`node:*`, `meta:*`, `mgmtd`, `fuse`, `gateway`, `client`, any name proven with the cluster key) | allowed, no check, no cost | allowed |

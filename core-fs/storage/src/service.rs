@@ -545,6 +545,40 @@ impl StorageService {
                 }
             })
         };
+        #[cfg(feature = "fault-injection")]
+        let router = {
+            use fskv_proto::storage::{InjectBitRot, InjectBitRotReq, InjectBitRotResp};
+            let s = self.clone();
+            router.route::<InjectBitRot, _, _>(move |ctx: RequestContext, req: InjectBitRotReq, _payload| {
+                let s = s.clone();
+                async move {
+                    refuse_users(&ctx, "InjectBitRot")?;
+                    let target = s.target(req.target).map_err(Status::from)?;
+                    let engine = target.engine.clone();
+                    let chunk = match req.chunk {
+                        Some(chunk) => chunk,
+                        None => engine
+                            .committed_chunk_ids()
+                            .into_iter()
+                            .find(|c| engine.meta(*c).is_some_and(|m| m.committed.len_bytes > 0))
+                            .ok_or_else(|| {
+                                Status::new(fskv_types::ErrorCode::NotFound, format!("{} has no chunk with committed content", req.target))
+                            })?,
+                    };
+                    let len = engine.meta(chunk).map_or(0, |m| u64::from(m.committed.len_bytes));
+                    if len == 0 {
+                        return Err(Status::new(
+                            fskv_types::ErrorCode::NotFound,
+                            format!("{chunk} has no committed content on {}", req.target),
+                        ));
+                    }
+                    let offset_bytes = req.offset_bytes % len;
+                    tracing::warn!(target = %req.target, %chunk, offset_bytes, "injected bit rot (test build)");
+                    s.blocking(move || Ok(engine.corrupt_committed_byte(chunk, offset_bytes)?)).await.map_err(Status::from)?;
+                    Ok((InjectBitRotResp { chunk, offset_bytes }, Bytes::new()))
+                }
+            })
+        };
         router
     }
 
