@@ -219,6 +219,38 @@ def test_anonymous_reads_follow_the_acl_of_the_version_asked_for(s3, bucket):
     assert anon_status() == 403
 
 
+@pytest.mark.moto_gap  # moto does not evaluate bucket policies
+def test_batch_deletes_honour_a_policy_that_protects_versions(s3, bucket):
+    # A common guard: nobody, the owner included, deletes versions for good.
+    enable(s3, bucket)
+    v1 = s3.put_object(Bucket=bucket, Key="k", Body=b"one")["VersionId"]
+    s3.put_object(Bucket=bucket, Key="k", Body=b"two")
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:DeleteObjectVersion", "Resource": f"arn:aws:s3:::{bucket}/*"}]}))
+
+    try:
+        # Other gateway processes see a new policy within 2 s: probe with
+        # throwaway versions until a versioned delete is refused.
+        deadline = time.time() + 5
+        while True:
+            probe = s3.put_object(Bucket=bucket, Key="probe", Body=b"p")["VersionId"]
+            try:
+                s3.delete_object(Bucket=bucket, Key="probe", VersionId=probe)
+            except ClientError as e:
+                assert (http_status(e), error_code(e)) == (403, "AccessDenied")
+                break
+            assert time.time() < deadline, "the Deny policy never took effect"
+            time.sleep(0.1)
+
+        r = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "k", "VersionId": v1}, {"Key": "k"}]})
+        assert [(e["Key"], e.get("VersionId"), e["Code"]) for e in r.get("Errors", [])] == [("k", v1, "AccessDenied")]
+        # The delete without a version id is allowed: it only adds a marker.
+        assert [(d["Key"], d.get("DeleteMarker")) for d in r.get("Deleted", [])] == [("k", True)]
+        assert s3.get_object(Bucket=bucket, Key="k", VersionId=v1)["Body"].read() == b"one"
+    finally:
+        s3.delete_bucket_policy(Bucket=bucket)  # so the bucket can be emptied
+
+
 def test_conditional_reads_apply_to_the_version_asked_for(s3, bucket):
     enable(s3, bucket)
     v1 = s3.put_object(Bucket=bucket, Key="c", Body=b"first")

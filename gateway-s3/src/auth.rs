@@ -6,7 +6,7 @@
 //! before s3s runs (see `route.rs` and docs/gateway.md). Here s3s learns
 //! secrets, and [`Access`] decides every request with `crate::access::decide`.
 
-use crate::access::{self, Action, Decision, Facts, Principal, Resource};
+use crate::access::{self, Action, CannedAcl, Decision, Facts, Ownership, Policy, Principal, Resource};
 use crate::ops::Gateway;
 use crate::server::PreVerified;
 use fskv_gateway::KeyStore;
@@ -36,6 +36,36 @@ impl S3Auth for Keys {
 pub struct Acting {
     pub uid: u32,
     pub gid: u32,
+}
+
+/// What a DeleteObjects handler needs to decide each key on its own, set by
+/// [`Access`] when the bucket has a policy: the up-front check sees no
+/// keys (they are in the body) and decides `s3:DeleteObject` on any object
+/// of the bucket; each key is then decided again as `s3:DeleteObject` or,
+/// with a version id, `s3:DeleteObjectVersion` on that object, so a policy
+/// that denies deleting versions holds for batch deletes too.
+#[derive(Clone, Debug)]
+pub struct PerKeyAccess {
+    pub principal: Principal,
+    pub owner: bool,
+    pub bucket_acl: CannedAcl,
+    pub ownership: Ownership,
+    pub policy: Arc<Policy>,
+}
+
+impl PerKeyAccess {
+    /// Whether deleting `key` (at `version_id`) of `bucket` is allowed.
+    pub fn allows_delete(&self, bucket: &str, key: &str, version_id: Option<&str>) -> bool {
+        let action = Action::of_request("DeleteObject", version_id.is_some());
+        let facts = Facts {
+            owner: self.owner,
+            bucket_acl: self.bucket_acl,
+            object_acl: None,
+            ownership: self.ownership,
+            policy: Some(&self.policy),
+        };
+        access::decide(&self.principal, &action, &Resource::Object(bucket.to_string(), key.to_string()), &facts) == Decision::Allow
+    }
 }
 
 /// Every request is decided here, after s3s checked its signature (if any)
@@ -104,8 +134,18 @@ impl S3Access for Access {
         }
         match access::decide(&principal, &action, &resource, &facts) {
             Decision::Allow => {
+                let per_key = (op == "DeleteObjects").then_some(()).and(settings.policy.as_ref()).map(|policy| PerKeyAccess {
+                    principal: principal.clone(),
+                    owner,
+                    bucket_acl: facts.bucket_acl,
+                    ownership: facts.ownership,
+                    policy: Arc::new(policy.clone()),
+                });
                 if !owner {
                     cx.extensions_mut().insert(Acting { uid: dir.acl.uid, gid: dir.acl.gid });
+                }
+                if let Some(per_key) = per_key {
+                    cx.extensions_mut().insert(per_key);
                 }
                 Ok(())
             }
@@ -128,7 +168,30 @@ fn version_id_of(uri: &http::Uri) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::version_id_of;
+    use super::{version_id_of, PerKeyAccess};
+    use crate::access::{CannedAcl, Ownership, Policy, Principal};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_batch_delete_is_decided_per_key_and_version() {
+        let policy = Policy::parse(
+            r#"{"Version":"2012-10-17","Statement":[
+                {"Effect":"Deny","Principal":"*","Action":"s3:DeleteObjectVersion","Resource":"arn:aws:s3:::b/*"},
+                {"Effect":"Deny","Principal":"*","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::b/keep/*"}]}"#,
+            Some("b"),
+        )
+        .expect("policy");
+        let owner = PerKeyAccess {
+            principal: Principal::User { tenant: "t".into(), user: "u".into() },
+            owner: true,
+            bucket_acl: CannedAcl::Private,
+            ownership: Ownership::BucketOwnerEnforced,
+            policy: Arc::new(policy),
+        };
+        assert!(owner.allows_delete("b", "x", None));
+        assert!(!owner.allows_delete("b", "x", Some("v1")), "s3:DeleteObjectVersion is denied, even to the owner");
+        assert!(!owner.allows_delete("b", "keep/x", None), "a Deny on a prefix holds per key");
+    }
 
     #[test]
     fn the_version_id_is_read_from_the_query() {

@@ -224,7 +224,17 @@ impl S3 for Gateway {
         let quiet = req.input.delete.quiet.unwrap_or(false);
         let mut deleted = Vec::new();
         let mut errors = Vec::new();
+        let per_key = req.extensions.get::<crate::auth::PerKeyAccess>();
         for o in objects {
+            if per_key.is_some_and(|a| !a.allows_delete(&req.input.bucket, &o.key, o.version_id.as_deref())) {
+                errors.push(Error {
+                    key: Some(o.key.clone()),
+                    code: Some(s3s::S3ErrorCode::AccessDenied.as_str().to_string()),
+                    message: Some("Access Denied".to_string()),
+                    version_id: o.version_id.clone(),
+                });
+                continue;
+            }
             match this.delete_object(&req.input.bucket, &o.key, o.version_id.as_deref()).await {
                 Ok(d) if !quiet => {
                     let marker_made = d.delete_marker && o.version_id.is_none();
