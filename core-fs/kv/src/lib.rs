@@ -305,7 +305,7 @@ pub fn open_engine(spec: &str) -> KvResult<Arc<dyn KvEngine>> {
         }
     }
     Err(KvError::InvalidArgument(format!(
-        "unknown KV engine '{spec}': expected memory, rocksdb:PATH, etcd:http://HOST:PORT[,...] or fdb:CLUSTER_FILE"
+        "unknown KV engine '{spec}': expected memory, rocksdb:PATH[?sync=false], etcd:http://HOST:PORT[,...] or fdb:CLUSTER_FILE"
     )))
 }
 
