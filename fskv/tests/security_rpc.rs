@@ -564,6 +564,7 @@ fn a_user_key_acts_as_its_user_and_storage_wants_capabilities() {
                         mode: ForwardMode::ReplaceRemove,
                         tag,
                         chunk_size_hint_bytes: None,
+                        recent: Vec::new(),
                     },
                     Bytes::new(),
                     opts,

@@ -12,7 +12,10 @@ use crate::checksum;
 use crate::error::{ChunkError, Result};
 use crate::journal::{AppendDelta, DeltaKind, Journal};
 use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
-use crate::meta::{chunk_from_key, chunk_key, segment_key, BlockRef, ChunkMeta, PendingState, UpdateTag, VersionData, CHUNK_KEY_PREFIX};
+use crate::meta::{
+    chunk_from_key, chunk_key, segment_key, BlockRef, ChunkMeta, PendingState, RecentCommit, UpdateTag, VersionData, CHUNK_KEY_PREFIX,
+    RECENT_COMMITS,
+};
 use fskv_types::{ChunkId, InodeId};
 use parking_lot::{Mutex, RwLock};
 use rocksdb::{WriteBatch, WriteOptions, DB};
@@ -902,19 +905,34 @@ impl ChunkEngine {
     // ----- full-chunk replace (recovery) -----
 
     /// Replaces the chunk's content with `data` as committed version
-    /// `version`, dropping any pending version (recovery writes).
-    pub fn replace(&self, chunk: ChunkId, chain_ver: u32, version: u64, data: &[u8], tag: UpdateTag) -> Result<()> {
+    /// `version`, dropping any pending version (recovery writes). `recent`:
+    /// the tags of the sender's older committed versions (so a late retry
+    /// of one is still recognised here); at most [`RECENT_COMMITS`], each
+    /// below `version`, else `InvalidArgument` (they come from a peer).
+    pub fn replace(
+        &self,
+        chunk: ChunkId,
+        chain_ver: u32,
+        version: u64,
+        data: &[u8],
+        tag: UpdateTag,
+        recent: Vec<RecentCommit>,
+    ) -> Result<()> {
         let _span = tracing::debug_span!("chunk_replace", chunk = %chunk, version).entered();
         self.check_alive()?;
         if version == 0 || data.len() as u64 > MAX_CHUNK_BYTES {
             return Err(ChunkError::InvalidArgument(format!("{chunk}: replace needs version > 0 and at most {MAX_CHUNK_BYTES} bytes")));
         }
+        if recent.len() > RECENT_COMMITS || recent.iter().any(|r| r.version >= version) {
+            return Err(ChunkError::InvalidArgument(format!(
+                "{chunk}: a replace at version {version} carries {} older versions' tags (at most {RECENT_COMMITS}, each older)",
+                recent.len()
+            )));
+        }
         let _guard = self.lock(chunk);
         let old = self.cached(chunk);
         let nc = self.write_new_block(chunk, data, tag, (0, None))?;
-        // Recovery replaces the whole history: tags of versions this target
-        // never applied are unknown, so none are kept.
-        let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None, recent: Vec::new() };
+        let meta = ChunkMeta { chain_ver, committed_ver: version, committed: nc.data, pending: None, recent };
         let new = Cached { meta, committed_block: nc.handle, pending_block: None, journaled: false };
         self.persist_and_swap(chunk, old.as_deref(), Some(new), true)
     }

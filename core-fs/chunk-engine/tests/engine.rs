@@ -320,10 +320,19 @@ fn last_chunk_dump_and_replace() {
     assert_eq!(ids, vec![cid(19, 99), cid(20, 0), cid(20, 3), cid(20, 17), cid(21, 0)]);
     // Full-chunk replace sets committed directly and drops a pending version.
     write(&e, cid(20, 3), 1, b"pending", 2);
-    e.replace(cid(20, 3), 4, 9, b"recovered", tag(3)).unwrap();
+    e.replace(cid(20, 3), 4, 9, b"recovered", tag(3), Vec::new()).unwrap();
     let m = e.meta(cid(20, 3)).unwrap();
     assert_eq!((m.committed_ver, m.pending_ver(), m.chain_ver), (9, None, 4));
     assert_eq!(read_all(&e, cid(20, 3)), b"recovered");
+    // The sender's older versions' tags come along (late retries of them
+    // stay recognised); more than RECENT_COMMITS, or one not older, is refused.
+    let older = |v: u64| fskv_chunk_engine::RecentCommit { tag: tag(v), version: v, len_bytes: 1, crc: 0 };
+    e.replace(cid(20, 3), 4, 10, b"recovered2", tag(10), vec![older(8), older(9)]).unwrap();
+    assert_eq!(e.meta(cid(20, 3)).unwrap().recent, vec![older(8), older(9)]);
+    let too_many: Vec<_> = (1..=fskv_chunk_engine::RECENT_COMMITS as u64 + 1).map(older).collect();
+    assert!(e.replace(cid(20, 3), 4, 11, b"x", tag(11), too_many).is_err());
+    assert!(e.replace(cid(20, 3), 4, 11, b"x", tag(11), vec![older(11)]).is_err());
+    assert_eq!(e.meta(cid(20, 3)).unwrap().committed_ver, 10);
     e.check_invariants().unwrap();
 }
 

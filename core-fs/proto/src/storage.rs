@@ -86,6 +86,21 @@ pub struct ForwardReq {
     pub mode: ForwardMode,
     pub tag: RequestTag,
     pub chunk_size_hint_bytes: Option<u64>,
+    /// `FullReplace` only: the tags of the chunk's older committed versions
+    /// at the sender (oldest first, at most 8: the chunk engine's
+    /// `RECENT_COMMITS`), kept with the replaced chunk so a late retry of
+    /// one of them is recognised there too. Empty otherwise.
+    #[serde(default)]
+    pub recent: Vec<RecentTag>,
+}
+
+/// An older committed version's request tag (see [`ForwardReq::recent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecentTag {
+    pub tag: RequestTag,
+    pub version: u64,
+    pub len_bytes: u32,
+    pub crc: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -103,9 +103,9 @@
 
 use crate::chain::{self, ChainPosition, ForwardKind, Origin, Successor};
 use crate::error::StorageError;
-use fskv_chunk_engine::{UpdateOutcome, UpdateTag};
+use fskv_chunk_engine::{RecentCommit, UpdateOutcome, UpdateTag};
 use fskv_proto::routing::{ChainInfo, ChainRoles, PublicTargetState};
-use fskv_proto::storage::{ForwardMode, ForwardReq, RemoteChunkMeta, RequestTag, UpdateOp};
+use fskv_proto::storage::{ForwardMode, ForwardReq, RecentTag, RemoteChunkMeta, RequestTag, UpdateOp};
 use fskv_types::{ChainId, ErrorCode, NodeId, TargetId};
 
 /// The engine's update tag of a request tag (one identity end to end).
@@ -117,6 +117,17 @@ pub fn engine_tag(tag: RequestTag) -> UpdateTag {
 /// version, so the synced target recognises a retry of that request).
 pub fn request_tag(tag: UpdateTag) -> RequestTag {
     RequestTag { client: tag.client, request: tag.request }
+}
+
+/// The older committed versions' tags of a chunk, as a full-chunk replace
+/// carries them (`ForwardReq::recent`).
+pub fn recent_tags(recent: &[RecentCommit]) -> Vec<RecentTag> {
+    recent.iter().map(|r| RecentTag { tag: request_tag(r.tag), version: r.version, len_bytes: r.len_bytes, crc: r.crc }).collect()
+}
+
+/// The inverse of [`recent_tags`], at the receiving target.
+pub fn recent_commits(recent: &[RecentTag]) -> Vec<RecentCommit> {
+    recent.iter().map(|r| RecentCommit { tag: engine_tag(r.tag), version: r.version, len_bytes: r.len_bytes, crc: r.crc }).collect()
 }
 
 /// A pending version found in the chunk when a step starts: a write's or a
@@ -618,6 +629,7 @@ mod tests {
             mode,
             tag: TAG,
             chunk_size_hint_bytes: None,
+            recent: Vec::new(),
         }
     }
 

@@ -439,3 +439,40 @@ async fn left_over_pending_committed_at_the_tail_is_kept_by_the_next_write() {
     .await;
     cluster.shutdown().await;
 }
+
+/// A late retry of a write that committed several versions ago is still
+/// recognised on a target that got the chunk by a sync, not by the writes:
+/// the sync sends the tags of the older versions with the chunk (before,
+/// it sent only the committed version's, and the retry was applied again
+/// over the newer writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_synced_target_recognises_a_late_retry_of_an_older_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = three_node_cluster(dir.path()).await;
+    with_timeout(async {
+        let c = client(&cluster);
+        let chunk = ChunkId::new(InodeId(30), 0);
+        let old = c.new_tag();
+        let first = c.write_tagged(CHAIN, chunk, 0, Bytes::from_static(b"old!"), old).await.unwrap();
+        c.write(CHAIN, chunk, 0, Bytes::from_static(b"new1")).await.unwrap();
+        c.write(CHAIN, chunk, 0, Bytes::from_static(b"new2")).await.unwrap();
+        // The tail is replaced by an empty disk and syncs everything.
+        cluster.stop_node(2).await;
+        cluster.set_state(TargetId(3), PublicTargetState::Offline);
+        cluster.start_node(2, true).await.unwrap();
+        cluster.set_state(TargetId(3), PublicTargetState::Syncing);
+        wait_up_to_date(&cluster, 2, TargetId(3)).await;
+        cluster.set_state(TargetId(3), PublicTargetState::Serving);
+        // The synced target becomes the head (the others go offline) and
+        // the client's retry of the first write arrives there.
+        cluster.set_state(TargetId(1), PublicTargetState::Offline);
+        cluster.set_state(TargetId(2), PublicTargetState::Offline);
+        let again = c.write_tagged(CHAIN, chunk, 0, Bytes::from_static(b"old!"), old).await.unwrap();
+        assert!(again.duplicate, "the retry was applied again: {again:?}");
+        assert_eq!(again.version, first.version);
+        let read = c.read(CHAIN, chunk, 0, 100, false).await.unwrap();
+        assert_eq!(&read.data[..], b"new2", "the retry overwrote newer writes");
+    })
+    .await;
+    cluster.shutdown().await;
+}

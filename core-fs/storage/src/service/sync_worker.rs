@@ -16,8 +16,8 @@ use bytes::Bytes;
 use fskv_chunk_engine::ReadMode;
 use fskv_proto::routing::ChainRoles;
 use fskv_proto::storage::{
-    DumpChunkMeta, DumpChunkMetaReq, ForwardChunk, ForwardMode, ForwardReq, RemoteChunkMeta, RequestTag, SyncDone, SyncReq, SyncStart,
-    UpdateOp,
+    DumpChunkMeta, DumpChunkMetaReq, ForwardChunk, ForwardMode, ForwardReq, RecentTag, RemoteChunkMeta, RequestTag, SyncDone, SyncReq,
+    SyncStart, UpdateOp,
 };
 use fskv_types::{ChainId, ChunkId, TargetId};
 use std::collections::{HashMap, HashSet};
@@ -156,7 +156,8 @@ impl StorageService {
                 }
             };
             let tag = craq::request_tag(tag);
-            self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data).await?;
+            let recent = target.engine.meta(chunk).map_or_else(Vec::new, |m| craq::recent_tags(&m.recent_after_commit()));
+            self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data, recent).await?;
             let engine = target.engine.clone();
             self.blocking(move || Ok(engine.commit(chunk, version)?)).await?;
             info!(%chunk, version, "a left-over pending version sent to the syncing successor and committed");
@@ -166,7 +167,7 @@ impl StorageService {
         // The committed version's request tag goes with the chunk, so the
         // synced target recognises a retry of that request (seed 422: a
         // head that got the chunk by sync applied a client's retry again).
-        // Only that one: the tags of older versions (`recent`) stay behind.
+        // The tags of the older versions (`recent`) go too (below).
         let tag = current.as_ref().map_or(RequestTag::default(), |m| craq::request_tag(m.committed.tag));
         let (mode, data) = match decision {
             None | Some(SyncAction::Skip(_)) => return Ok(()),
@@ -186,7 +187,10 @@ impl StorageService {
             }
         };
         debug!(%chunk, ?decision, "sync transfer");
-        self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data).await
+        // With the tags of the older versions: a late retry of one of them
+        // is recognised on the synced target too (it may become the head).
+        let recent = current.as_ref().map_or_else(Vec::new, |m| craq::recent_tags(&m.recent));
+        self.send_replace(target.id, addr, succ, chain_id, chain_ver, chunk, mode, tag, data, recent).await
     }
 
     /// A full-chunk replace or a replace-remove of `chunk` to the syncing
@@ -203,6 +207,7 @@ impl StorageService {
         mode: ForwardMode,
         tag: RequestTag,
         data: Bytes,
+        recent: Vec<RecentTag>,
     ) -> Result<()> {
         let (removal, len) = (matches!(mode, ForwardMode::ReplaceRemove), data.len() as u64);
         let fwd = ForwardReq {
@@ -215,6 +220,7 @@ impl StorageService {
             mode,
             tag: if removal { RequestTag::default() } else { tag },
             chunk_size_hint_bytes: None,
+            recent: if removal { Vec::new() } else { recent },
         };
         self.inner
             .rpc

@@ -13,10 +13,10 @@
 
 use super::{StorageService, Target};
 use crate::chain::Origin;
-use crate::craq::{engine_tag, Applied, Effect, LeftOver, Payload, SettleEffect, SettleOutcome, SettleStep, WriteStep};
+use crate::craq::{self, engine_tag, Applied, Effect, LeftOver, Payload, SettleEffect, SettleOutcome, SettleStep, WriteStep};
 use crate::error::{Result, StorageError};
 use bytes::{Bytes, BytesMut};
-use fskv_chunk_engine::{ChunkEngine, ReadMode, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest, UpdateTag};
+use fskv_chunk_engine::{ChunkEngine, ReadMode, RecentCommit, UpdateKind, UpdateOptions, UpdateOutcome, UpdateRequest, UpdateTag};
 use fskv_proto::routing::RoutingInfo;
 use fskv_proto::storage::{
     CopyRangeReq, CopyRangeResp, CopySource, ForwardChunk, ForwardMode, ForwardReq, ForwardResp, QueryChunk, QueryChunkReq,
@@ -120,6 +120,7 @@ impl StorageService {
             mode: ForwardMode::Update { version: 0 },
             tag: req.tag,
             chunk_size_hint_bytes: req.chunk_size_hint_bytes,
+            recent: Vec::new(),
         };
         let applied = self.run_step(&target, Origin::Client, &fwd, payload).await?;
         Ok(WriteResp { version: applied.version, len_bytes: applied.len_bytes, crc: applied.crc, duplicate: applied.duplicate })
@@ -251,8 +252,9 @@ impl StorageService {
                 Effect::ApplyReplace => {
                     let (engine, chunk, mode, tag, data) =
                         (target.engine.clone(), req.chunk, req.mode, engine_tag(req.tag), payload.clone());
+                    let recent = craq::recent_commits(&req.recent);
                     let len = data.len();
-                    let version = self.blocking(move || replace_locally(&engine, chunk, mode, tag, &data)).await;
+                    let version = self.blocking(move || replace_locally(&engine, chunk, mode, tag, &data, recent)).await;
                     if version.is_ok() {
                         self.inner.metrics.wrote(target.id, len);
                     }
@@ -324,13 +326,19 @@ impl StorageService {
         data: &Bytes,
     ) -> Result<()> {
         let addr = Self::addr_of(routing, node)?;
-        let (mode, data) = match what {
-            Payload::Update { version } => (ForwardMode::Update { version }, data.clone()),
-            Payload::FullChunk { version } => self.full_chunk(target, req.chunk, version, req.chain_ver).await?,
-            Payload::Remove => (ForwardMode::ReplaceRemove, Bytes::new()),
-            Payload::Relay => (req.mode, data.clone()),
+        let (mode, data, recent) = match what {
+            Payload::Update { version } => (ForwardMode::Update { version }, data.clone(), Vec::new()),
+            Payload::FullChunk { version } => {
+                let (mode, data) = self.full_chunk(target, req.chunk, version, req.chain_ver).await?;
+                // The pending version goes as committed: the committed one
+                // here joins the older versions' tags it carries.
+                let recent = target.engine.meta(req.chunk).map_or_else(Vec::new, |m| craq::recent_tags(&m.recent_after_commit()));
+                (mode, data, recent)
+            }
+            Payload::Remove => (ForwardMode::ReplaceRemove, Bytes::new(), Vec::new()),
+            Payload::Relay => (req.mode, data.clone(), req.recent.clone()),
         };
-        let fwd = ForwardReq { from: target.id, to, mode, ..req.clone() };
+        let fwd = ForwardReq { from: target.id, to, mode, recent, ..req.clone() };
         self.inner
             .rpc
             .call::<ForwardChunk>(&addr, &fwd, data, self.call_opts())
@@ -463,6 +471,7 @@ impl StorageService {
                 mode: ForwardMode::Update { version: 0 },
                 tag: req.tag,
                 chunk_size_hint_bytes: None,
+                recent: Vec::new(),
             };
             self.run_step(&target, Origin::Client, &fwd, Bytes::new()).await?;
             removed += 1;
@@ -472,14 +481,21 @@ impl StorageService {
 
 /// Applies a full-chunk replace or a replace-remove to the local engine;
 /// idempotent (an equal committed version is left alone).
-fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag: UpdateTag, data: &[u8]) -> Result<u64> {
+fn replace_locally(
+    engine: &ChunkEngine,
+    chunk: ChunkId,
+    mode: ForwardMode,
+    tag: UpdateTag,
+    data: &[u8],
+    recent: Vec<RecentCommit>,
+) -> Result<u64> {
     match mode {
         ForwardMode::FullReplace { version, chunk_chain_ver, crc, len_bytes } => {
             let same = engine.meta(chunk).is_some_and(|m| {
                 m.committed_ver == version && m.pending.is_none() && m.committed.crc == crc && m.committed.len_bytes == len_bytes
             });
             if !same {
-                engine.replace(chunk, chunk_chain_ver, version, data, tag)?;
+                engine.replace(chunk, chunk_chain_ver, version, data, tag, recent)?;
             }
             Ok(version)
         }
@@ -487,7 +503,7 @@ fn replace_locally(engine: &ChunkEngine, chunk: ChunkId, mode: ForwardMode, tag:
             let Some(meta) = engine.meta(chunk) else { return Ok(0) };
             if meta.committed_ver == 0 {
                 // Pending only: make it committed (empty) so it can be removed.
-                engine.replace(chunk, meta.chain_ver, 1, &[], tag)?;
+                engine.replace(chunk, meta.chain_ver, 1, &[], tag, Vec::new())?;
             }
             let committed = engine.meta(chunk).map_or(0, |m| m.committed_ver);
             engine.update_and_commit(&UpdateRequest {
