@@ -11,31 +11,16 @@
 mod common;
 
 use bytes::Bytes;
-use common::{free_base_port, fskv_ok, start_up, stop_up, wait_cluster_healthy};
+use common::{free_base_port, fskv_ok, random_file, start_up, stop_up, wait_cluster_healthy};
 use fskv_proto::storage::{InjectBitRot, InjectBitRotReq};
 use fskv_rpc::{CallOptions, ClientConfig, ErrorCode, RpcClient, TcpTransport};
 use fskv_types::TargetId;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bound on every damaged chunk being repaired by reads (the file is read
 /// again and again until then).
 const REPAIR_BOUND: Duration = Duration::from_secs(60);
-
-fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, &data).unwrap();
-    data
-}
 
 /// target → (corrupt found by the scrubber, repaired), from `fskv admin status --json`.
 fn scrub_counts(mgmtd: &str) -> Vec<(u64, u64, u64)> {

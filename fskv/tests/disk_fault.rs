@@ -12,7 +12,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{free_base_port, fskv_ok, start_up, stop_up, wait_cluster_healthy};
+use common::{free_base_port, fskv_ok, random_file, start_up, stop_up, wait_cluster_healthy};
 use fskv_proto::mgmtd::MgmtdStatus;
 use fskv_proto::routing::PublicTargetState;
 use fskv_proto::storage::{DiskFaultOp, InjectDiskFault, InjectDiskFaultReq};
@@ -28,20 +28,6 @@ const EIO: i32 = 5;
 /// after the fault (heartbeat every second + mgmtd's tick, with slack for a
 /// loaded CI machine).
 const OFFLINE_BOUND: Duration = Duration::from_secs(15);
-
-fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, &data).unwrap();
-    data
-}
 
 fn get(mgmtd: &str, remote: &str, local: &Path) -> Vec<u8> {
     let _ = std::fs::remove_file(local);

@@ -272,3 +272,18 @@ impl Drop for UpGuard {
         }
     }
 }
+
+/// Writes `len` pseudo-random bytes (xorshift from `seed`) to `path` and returns them.
+pub fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, &data).unwrap();
+    data
+}
