@@ -1,6 +1,7 @@
 //! Deterministic simulation (turmoil) of two mgmtd instances (primary +
 //! standby on one KV engine) + 3–6 storage nodes + 2 writing clients (4 KiB
-//! writes, and one chunk removal in [`REMOVE_ONE_IN`] operations) under
+//! writes; one chunk removal and one truncation in [`REMOVE_ONE_IN`]
+//! operations) under
 //! random crashes, restarts, pauses longer than T and partitions (the
 //! primary mgmtd crashed, isolated and paused too), disk faults (a target's
 //! block-file reads or writes fail with EIO through the chunk engine's
@@ -78,7 +79,8 @@ const REGION_BYTES: usize = 4096;
 const REGIONS_PER_CHUNK: u64 = 4;
 const CHUNKS_PER_WRITER: u64 = 4;
 const WRITERS: u64 = 2;
-/// A writer's operation is a chunk removal one time in this many.
+/// A writer's operation is a chunk removal one time in this many, and a
+/// truncation as often.
 const REMOVE_ONE_IN: u32 = 12;
 const MGMTD_PORT: u16 = 9000;
 const STORAGE_PORT: u16 = 9100;
@@ -298,20 +300,22 @@ fn now_ms() -> u64 {
 
 // ---------------------------------------------------------------- shared state
 
-/// One client write or removal, in issue order per writer (a removal is
-/// recorded in every region of its chunk).
+/// One client write, removal or truncation, in issue order per writer (a
+/// removal is recorded in every region of its chunk, a truncation in every
+/// region it cuts off).
 #[derive(Clone, Debug)]
 struct WriteRecord {
     writer: u64,
     seq: u64,
     acked: bool,
-    /// The chunk's removal: the region reads as nothing or as zeros after it.
+    /// The chunk's removal, or its truncation at or below this region: the
+    /// region reads as nothing or as zeros after it.
     removal: bool,
 }
 
 impl WriteRecord {
     /// Whether `got` (the region's bytes, `None` past the chunk's end) is
-    /// what this write or removal left there.
+    /// what this operation left there.
     fn left(&self, got: Option<&[u8]>) -> bool {
         match got {
             _ if self.removal => got.is_none_or(|b| b.iter().all(|x| *x == 0)),
@@ -699,21 +703,28 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
         seq += 1;
         let region = regions[rng.gen_range(0..regions.len())];
         let (chain, chunk, r) = region;
-        // One in REMOVE_ONE_IN operations removes the whole chunk (as a
-        // truncate or unlink does), so versions restart and removals can be
-        // left pending as writes are.
-        let removal = rng.gen_range(0..REMOVE_ONE_IN) == 0;
+        // One in REMOVE_ONE_IN operations removes the whole chunk (as an
+        // unlink does), so versions restart and removals can be left
+        // pending as writes are; as many truncate it to a region boundary
+        // (as a truncate does: the regions from there on are cut off).
+        let (removal, cut_from) = match rng.gen_range(0..REMOVE_ONE_IN) {
+            0 => (true, 0),
+            1 => (false, r),
+            _ => (false, REGIONS_PER_CHUNK),
+        };
         let result = if removal {
             client.remove(chain, chunk).await
+        } else if cut_from < REGIONS_PER_CHUNK {
+            client.truncate(chain, chunk, cut_from * REGION_BYTES as u64).await
         } else {
             client.write(chain, chunk, r * REGION_BYTES as u64, pattern(writer, seq)).await
         };
         let acked = result.is_ok();
         {
             let mut s = ctx.shared.lock().unwrap();
-            let record = WriteRecord { writer, seq, acked, removal };
-            if removal {
-                for r in 0..REGIONS_PER_CHUNK {
+            let record = WriteRecord { writer, seq, acked, removal: removal || cut_from < REGIONS_PER_CHUNK };
+            if record.removal {
+                for r in cut_from..REGIONS_PER_CHUNK {
                     s.writes.entry((chain, chunk, r)).or_default().push(record.clone());
                 }
             } else {
@@ -725,7 +736,13 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
                 s.failed += 1;
             }
         }
-        let what = if removal { format!("removal {seq} of {chain} {chunk}") } else { format!("write {seq} to {chain} {chunk} region {r}") };
+        let what = if removal {
+            format!("removal {seq} of {chain} {chunk}")
+        } else if cut_from < REGIONS_PER_CHUNK {
+            format!("truncation {seq} of {chain} {chunk} to region {cut_from}")
+        } else {
+            format!("write {seq} to {chain} {chunk} region {r}")
+        };
         match result {
             Ok(_) => ctx.trace(format!("{who} {what} acked")),
             Err(e) => ctx.trace(format!("{who} {what} failed: {e}")),
