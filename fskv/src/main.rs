@@ -13,6 +13,7 @@ mod fsck_chunks;
 mod gateway_cmd;
 mod identity;
 mod kv_gateway_bench;
+mod malloc;
 mod meta_cmd;
 mod mgmtd_cmd;
 mod mount_cmd;
@@ -109,6 +110,7 @@ fn init_logging(level: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    malloc::tune();
     let cli = Cli::parse();
     let mut config = match config::Config::load(cli.config.as_deref()) {
         Ok(c) => c,

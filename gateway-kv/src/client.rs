@@ -5,7 +5,7 @@
 
 use crate::frame::{self, Op, RequestItem, Response as FrameResponse, Version};
 use crate::record;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -68,6 +68,10 @@ pub struct KvClient {
     timeout_ms: u64,
 }
 
+/// A response body's announced length is allocated up front up to this
+/// (a peer's `Content-Length` alone never reserves more).
+const PREALLOCATE_MAX_BYTES: u64 = 256 << 20;
+
 fn enc(b: &[u8]) -> String {
     percent_encoding::percent_encode(b, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
@@ -97,9 +101,20 @@ impl KvClient {
         let req = b.body(Full::new(body)).map_err(|e| ClientError::Transport(e.to_string()))?;
         let fut = async {
             let resp = self.http.request(req).await.map_err(|e| ClientError::Transport(e.to_string()))?;
-            let (parts, body) = resp.into_parts();
-            let bytes = body.collect().await.map_err(|e| ClientError::Transport(e.to_string()))?.to_bytes();
-            Ok(http::Response::from_parts(parts, bytes))
+            let (parts, mut body) = resp.into_parts();
+            // One buffer of the announced length, filled as frames arrive:
+            // each received frame is freed at once (hyper reuses its read
+            // buffer) instead of all of them being kept and then copied.
+            let announced =
+                parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+            let mut bytes = BytesMut::with_capacity(announced.unwrap_or(0).min(PREALLOCATE_MAX_BYTES) as usize);
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(|e| ClientError::Transport(e.to_string()))?;
+                if let Ok(data) = frame.into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+            }
+            Ok(http::Response::from_parts(parts, bytes.freeze()))
         };
         let resp = tokio::time::timeout(Duration::from_millis(self.timeout_ms), fut)
             .await

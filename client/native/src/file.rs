@@ -903,8 +903,12 @@ impl FileHandle {
     async fn read_chunks(&self, offset: u64, len: u64) -> Result<Bytes> {
         let pieces = split_range(offset, len, self.chunk_bytes());
         let inflight = self.shared.client.config.max_inflight_chunks;
-        let parts: Vec<Bytes> =
+        let mut parts: Vec<Bytes> =
             futures::stream::iter(pieces.into_iter().map(|p| self.read_piece(p))).buffered(inflight).try_collect().await?;
+        if parts.len() == 1 {
+            // One chunk's piece: the storage reply itself, not a copy of it.
+            return Ok(parts.pop().unwrap_or_default());
+        }
         let mut out = BytesMut::with_capacity(usize::try_from(len).unwrap_or(0));
         for part in parts {
             out.extend_from_slice(&part);

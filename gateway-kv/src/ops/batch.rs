@@ -25,9 +25,6 @@ use http::{Response, StatusCode};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Bytes per read of a batch get.
-const BATCH_PIECE_BYTES: u64 = 4 << 20;
-
 fn frame_headers(extra: Vec<(HeaderName, String)>) -> Vec<(HeaderName, String)> {
     let mut h = vec![(CONTENT_TYPE, FRAME_CONTENT_TYPE.to_string())];
     h.extend(extra);
@@ -103,6 +100,8 @@ impl Kv {
         let mut segments = vec![Segment::Ready(frame::response_header(Op::Get, statuses.len() as u32))];
         let mut total = frame::HEADER_BYTES as u64 + frame::TRAILER_BYTES as u64;
         let mut checks = Vec::new();
+        // The largest chunk of the values read: the readahead counts reads of it.
+        let mut chunk_bytes = 4096u64;
         let mut streamed: Vec<Vec<u8>> = Vec::new();
         {
             let mut acc = self.accesses.lock();
@@ -130,7 +129,10 @@ impl Kv {
                     Ok(h) => Arc::new(h),
                     Err(e) => return Err(KvError::from_code(e.code(), "batch get", KvError::NoSuchKey)),
                 };
-                read_segments(&handle, 0, size, BATCH_PIECE_BYTES, &mut segments);
+                // One read per chunk, as a single GET: each reply goes out
+                // as it came, never concatenated into a bigger buffer.
+                chunk_bytes = chunk_bytes.max(u64::from(handle.layout().chunk_size_bytes).max(4096));
+                read_segments(&handle, 0, size, u64::from(handle.layout().chunk_size_bytes), &mut segments);
                 checks.push(id);
                 acc.begin_read(&ns.name, &item.0.key, id.0, now);
                 streamed.push(item.0.key.to_vec());
@@ -138,7 +140,7 @@ impl Kv {
         }
         segments.extend(checks.into_iter().map(Segment::CheckLinked));
         segments.push(Segment::Ready(frame::trailer(tally.ok, tally.prefix, 0)));
-        let readahead = (self.cfg.limits.batch_readahead_bytes / BATCH_PIECE_BYTES).max(2) as usize;
+        let readahead = (self.cfg.limits.batch_readahead_bytes / chunk_bytes).max(2) as usize;
         let kv = self.clone();
         let ns_name = ns.name.clone();
         let body = stream_segments(self.store.clone(), segments, readahead, Some(total), move || {
