@@ -6,9 +6,11 @@
 //! | `M_MMAP_THRESHOLD` | 128 KiB, raised on each free of a larger mapped block (dynamic) | [`MMAP_THRESHOLD_BYTES`] (fixed) | chunk-sized buffers (512 KiB–4 MiB: RPC replies, HTTP frames) come from the heap, not from a fresh `mmap` whose pages fault in again on every use |
 //! | `M_TRIM_THRESHOLD` | 2 × the mmap threshold (dynamic: ~1 MiB here) | [`TRIM_THRESHOLD_BYTES`] | memory freed by one streamed read stays for the next instead of going back to the kernel after every burst |
 //!
-//! Measured (docs/BENCHMARKS.md, "Batch get: malloc settings"): a KV batch
-//! get of 16 × 4 MiB went 1803 → 2055 MiB/s on one gateway process; before,
-//! ~9 % of the gateway's samples were page faults of fresh buffers.
+//! Measured (docs/BENCHMARKS.md, "Batch get: the client's copy, 4 MiB
+//! pieces and malloc settings"): a KV batch get of 16 × 4 MiB went
+//! 1805 → 1979 MiB/s straight to one gateway process and 1113 → 1424 MiB/s
+//! through the front; S3 GET 64 MiB +12–28 %. Before, ~9 % of the gateway's
+//! samples were page faults of fresh buffers.
 //!
 //! The cost: a process keeps up to its peak heap (at most
 //! [`TRIM_THRESHOLD_BYTES`] of free space at the top of an arena) after a
