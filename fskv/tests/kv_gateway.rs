@@ -103,6 +103,15 @@ async fn single_key_ops(c: &Cluster) {
     assert!(got.bytes == big, "10 MiB value read back identical");
     let r = c.reader.get_with("t", b"big", &[("range", format!("bytes={}-{}", 5 << 20, (5 << 20) + 99))]).await.unwrap().unwrap();
     assert_eq!(&r.bytes[..], &big[5 << 20..(5 << 20) + 100]);
+    // A batch get streams a many-chunk value chunk by chunk, in order, next
+    // to a small and a missing key.
+    w.put("t", b"small", "s", &PutOptions::default()).await.unwrap();
+    let r = c.reader.batch_get("t", &[b"big", b"nope", b"small", b"big"]).await.unwrap();
+    assert_eq!(r.ok, 3);
+    assert!(r.items[0].status == Status::Ok && r.items[0].value == big, "10 MiB value in a batch, identical");
+    assert_eq!(r.items[1].status, Status::NotFound);
+    assert_eq!((r.items[2].status, &r.items[2].value[..]), (Status::Ok, &b"s"[..]));
+    assert!(r.items[3].value == big, "the same value twice in one batch");
     // TTL.
     w.put("t", b"ttl", "x", &PutOptions { ttl_ms: Some(300), ..Default::default() }).await.unwrap();
     assert!(w.get("t", b"ttl").await.unwrap().is_some());
