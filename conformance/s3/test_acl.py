@@ -256,6 +256,36 @@ def test_policy_round_trip_and_anonymous_allow(s3, bucket):
 
 
 @gateway_only
+def test_batch_deletes_are_decided_per_key_under_a_partial_deny(s3, bucket):
+    # A Deny on part of the bucket refuses those keys only, as AWS answers:
+    # the rest of the batch is deleted.
+    for k in ("keep/a", "tmp/b", "c"):
+        s3.put_object(Bucket=bucket, Key=k, Body=b"x")
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:DeleteObject", "Resource": f"arn:aws:s3:::{bucket}/keep/*"}]}))
+    try:
+        # Other gateway processes see a new policy within 2 s.
+        deadline = time.time() + 5
+        while True:
+            s3.put_object(Bucket=bucket, Key="keep/probe", Body=b"p")
+            try:
+                s3.delete_object(Bucket=bucket, Key="keep/probe")
+            except ClientError as e:
+                assert (http_status(e), error_code(e)) == (403, "AccessDenied")
+                break
+            assert time.time() < deadline, "the Deny policy never took effect"
+            time.sleep(0.1)
+
+        r = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "keep/a"}, {"Key": "tmp/b"}, {"Key": "c"}]})
+        assert [(e["Key"], e["Code"]) for e in r.get("Errors", [])] == [("keep/a", "AccessDenied")]
+        assert sorted(d["Key"] for d in r.get("Deleted", [])) == ["c", "tmp/b"]
+        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", []))
+        assert keys == ["keep/a", "keep/probe"]
+    finally:
+        s3.delete_bucket_policy(Bucket=bucket)  # so the bucket can be emptied
+
+
+@gateway_only
 def test_deny_policy_beats_a_public_read_acl_and_the_owner(s3, bucket):
     s3.put_object(Bucket=bucket, Key="secret/x", Body=b"s", ACL="public-read")
     s3.put_object(Bucket=bucket, Key="open/y", Body=b"o", ACL="public-read")

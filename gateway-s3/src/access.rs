@@ -322,9 +322,11 @@ impl Action {
 pub enum Resource {
     Bucket(String),
     Object(String, String),
-    /// Some objects of the bucket, named in the body (DeleteObjects): a
-    /// Deny matches when it could match any object of the bucket, an Allow
-    /// only when it matches every object.
+    /// Some objects of the bucket, named in the body (DeleteObjects): the
+    /// up-front check of a batch whose keys are then decided one by one
+    /// (`auth::PerKeyAccess`), so it refuses only what no key could pass:
+    /// an Allow matches when it could match some object of the bucket, a
+    /// Deny only when it matches every object.
     AnyObject(String),
 }
 
@@ -499,8 +501,8 @@ impl Policy {
             let r = match (resource, s.effect) {
                 (Resource::Bucket(b), _) => s.resources.iter().any(|pat| glob(pat, &format!("arn:aws:s3:::{b}"))),
                 (Resource::Object(b, k), _) => s.resources.iter().any(|pat| glob(pat, &format!("arn:aws:s3:::{b}/{k}"))),
-                (Resource::AnyObject(b), Effect::Deny) => s.resources.iter().any(|pat| glob_prefix(pat, &format!("arn:aws:s3:::{b}/"))),
-                (Resource::AnyObject(b), Effect::Allow) => {
+                (Resource::AnyObject(b), Effect::Allow) => s.resources.iter().any(|pat| glob_prefix(pat, &format!("arn:aws:s3:::{b}/"))),
+                (Resource::AnyObject(b), Effect::Deny) => {
                     s.resources.iter().any(|pat| pat.ends_with('*') && glob(pat, &format!("arn:aws:s3:::{b}/")))
                 }
             };
@@ -845,34 +847,32 @@ mod tests {
     }
 
     #[test]
-    fn delete_objects_batches_are_denied_by_any_deny_inside_the_bucket() {
+    fn a_delete_objects_batch_is_refused_up_front_only_when_no_key_could_pass() {
         let del = Action::of_operation("DeleteObjects");
         let any = Resource::AnyObject("b".into());
-        let deny_tmp = Policy::parse(
-            r#"{"Statement":{"Effect":"Deny","Principal":"*","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::b/tmp/*"}}"#,
-            None,
-        )
-        .unwrap();
+        let parse = |effect: &str, resource: &str| {
+            Policy::parse(
+                &format!(r#"{{"Statement":{{"Effect":"{effect}","Principal":"*","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::{resource}"}}}}"#),
+                None,
+            )
+            .unwrap()
+        };
+        // A Deny on part of the bucket: the keys outside it may still go
+        // (each key is decided again by auth::PerKeyAccess).
+        let deny_tmp = parse("Deny", "b/tmp/*");
         let owner = facts(true, CannedAcl::Private, None, Ownership::ObjectWriter, Some(&deny_tmp));
+        assert_eq!(decide(&user("t", "u"), &del, &any, &owner), Decision::Allow);
+        // A Deny on every object refuses the batch at once.
+        let deny_all = parse("Deny", "b/*");
+        let owner = facts(true, CannedAcl::Private, None, Ownership::ObjectWriter, Some(&deny_all));
         assert_eq!(decide(&user("t", "u"), &del, &any, &owner), Decision::Deny { explicit: true });
-        let allow_tmp = Policy::parse(
-            r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::b/tmp/*"}}"#,
-            None,
-        )
-        .unwrap();
+        // An Allow on a prefix lets a non-owner's batch in; keys outside it are refused one by one.
+        let allow_tmp = parse("Allow", "b/tmp/*");
         let other = facts(false, CannedAcl::Private, None, Ownership::ObjectWriter, Some(&allow_tmp));
-        assert_eq!(
-            decide(&user("t", "u"), &del, &any, &other),
-            Decision::Deny { explicit: false },
-            "an Allow on a prefix does not cover a batch"
-        );
-        let allow_all = Policy::parse(
-            r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::b/*"}}"#,
-            None,
-        )
-        .unwrap();
-        let other = facts(false, CannedAcl::Private, None, Ownership::ObjectWriter, Some(&allow_all));
         assert_eq!(decide(&user("t", "u"), &del, &any, &other), Decision::Allow);
+        // No grant at all: refused up front.
+        let other = facts(false, CannedAcl::Private, None, Ownership::ObjectWriter, None);
+        assert_eq!(decide(&user("t", "u"), &del, &any, &other), Decision::Deny { explicit: false });
     }
 
     #[test]

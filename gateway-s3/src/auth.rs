@@ -191,6 +191,16 @@ mod tests {
         assert!(owner.allows_delete("b", "x", None));
         assert!(!owner.allows_delete("b", "x", Some("v1")), "s3:DeleteObjectVersion is denied, even to the owner");
         assert!(!owner.allows_delete("b", "keep/x", None), "a Deny on a prefix holds per key");
+        // A non-owner allowed on a prefix only: the batch passed the
+        // up-front check; each key outside the prefix is refused here.
+        let allow_tmp = Policy::parse(
+            r#"{"Statement":{"Effect":"Allow","Principal":"*","Action":"s3:DeleteObject","Resource":"arn:aws:s3:::b/tmp/*"}}"#,
+            Some("b"),
+        )
+        .expect("policy");
+        let other = PerKeyAccess { owner: false, ownership: Ownership::ObjectWriter, policy: Arc::new(allow_tmp), ..owner };
+        assert!(other.allows_delete("b", "tmp/x", None));
+        assert!(!other.allows_delete("b", "x", None));
     }
 
     #[test]
