@@ -98,4 +98,13 @@ set +e
 S3_FUSE_ROOT="$fuse_root" S3_TLS_ENDPOINT="$tls_url" S3_TLS_CA="$tls_ca" conformance/s3/run.sh --endpoint "$s3" --access-key "$ak" --secret-key "$sk" --reader-endpoint "$reader" "$@"
 status=$?
 set -e
+if [ "$status" -ne 0 ]; then
+    # What the servers said while the suite ran (CI keeps no files): the
+    # last warnings and errors of every process, bounded.
+    for log in "$work"/data/logs/*.log "$work/up.log" "$work/tls-gateway.log"; do
+        [ -f "$log" ] || continue
+        lines=$(grep -E "WARN|ERROR|panicked" "$log" | tail -15 || true)
+        [ -n "$lines" ] && printf 's3-conformance: server log %s:\n%s\n' "$(basename "$log")" "$lines"
+    done
+fi
 exit $status

@@ -114,5 +114,8 @@ def run_cli(env, args, check=True, timeout=120, input=None):
     r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout,
                        input=input)
     if check and r.returncode != 0:
-        raise AssertionError(f"{args!r} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
+        # The tool's last words on the first line: a summary that keeps one
+        # line of a failure still says why.
+        why = next((ln.strip() for ln in reversed(r.stderr.splitlines()) if ln.strip()), "")[:400]
+        raise AssertionError(f"{args!r} exited {r.returncode}: {why}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
     return r

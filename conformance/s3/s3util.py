@@ -269,9 +269,10 @@ class Raw:
         return self.send("PUT", path, query, headers, body)
 
     def put_chunked_unsigned_trailer(self, path, data, algo="CRC32", chunk=64 * 1024,
-                                     bad_checksum=False, query=()):
+                                     bad_checksum=False, omit_trailer=False, query=()):
         """PUT with x-amz-content-sha256: STREAMING-UNSIGNED-PAYLOAD-TRAILER and an
-        x-amz-checksum-* trailer, as recent SDKs send over HTTPS."""
+        x-amz-checksum-* trailer, as recent SDKs send over HTTPS
+        (`omit_trailer`: announced in x-amz-trailer, but the body ends without it)."""
         name = f"x-amz-checksum-{algo.lower()}"
         value = checksum_b64(algo, data if not bad_checksum else data + b"x")
         headers = {
@@ -284,7 +285,7 @@ class Raw:
         for i in range(0, len(data), chunk):
             p = data[i:i + chunk]
             body += f"{len(p):x}\r\n".encode() + p + b"\r\n"
-        body += b"0\r\n" + f"{name}:{value}\r\n".encode() + b"\r\n"
+        body += b"0\r\n" + (b"" if omit_trailer else f"{name}:{value}\r\n".encode()) + b"\r\n"
         headers["content-length"] = str(len(body))
         self.sign("PUT", path, query, headers, "STREAMING-UNSIGNED-PAYLOAD-TRAILER")
         return self.send("PUT", path, query, headers, body), value

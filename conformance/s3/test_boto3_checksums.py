@@ -179,3 +179,17 @@ def test_aws_chunked_unsigned_trailer_bad_checksum(raw, bucket, s3):
     assert status == 400, body
     with pytest.raises(ClientError):
         s3.head_object(Bucket=bucket, Key="trailer-bad")
+
+
+@pytest.mark.moto_gap
+def test_aws_chunked_body_without_its_announced_trailer_is_refused(raw, bucket, s3):
+    # AWS answers MalformedTrailerError; moto does not check trailers. The
+    # object must not appear unchecked.
+    data = os.urandom(10_000)
+    (status, _, body), _ = raw.put_chunked_unsigned_trailer(
+        f"/{bucket}/trailer-missing", data, algo="CRC32", omit_trailer=True)
+    assert status == 400, body
+    assert b"<Code>MalformedTrailerError</Code>" in body, body
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=bucket, Key="trailer-missing")
+

@@ -195,8 +195,19 @@ pub fn requested_algorithms(headers: &HeaderMap) -> Vec<String> {
 }
 
 /// Checks the computed checksums against the values the client sent in
-/// headers or trailers, and Content-MD5.
+/// headers or trailers, and Content-MD5. A checksum announced in
+/// `x-amz-trailer` must be in the trailers: a body that ends without it
+/// (a cut request, a client bug) is refused as AWS does, rather than stored
+/// unchecked.
 pub fn verify(headers: &HeaderMap, trailers: Option<&HeaderMap>, md5: &[u8; 16], sums: &Checksums) -> Result<(), S3Error> {
+    if let Some(v) = headers.get("x-amz-trailer") {
+        let announced = v.to_str().map_err(|_| error::malformed_trailer("x-amz-trailer is not ASCII".into()))?;
+        for name in announced.split(',').map(|t| t.trim().to_ascii_lowercase()).filter(|t| t.starts_with("x-amz-checksum-")) {
+            if !trailers.is_some_and(|t| t.contains_key(name.as_str())) {
+                return Err(error::malformed_trailer(format!("the body ended without the trailer {name} that x-amz-trailer announced")));
+            }
+        }
+    }
     if let Some(v) = headers.get("content-md5") {
         let want = v.to_str().ok().and_then(|s| base64::engine::general_purpose::STANDARD.decode(s.trim()).ok());
         match want {
@@ -293,6 +304,7 @@ pub fn stream_range(fs: FsClient, handle: FileHandle, plan: ReadPlan) -> Channel
 #[cfg(test)]
 mod tests {
     use super::*;
+    use s3s::S3ErrorCode;
 
     fn pieces(total: usize, piece: usize) -> Vec<Bytes> {
         let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -357,5 +369,29 @@ mod tests {
             }
             assert!(d.finish().await.is_ok());
         }
+    }
+
+    #[test]
+    fn an_announced_trailer_must_arrive() {
+        let data = pieces(1000, 100);
+        let algorithms = vec!["crc32".to_string()];
+        let (md5, sums) = inline(&data, &algorithms);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-amz-trailer", "x-amz-checksum-crc32".parse().unwrap());
+        let missing = |t: Option<&HeaderMap>| verify(&headers, t, &md5, &sums).unwrap_err();
+        // No trailers at all, and trailers without the announced one.
+        assert_eq!(missing(None).code(), &S3ErrorCode::Custom("MalformedTrailerError".into()));
+        let mut other = HeaderMap::new();
+        other.insert("x-amz-checksum-sha1", "AAAA".parse().unwrap());
+        assert_eq!(missing(Some(&other)).code(), &S3ErrorCode::Custom("MalformedTrailerError".into()));
+        // Present and right; present and wrong.
+        let mut right = HeaderMap::new();
+        right.insert("x-amz-checksum-crc32", sums.crc32.clone().unwrap().parse().unwrap());
+        verify(&headers, Some(&right), &md5, &sums).unwrap();
+        let mut wrong = HeaderMap::new();
+        wrong.insert("x-amz-checksum-crc32", "AAAAAA==".parse().unwrap());
+        assert_eq!(verify(&headers, Some(&wrong), &md5, &sums).unwrap_err().code(), &S3ErrorCode::BadDigest);
+        // Nothing announced, nothing required.
+        verify(&HeaderMap::new(), None, &md5, &sums).unwrap();
     }
 }

@@ -71,6 +71,12 @@ pub fn precondition_failed(what: impl Into<String>) -> S3Error {
     S3Error::with_message(S3ErrorCode::PreconditionFailed, what.into())
 }
 
+/// A trailer announced in `x-amz-trailer` is missing from the aws-chunked
+/// body (or the body carries none at all).
+pub fn malformed_trailer(what: String) -> S3Error {
+    custom("MalformedTrailerError", http::StatusCode::BAD_REQUEST, what)
+}
+
 pub fn bad_digest(what: impl Into<String>) -> S3Error {
     S3Error::with_message(S3ErrorCode::BadDigest, what.into())
 }
