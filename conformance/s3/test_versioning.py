@@ -16,6 +16,7 @@ FUSE test checks that the mount sees the current data only.
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -355,3 +356,23 @@ def test_the_mount_sees_the_current_version_only(s3, bucket):
     while os.path.exists(path) and time.time() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(path), "a delete marker leaves no file at the key"
+
+
+@pytest.mark.moto_gap  # moto writes every version, then every marker
+def test_versions_and_markers_come_interleaved_in_key_order(s3, raw, bucket):
+    """AWS's XML lists a key's versions and delete markers together, newest
+    first (order-keeping parsers such as minio-go's show them as sent)."""
+    enable(s3, bucket)
+    old = s3.put_object(Bucket=bucket, Key="a", Body=b"1")["VersionId"]
+    marker = s3.delete_object(Bucket=bucket, Key="a")["VersionId"]
+    new = s3.put_object(Bucket=bucket, Key="a", Body=b"2")["VersionId"]
+    b = s3.put_object(Bucket=bucket, Key="b", Body=b"3")["VersionId"]
+    status, _, xml = raw.request("GET", f"/{bucket}", query=[("versions", "")])
+    assert status == 200, xml
+    entries = re.findall(rb"<(Version|DeleteMarker)>.*?<VersionId>([^<]*)</VersionId>", xml)
+    assert [(kind.decode(), vid.decode()) for kind, vid in entries] == [
+        ("Version", new), ("DeleteMarker", marker), ("Version", old), ("Version", b)]
+    # Pages keep the order too.
+    status, _, xml = raw.request("GET", f"/{bucket}", query=[("versions", ""), ("max-keys", "2")])
+    entries = re.findall(rb"<(Version|DeleteMarker)>.*?<VersionId>([^<]*)</VersionId>", xml)
+    assert [vid.decode() for _, vid in entries] == [new, marker]

@@ -285,7 +285,10 @@ impl S3 for Gateway {
 
     async fn list_object_versions(&self, req: S3Request<ListObjectVersionsInput>) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let this = self.for_request(&req)?;
-        ok(this.list_versions(&req.input).await?)
+        let (out, order) = this.list_versions(&req.input).await?;
+        let mut resp = S3Response::new(out);
+        resp.extensions.insert(order);
+        Ok(resp)
     }
 
     async fn create_multipart_upload(

@@ -129,8 +129,14 @@ impl S3Http {
 /// s3s writes every `ETag` element quoted; GetObjectAttributes gives it
 /// unquoted (AWS, moto and the SDKs' models agree).
 fn unquote_attributes_etag(resp: &mut Response<s3s::Body>) {
+    replace_xml(resp, unquote_etag_element);
+}
+
+/// Replaces a whole (not streamed) response body by `fix` of it, unless
+/// `fix` finds nothing to change.
+fn replace_xml(resp: &mut Response<s3s::Body>, fix: impl FnOnce(&[u8]) -> Option<Vec<u8>>) {
     let Some(body) = resp.body().bytes() else { return };
-    let Some(fixed) = unquote_etag_element(&body) else { return };
+    let Some(fixed) = fix(&body) else { return };
     let len = fixed.len();
     *resp.body_mut() = s3s::Body::from(Bytes::from(fixed));
     if resp.headers().contains_key(http::header::CONTENT_LENGTH) {
@@ -151,6 +157,55 @@ pub fn unquote_etag_element(xml: &[u8]) -> Option<Vec<u8>> {
     out.extend_from_slice(&xml[inner..end]);
     out.extend_from_slice(&xml[end + 1..]);
     Some(out)
+}
+
+/// A ListVersionsResult with its `<DeleteMarker>` and `<Version>` elements
+/// (s3s writes all markers, then all versions) put back in page order:
+/// `order[i]` says whether the page's i-th entry is a marker. They go at
+/// the end of the result, after its other elements. `None` (the body kept
+/// as it is) when the counts do not match `order` or nothing would move.
+/// The tag names cannot occur inside an element's text: s3s escapes `<`.
+pub fn interleave_versions(xml: &[u8], order: &[bool]) -> Option<Vec<u8>> {
+    const END: &[u8] = b"</ListVersionsResult>";
+    fn elements<'a>(xml: &'a [u8], open: &[u8], close: &[u8]) -> Vec<(usize, &'a [u8])> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(i) = find(&xml[at..], open) {
+            let start = at + i;
+            let Some(j) = find(&xml[start..], close) else { break };
+            let end = start + j + close.len();
+            out.push((start, &xml[start..end]));
+            at = end;
+        }
+        out
+    }
+    let markers = elements(xml, b"<DeleteMarker>", b"</DeleteMarker>");
+    let versions = elements(xml, b"<Version>", b"</Version>");
+    let marker_count = order.iter().filter(|m| **m).count();
+    if markers.is_empty() || versions.is_empty() || markers.len() != marker_count || versions.len() != order.len() - marker_count {
+        return None;
+    }
+    let end = xml.len().checked_sub(END.len()).filter(|e| &xml[*e..] == END)?;
+    let mut cut: Vec<(usize, usize)> = markers.iter().chain(versions.iter()).map(|(at, e)| (*at, at + e.len())).collect();
+    cut.sort_unstable();
+    let mut out = Vec::with_capacity(xml.len());
+    let mut at = 0;
+    for (start, stop) in cut {
+        out.extend_from_slice(&xml[at..start]);
+        at = stop;
+    }
+    out.extend_from_slice(xml.get(at..end)?);
+    let (mut m, mut v) = (markers.iter(), versions.iter());
+    for is_marker in order {
+        let (_, e) = if *is_marker { m.next()? } else { v.next()? };
+        out.extend_from_slice(e);
+    }
+    out.extend_from_slice(END);
+    Some(out)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn set_headers(headers: &mut http::HeaderMap, pairs: Vec<(&'static str, String)>) {
@@ -227,6 +282,11 @@ impl Protocol for S3Http {
         };
         if attributes && resp.status().is_success() {
             unquote_attributes_etag(&mut resp);
+        }
+        if let Some(order) = resp.extensions_mut().remove::<crate::ops::list::VersionsOrder>() {
+            if resp.status().is_success() {
+                replace_xml(&mut resp, |xml| interleave_versions(xml, &order.0));
+            }
         }
         if let (Some(origin), Some(bucket)) = (origin, bucket) {
             // Only requests with an Origin (browsers) pay for reading the rules.
@@ -365,6 +425,39 @@ mod tests {
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
         pairs.iter().map(|(k, v)| (http::HeaderName::from_static(k), http::HeaderValue::from_static(v))).collect()
+    }
+
+    #[test]
+    fn version_entries_are_put_back_in_page_order() {
+        let xml = concat!(
+            r#"<?xml version="1.0"?><ListVersionsResult><CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes>"#,
+            "<DeleteMarker><Key>a</Key><VersionId>m1</VersionId></DeleteMarker>",
+            "<DeleteMarker><Key>b&lt;Version&gt;</Key><VersionId>m2</VersionId></DeleteMarker>",
+            "<IsTruncated>false</IsTruncated><Name>bk</Name>",
+            "<Version><Key>a</Key><VersionId>v1</VersionId></Version>",
+            "<Version><Key>c</Key><VersionId>v3</VersionId></Version>",
+            "</ListVersionsResult>"
+        );
+        // a: marker m1 (newest), version v1; b<Version>: marker m2; c: version v3.
+        let out = super::interleave_versions(xml.as_bytes(), &[true, false, true, false]).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            concat!(
+                r#"<?xml version="1.0"?><ListVersionsResult><CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes>"#,
+                "<IsTruncated>false</IsTruncated><Name>bk</Name>",
+                "<DeleteMarker><Key>a</Key><VersionId>m1</VersionId></DeleteMarker>",
+                "<Version><Key>a</Key><VersionId>v1</VersionId></Version>",
+                "<DeleteMarker><Key>b&lt;Version&gt;</Key><VersionId>m2</VersionId></DeleteMarker>",
+                "<Version><Key>c</Key><VersionId>v3</VersionId></Version>",
+                "</ListVersionsResult>"
+            )
+        );
+        // Counts that do not match the order, or a single kind: left as they are.
+        assert_eq!(super::interleave_versions(xml.as_bytes(), &[true, false, false]), None);
+        assert_eq!(super::interleave_versions(xml.as_bytes(), &[true, true, true, false, false]), None);
+        let only_versions = "<ListVersionsResult><Version><Key>a</Key></Version></ListVersionsResult>";
+        assert_eq!(super::interleave_versions(only_versions.as_bytes(), &[false]), None);
+        assert_eq!(super::interleave_versions(b"<Version><DeleteMarker>", &[true, false]), None);
     }
 
     #[test]

@@ -205,7 +205,7 @@ async fn noncurrent_versions_and_lone_markers_expire() {
     markers.expiration = Some(LifecycleExpiration { expired_object_delete_marker: Some(true), ..Default::default() });
     gw.put_lifecycle(&config(vec![nc, markers])).await.expect("put lifecycle");
     let versions = |gw: fskv_gateway_s3::ops::Gateway| async move {
-        let out = gw.list_versions(&ListObjectVersionsInput { bucket: "bkt".into(), ..Default::default() }).await.expect("versions");
+        let (out, _) = gw.list_versions(&ListObjectVersionsInput { bucket: "bkt".into(), ..Default::default() }).await.expect("versions");
         (out.versions.unwrap_or_default().len(), out.delete_markers.unwrap_or_default().len())
     };
     assert_eq!(versions(gw.clone()).await, (5, 1));

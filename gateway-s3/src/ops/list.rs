@@ -136,7 +136,7 @@ impl Gateway {
     /// its markers alone: `key-marker` resumes after every version of that
     /// key, with `version-id-marker` after that version of it. Roll-up by
     /// delimiter skips, in both streams, every key under a common prefix.
-    pub async fn list_versions(&self, input: &ListObjectVersionsInput) -> Result<ListObjectVersionsOutput, S3Error> {
+    pub async fn list_versions(&self, input: &ListObjectVersionsInput) -> Result<(ListObjectVersionsOutput, VersionsOrder), S3Error> {
         let url = url_mode(&input.encoding_type)?;
         let max = max_keys(input.max_keys)?;
         let prefix = input.prefix.clone().unwrap_or_default();
@@ -240,6 +240,7 @@ impl Gateway {
             ..ListObjectVersionsOutput::default()
         };
         let (mut versions_out, mut markers, mut cps) = (Vec::new(), Vec::new(), Vec::new());
+        let mut order = VersionsOrder(Vec::new());
         let mut last: Option<(String, Option<String>)> = None;
         for item in items {
             match item {
@@ -251,6 +252,7 @@ impl Gateway {
                     let vid = version_name(&o.meta);
                     last = Some((o.key.clone(), Some(vid.clone())));
                     versions_out.push(object_version(url, &o.key, &vid, true, &o.meta));
+                    order.0.push(false);
                 }
                 VersionItem::Stored { latest, .. } => {
                     let Some(e) = filled.next() else { continue };
@@ -264,8 +266,10 @@ impl Gateway {
                             owner: Some(super::owner()),
                             version_id: Some(vid),
                         });
+                        order.0.push(true);
                     } else {
                         versions_out.push(object_version(url, &e.key, &vid, latest, &e.meta));
+                        order.0.push(false);
                     }
                 }
             }
@@ -279,9 +283,16 @@ impl Gateway {
         out.versions = Some(versions_out);
         out.delete_markers = Some(markers);
         out.common_prefixes = Some(cps);
-        Ok(out)
+        Ok((out, order))
     }
 }
+
+/// The order of a ListObjectVersions page's entries (`true`: a delete
+/// marker, `false`: a version), which s3s's two lists lose: the server puts
+/// it back into the XML (`server::interleave_versions`), so that the
+/// entries come in key order, newest first within a key, as AWS sends them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VersionsOrder(pub Vec<bool>);
 
 fn object_version(url: bool, key: &str, vid: &str, latest: bool, meta: &crate::objmeta::ObjectMeta) -> ObjectVersion {
     ObjectVersion {
