@@ -72,6 +72,13 @@ pub struct UpArgs {
     /// do not sync, and for scratch data.
     #[arg(long)]
     no_sync_writes: bool,
+    /// The storage nodes' scrubber rate: every committed chunk's checksums are verified in the
+    /// background at most this fast, bit rot repaired from another replica (0 = off).
+    #[arg(long, default_value_t = 16)]
+    scrub_mib_per_sec: u64,
+    /// The storage nodes' pause between two scrub passes.
+    #[arg(long, default_value_t = 60_000)]
+    scrub_pause_between_passes_ms: u64,
 }
 
 /// Prints a progress line; a closed stdout (e.g. `fskv up | head`) must not
@@ -204,7 +211,7 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     anyhow::ensure!((1..=STORAGE_NODES).contains(&args.replicas), "--replicas {}: must be 1..={STORAGE_NODES}", args.replicas);
     let mut specs = vec![mgmtd_spec(&exe, &data_dir, &ports, args.heartbeat_timeout_ms, args.replicas)];
     for (i, addr) in ports.storage.iter().enumerate() {
-        specs.push(storage_spec(&exe, &data_dir, &ports, i as u32 + 1, addr, !args.no_sync_writes));
+        specs.push(storage_spec(&exe, &data_dir, &ports, i as u32 + 1, addr, &args));
     }
     specs.push(meta_spec(&exe, &data_dir, &ports));
     let supervisor = Supervisor::start(specs, opts).await?;
@@ -402,7 +409,7 @@ fn mgmtd_spec(exe: &Path, data: &Path, ports: &Ports, heartbeat_timeout_ms: u64,
     child("mgmtd", exe, args)
 }
 
-fn storage_spec(exe: &Path, data: &Path, ports: &Ports, node: u32, addr: &str, sync_writes: bool) -> ChildSpec {
+fn storage_spec(exe: &Path, data: &Path, ports: &Ports, node: u32, addr: &str, up: &UpArgs) -> ChildSpec {
     let mut args: Vec<String> = vec![
         "storage".into(),
         "--listen".into(),
@@ -415,8 +422,12 @@ fn storage_spec(exe: &Path, data: &Path, ports: &Ports, node: u32, addr: &str, s
         ports.mgmtd.clone(),
         "--heartbeat-interval-ms".into(),
         "1000".into(),
+        "--scrub-mib-per-sec".into(),
+        up.scrub_mib_per_sec.to_string(),
+        "--scrub-pause-between-passes-ms".into(),
+        up.scrub_pause_between_passes_ms.to_string(),
     ];
-    if !sync_writes {
+    if up.no_sync_writes {
         args.push("--no-sync-writes".into());
     }
     child(&format!("storage-{node}"), exe, args)

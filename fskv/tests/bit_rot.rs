@@ -1,4 +1,6 @@
-//! Bit rot under a real `fskv up`: one byte of a committed chunk is flipped
+//! Bit rot under a real `fskv up` (two tests, each on its own cluster).
+//!
+//! Repair on read: one byte of a committed chunk is flipped
 //! in the block file of every target of storage node 2 (the test-only
 //! `storage.InjectBitRot` RPC; checksums untouched). Reading the file back
 //! many times never returns a wrong byte: a read that meets the damaged
@@ -7,6 +9,12 @@
 //! counts per target ("repaired"; "corrupt found" counts the scrubber's
 //! finds only). Prints the time from the injection to every damaged chunk
 //! repaired.
+//!
+//! The scrubber: the same damage on a cluster whose scrubber pauses 300 ms
+//! between passes (`fskv up --scrub-pause-between-passes-ms`), and nobody
+//! reads: each damaged target's scrubber finds its chunk ("corrupt found")
+//! and rewrites it from a replica ("repaired"); then every read is exact.
+//! Prints the time from the injection to every damaged chunk repaired.
 
 mod common;
 
@@ -57,31 +65,10 @@ fn bit_rot_on_one_replica_is_never_read_and_is_repaired() {
     let a = random_file(&local, 6 << 20, 7);
     fskv_ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), "/a.bin"]);
 
-    // One byte flipped in a chunk of each target of node 2 that holds one.
-    let mut damaged: Vec<TargetId> = Vec::new();
-    let node2_targets: Vec<TargetId> = scrub_counts(&mgmtd).iter().map(|c| TargetId(c.0)).filter(|t| t.0 / 100 == 2).collect();
-    assert!(!node2_targets.is_empty(), "no target of node 2 in the status");
-    for t in node2_targets {
-        let req = InjectBitRotReq { target: t, chunk: None, offset_bytes: 12_345 };
-        match rt.block_on(rpc.call::<InjectBitRot>(&node2, &req, Bytes::new(), CallOptions { timeout_ms: 5_000 })) {
-            Ok((resp, _)) => {
-                println!("flipped byte {} of {} on {t}", resp.offset_bytes, resp.chunk);
-                damaged.push(t);
-            }
-            Err(e) if e.code() == ErrorCode::UnknownMethod => {
-                stop_up(up);
-                common::skip(
-                    "bit_rot_on_one_replica_is_never_read_and_is_repaired",
-                    &format!("this fskv binary has no InjectBitRot (built without the storage crate's fault-injection feature): {e}"),
-                );
-                return;
-            }
-            // This target holds no chunk of the file.
-            Err(e) if e.code() == ErrorCode::NotFound => {}
-            Err(e) => panic!("InjectBitRot on {t}: {e}"),
-        }
-    }
-    assert!(!damaged.is_empty(), "no target of node 2 holds a chunk of a 6 MiB file");
+    let Some(damaged) = flip_a_byte_on_node2("bit_rot_on_one_replica_is_never_read_and_is_repaired", &rt, &rpc, &mgmtd, &node2) else {
+        stop_up(up);
+        return;
+    };
     let injected_at = Instant::now();
 
     // Reads spread over the replicas: every one is exact, and each damaged
@@ -117,5 +104,87 @@ fn bit_rot_on_one_replica_is_never_read_and_is_repaired() {
         damaged.len(),
         repaired_after.as_millis()
     );
+    stop_up(up);
+}
+
+/// Flips one byte of a chunk on each target of storage node 2 that holds
+/// one; the targets damaged. `None` (after reporting the test skipped) when
+/// the binary has no `InjectBitRot` (built without the storage crate's
+/// `fault-injection` feature).
+fn flip_a_byte_on_node2(test: &str, rt: &tokio::runtime::Runtime, rpc: &RpcClient, mgmtd: &str, node2: &str) -> Option<Vec<TargetId>> {
+    let mut damaged: Vec<TargetId> = Vec::new();
+    let node2_targets: Vec<TargetId> = scrub_counts(mgmtd).iter().map(|c| TargetId(c.0)).filter(|t| t.0 / 100 == 2).collect();
+    assert!(!node2_targets.is_empty(), "no target of node 2 in the status");
+    for t in node2_targets {
+        let req = InjectBitRotReq { target: t, chunk: None, offset_bytes: 12_345 };
+        match rt.block_on(rpc.call::<InjectBitRot>(node2, &req, Bytes::new(), CallOptions { timeout_ms: 5_000 })) {
+            Ok((resp, _)) => {
+                println!("flipped byte {} of {} on {t}", resp.offset_bytes, resp.chunk);
+                damaged.push(t);
+            }
+            Err(e) if e.code() == ErrorCode::UnknownMethod => {
+                common::skip(
+                    test,
+                    &format!("this fskv binary has no InjectBitRot (built without the storage crate's fault-injection feature): {e}"),
+                );
+                return None;
+            }
+            // This target holds no chunk of the file.
+            Err(e) if e.code() == ErrorCode::NotFound => {}
+            Err(e) => panic!("InjectBitRot on {t}: {e}"),
+        }
+    }
+    assert!(!damaged.is_empty(), "no target of node 2 holds a chunk of a 6 MiB file");
+    Some(damaged)
+}
+
+#[test]
+fn the_scrubber_repairs_bit_rot_that_nobody_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let base = free_base_port();
+    let up = common::start_up_with(&data, base, &["--scrub-pause-between-passes-ms", "300", "--scrub-mib-per-sec", "64"]);
+    let mgmtd = format!("127.0.0.1:{}", base + 11);
+    let meta = format!("127.0.0.1:{}", base + 12);
+    let node2 = format!("127.0.0.1:{}", base + 14);
+    wait_cluster_healthy(&mgmtd, Duration::from_secs(60));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+
+    let local = dir.path().join("a");
+    let a = random_file(&local, 6 << 20, 11);
+    fskv_ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), "/a.bin"]);
+    let Some(damaged) = flip_a_byte_on_node2("the_scrubber_repairs_bit_rot_that_nobody_reads", &rt, &rpc, &mgmtd, &node2) else {
+        stop_up(up);
+        return;
+    };
+    let injected_at = Instant::now();
+
+    // No reads: the scrubber alone finds and repairs every damaged chunk.
+    let repaired_after = loop {
+        let counts = scrub_counts(&mgmtd);
+        let done = |t: TargetId| counts.iter().any(|(target, found, repaired)| *target == t.0 && *found >= 1 && *repaired >= 1);
+        if damaged.iter().all(|t| done(*t)) {
+            break injected_at.elapsed();
+        }
+        assert!(
+            injected_at.elapsed() < REPAIR_BOUND,
+            "in {REPAIR_BOUND:?} the scrubber did not find and repair every damaged chunk of {damaged:?}: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Nothing was found where nothing was damaged.
+    for (target, found, _) in scrub_counts(&mgmtd) {
+        if !damaged.contains(&TargetId(target)) {
+            assert_eq!(found, 0, "the scrubber found corruption on undamaged target {target}");
+        }
+    }
+    let back = dir.path().join("a.back");
+    for _ in 0..3 {
+        let _ = std::fs::remove_file(&back);
+        fskv_ok(&["get", "--mgmtd", &mgmtd, "/a.bin", back.to_str().unwrap()]);
+        assert!(std::fs::read(&back).unwrap() == a, "a read after the scrubber's repair returned wrong bytes");
+    }
+    println!("MEASURE scrub_damaged_targets={} scrub_repaired_ms={}", damaged.len(), repaired_after.as_millis());
     stop_up(up);
 }
