@@ -131,8 +131,9 @@ impl Kv {
                 };
                 // One read per chunk, as a single GET: each reply goes out
                 // as it came, never concatenated into a bigger buffer.
-                chunk_bytes = chunk_bytes.max(u64::from(handle.layout().chunk_size_bytes).max(4096));
-                read_segments(&handle, 0, size, u64::from(handle.layout().chunk_size_bytes), &mut segments);
+                let chunk = u64::from(handle.layout().chunk_size_bytes).max(4096);
+                chunk_bytes = chunk_bytes.max(chunk);
+                read_segments(&handle, 0, size, chunk, &mut segments);
                 checks.push(id);
                 acc.begin_read(&ns.name, &item.0.key, id.0, now);
                 streamed.push(item.0.key.to_vec());
