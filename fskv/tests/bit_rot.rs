@@ -19,7 +19,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{free_base_port, fskv_ok, random_file, start_up, stop_up, wait_cluster_healthy};
+use common::{free_base_port, fskv_ok, random_file, stop_up, wait_cluster_healthy};
 use fskv_proto::storage::{InjectBitRot, InjectBitRotReq};
 use fskv_rpc::{CallOptions, ClientConfig, ErrorCode, RpcClient, TcpTransport};
 use fskv_types::TargetId;
@@ -50,23 +50,7 @@ fn scrub_counts(mgmtd: &str) -> Vec<(u64, u64, u64)> {
 
 #[test]
 fn bit_rot_on_one_replica_is_never_read_and_is_repaired() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let base = free_base_port();
-    let up = start_up(&data, base);
-    let mgmtd = format!("127.0.0.1:{}", base + 11);
-    let meta = format!("127.0.0.1:{}", base + 12);
-    let node2 = format!("127.0.0.1:{}", base + 14);
-    wait_cluster_healthy(&mgmtd, Duration::from_secs(60));
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
-
-    let local = dir.path().join("a");
-    let a = random_file(&local, 6 << 20, 7);
-    fskv_ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), "/a.bin"]);
-
-    let Some(damaged) = flip_a_byte_on_node2("bit_rot_on_one_replica_is_never_read_and_is_repaired", &rt, &rpc, &mgmtd, &node2) else {
-        stop_up(up);
+    let Some(Damaged { dir, up, mgmtd, a, damaged }) = damage_a_file("bit_rot_on_one_replica_is_never_read_and_is_repaired", &[]) else {
         return;
     };
     let injected_at = Instant::now();
@@ -107,22 +91,49 @@ fn bit_rot_on_one_replica_is_never_read_and_is_repaired() {
     stop_up(up);
 }
 
-/// Flips one byte of a chunk on each target of storage node 2 that holds
-/// one; the targets damaged. `None` (after reporting the test skipped) when
-/// the binary has no `InjectBitRot` (built without the storage crate's
+/// A running `fskv up` holding a 6 MiB file `/a.bin` (its bytes: `a`),
+/// with one byte flipped in a chunk of it on each target of node 2 that
+/// holds one (`damaged`).
+struct Damaged {
+    dir: tempfile::TempDir,
+    up: std::process::Child,
+    mgmtd: String,
+    a: Vec<u8>,
+    damaged: Vec<TargetId>,
+}
+
+/// Starts `fskv up` (with `up_args`), writes the file and damages it.
+/// `None` (the cluster stopped, the test reported skipped) when the binary
+/// has no `InjectBitRot` (built without the storage crate's
 /// `fault-injection` feature).
-fn flip_a_byte_on_node2(test: &str, rt: &tokio::runtime::Runtime, rpc: &RpcClient, mgmtd: &str, node2: &str) -> Option<Vec<TargetId>> {
+fn damage_a_file(test: &str, up_args: &[&str]) -> Option<Damaged> {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let base = free_base_port();
+    let up = common::start_up_with(&data, base, up_args);
+    let mgmtd = format!("127.0.0.1:{}", base + 11);
+    let meta = format!("127.0.0.1:{}", base + 12);
+    let node2 = format!("127.0.0.1:{}", base + 14);
+    wait_cluster_healthy(&mgmtd, Duration::from_secs(60));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+
+    let local = dir.path().join("a");
+    let a = random_file(&local, 6 << 20, 7);
+    fskv_ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), "/a.bin"]);
+
     let mut damaged: Vec<TargetId> = Vec::new();
-    let node2_targets: Vec<TargetId> = scrub_counts(mgmtd).iter().map(|c| TargetId(c.0)).filter(|t| t.0 / 100 == 2).collect();
+    let node2_targets: Vec<TargetId> = scrub_counts(&mgmtd).iter().map(|c| TargetId(c.0)).filter(|t| t.0 / 100 == 2).collect();
     assert!(!node2_targets.is_empty(), "no target of node 2 in the status");
     for t in node2_targets {
         let req = InjectBitRotReq { target: t, chunk: None, offset_bytes: 12_345 };
-        match rt.block_on(rpc.call::<InjectBitRot>(node2, &req, Bytes::new(), CallOptions { timeout_ms: 5_000 })) {
+        match rt.block_on(rpc.call::<InjectBitRot>(&node2, &req, Bytes::new(), CallOptions { timeout_ms: 5_000 })) {
             Ok((resp, _)) => {
                 println!("flipped byte {} of {} on {t}", resp.offset_bytes, resp.chunk);
                 damaged.push(t);
             }
             Err(e) if e.code() == ErrorCode::UnknownMethod => {
+                stop_up(up);
                 common::skip(
                     test,
                     &format!("this fskv binary has no InjectBitRot (built without the storage crate's fault-injection feature): {e}"),
@@ -135,27 +146,13 @@ fn flip_a_byte_on_node2(test: &str, rt: &tokio::runtime::Runtime, rpc: &RpcClien
         }
     }
     assert!(!damaged.is_empty(), "no target of node 2 holds a chunk of a 6 MiB file");
-    Some(damaged)
+    Some(Damaged { dir, up, mgmtd, a, damaged })
 }
 
 #[test]
 fn the_scrubber_repairs_bit_rot_that_nobody_reads() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let base = free_base_port();
-    let up = common::start_up_with(&data, base, &["--scrub-pause-between-passes-ms", "300", "--scrub-mib-per-sec", "64"]);
-    let mgmtd = format!("127.0.0.1:{}", base + 11);
-    let meta = format!("127.0.0.1:{}", base + 12);
-    let node2 = format!("127.0.0.1:{}", base + 14);
-    wait_cluster_healthy(&mgmtd, Duration::from_secs(60));
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
-
-    let local = dir.path().join("a");
-    let a = random_file(&local, 6 << 20, 11);
-    fskv_ok(&["put", "--mgmtd", &mgmtd, "--meta", &meta, local.to_str().unwrap(), "/a.bin"]);
-    let Some(damaged) = flip_a_byte_on_node2("the_scrubber_repairs_bit_rot_that_nobody_reads", &rt, &rpc, &mgmtd, &node2) else {
-        stop_up(up);
+    let up_args = ["--scrub-pause-between-passes-ms", "300", "--scrub-mib-per-sec", "64"];
+    let Some(Damaged { dir, up, mgmtd, a, damaged }) = damage_a_file("the_scrubber_repairs_bit_rot_that_nobody_reads", &up_args) else {
         return;
     };
     let injected_at = Instant::now();
