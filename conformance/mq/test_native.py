@@ -1,13 +1,17 @@
 """The MQ gateway's native API against a running `fskv up` (MQ_ENDPOINTS names
 its endpoints.json). Every test uses its own topic names."""
 
+import contextlib
+import os
+import socket
+import subprocess
 import threading
 import time
 import uuid
 
 import pytest
 
-from mqclient import MqError
+from mqclient import MqClient, MqError
 
 
 def name(prefix):
@@ -304,8 +308,6 @@ def test_concurrent_commits_to_one_group_all_land(mq):
     mq.create_topic(t, partitions=16)
     from concurrent.futures import ThreadPoolExecutor
 
-    from mqclient import MqClient
-
     def commit(p):
         c = MqClient(mq.endpoint, mq.creds.access_key, mq.creds.secret_key)
         for off in range(1, 6):
@@ -318,17 +320,10 @@ def test_concurrent_commits_to_one_group_all_land(mq):
     assert offs == {p: 50 + p for p in range(16)}
 
 
-def test_second_writer_gateway_fences_the_first(mq, endpoints):
-    """A second writer gateway (another writer id) forces a takeover of a
-    partition: the first can no longer append to it (it answers 421/503
-    naming the owner, never acknowledges), and the log holds exactly what
-    was acknowledged by either."""
-    import os
-    import socket
-    import subprocess
-
-    from mqclient import MqClient
-
+@contextlib.contextmanager
+def second_writer_gateway(mq, endpoints, writer_id):
+    """A second MQ writer gateway process on the same cluster (not behind
+    the front), as an MqClient; skipped without MQ_FSKV_BIN."""
     binary = os.environ.get("MQ_FSKV_BIN")
     if not binary:
         pytest.skip("SKIPPED: MQ_FSKV_BIN (the fskv binary) is not set")
@@ -342,12 +337,23 @@ def test_second_writer_gateway_fences_the_first(mq, endpoints):
     s.close()
     p = subprocess.Popen(
         [binary, "gateway", "mq", "--role", "writer", "--listen", f"127.0.0.1:{port}", "--mgmtd", endpoints["mgmtd"],
-         "--credentials", creds, "--writer-id", "second-writer", "--cluster-key-file", key],
+         "--credentials", creds, "--writer-id", writer_id, "--cluster-key-file", key],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "FSKV_LOG": "warn"})
     try:
         line = p.stdout.readline().decode()
         assert "serving on" in line, line
-        second = MqClient(f"http://127.0.0.1:{port}", mq.creds.access_key, mq.creds.secret_key)
+        yield MqClient(f"http://127.0.0.1:{port}", mq.creds.access_key, mq.creds.secret_key)
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
+def test_second_writer_gateway_fences_the_first(mq, endpoints):
+    """A second writer gateway (another writer id) forces a takeover of a
+    partition: the first can no longer append to it (it answers 421/503
+    naming the owner, never acknowledges), and the log holds exactly what
+    was acknowledged by either."""
+    with second_writer_gateway(mq, endpoints, "second-writer") as second:
         t = name("fence2")
         mq.create_topic(t)
         mq.produce(t, 0, [b"first-1"])
@@ -366,6 +372,28 @@ def test_second_writer_gateway_fences_the_first(mq, endpoints):
         _, recs = second.fetch(t, 0, 0)
         assert values(recs) == [b"first-1", b"second-1", b"second-2"]
         assert mq.describe_topic(t)["partition_states"][0]["writer"] == "second-writer"
-    finally:
-        p.terminate()
-        p.wait(30)
+
+
+def test_commits_through_two_writer_gateways_keep_each_other(mq, endpoints):
+    """Each writer process keeps the group file it last wrote and commits
+    on it without reading it again; when another process changed the file
+    meanwhile, its compare-and-swap fails and it commits on a fresh read:
+    no commit made elsewhere is lost."""
+    with second_writer_gateway(mq, endpoints, "commit-writer") as second:
+        t = name("c2w")
+        g = name("g2w")
+        mq.create_topic(t, partitions=2)
+        mq.commit(g, [{"topic": t, "partition": 0, "offset": 5}])
+        mq.commit(g, [{"topic": t, "partition": 0, "offset": 6}])
+        second.commit(g, [{"topic": t, "partition": 1, "offset": 7}])
+        # The front's writer last wrote the file before the second changed it.
+        mq.commit(g, [{"topic": t, "partition": 0, "offset": 8}])
+        second.commit(g, [{"topic": t, "partition": 1, "offset": 9}])
+        mq.commit(g, [{"topic": t, "partition": 0, "offset": 10}])
+        offs = {o["partition"]: o["offset"] for o in mq.describe_group(g)["offsets"] if o["topic"] == t}
+        assert offs == {0: 10, 1: 9}
+        # A group deleted elsewhere: the next commit here makes it anew.
+        second.json("DELETE", f"/v1/groups/{g}")
+        mq.commit(g, [{"topic": t, "partition": 0, "offset": 11}])
+        offs = {o["partition"]: o["offset"] for o in mq.describe_group(g)["offsets"] if o["topic"] == t}
+        assert offs == {0: 11}

@@ -104,7 +104,7 @@ pub async fn start(cfg: MqConfig, fs: FsClient) -> Result<MqHandle, String> {
         tls: cfg.tls.clone(),
         limits: cfg.http.clone(),
     };
-    let mq = Mq { cfg: Arc::new(cfg), store, log, writer, watcher, commits: Arc::default() };
+    let mq = Mq { cfg: Arc::new(cfg), store, log, writer, watcher, commits: Arc::default(), written_groups: Arc::default() };
     let protocol = Arc::new(MqHttp { mq: mq.clone() });
     let server = fskv_gateway::serve(server_cfg, protocol, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?;
     tracing::info!(addr = %server.addr, role = %mq.cfg.role, root = %mq.cfg.root_path, writer_id = %mq.cfg.writer.writer_id, "MQ gateway serving");
