@@ -397,3 +397,19 @@ def test_commits_through_two_writer_gateways_keep_each_other(mq, endpoints):
         mq.commit(g, [{"topic": t, "partition": 0, "offset": 11}])
         offs = {o["partition"]: o["offset"] for o in mq.describe_group(g)["offsets"] if o["topic"] == t}
         assert offs == {0: 11}
+        # A member that joined elsewhere heartbeats and commits here: the
+        # copy this process kept does not know it yet, and must not refuse
+        # it (an unknown member, from stale state).
+        g2 = name("g2w")
+        a = mq.join(g2, [t], member_id="a", session_timeout_ms=30_000)
+        mq.commit(g2, [{"topic": t, "partition": 0, "offset": 1}], member_id="a", generation=a["generation"])
+        b = second.join(g2, [t], member_id="b", session_timeout_ms=30_000)
+        assert b["generation"] > a["generation"]
+        assert mq.heartbeat(g2, "b")["generation"] == b["generation"]
+        mq.commit(g2, [{"topic": t, "partition": 1, "offset": 2}], member_id="b", generation=b["generation"])
+        # And a refusal that the file itself gives still stands.
+        with pytest.raises(MqError) as e:
+            mq.commit(g2, [{"topic": t, "partition": 0, "offset": 3}], member_id="a", generation=a["generation"])
+        assert e.value.status == 409
+        offs = {o["partition"]: o["offset"] for o in mq.describe_group(g2)["offsets"] if o["topic"] == t}
+        assert offs == {0: 1, 1: 2}

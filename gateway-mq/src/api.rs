@@ -821,12 +821,15 @@ impl Mq {
         extra_topics: &BTreeSet<String>,
         mut f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
     ) -> Result<R> {
-        self.group_update_inner(g, tenant, true, create, extra_topics, |st, parts| f(st, parts)).await
+        self.group_update_inner(g, tenant, true, create, extra_topics, |st, parts| f(st, parts), |_| true).await
     }
 
     /// [`Mq::group_update`] without the owner check of an existing group:
     /// for the commit leader, whose closure checks each queued commit's
     /// tenant on its own (a group it creates is still `tenant`'s).
+    /// `settled` says whether an outcome may stand when it was reached on
+    /// the copy this process last wrote (`written_groups`): one that
+    /// refuses something is made again on a fresh read.
     async fn group_update_any_owner<R>(
         &self,
         g: &str,
@@ -834,10 +837,12 @@ impl Mq {
         create: bool,
         extra_topics: &BTreeSet<String>,
         f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
+        settled: impl Fn(&R) -> bool,
     ) -> Result<R> {
-        self.group_update_inner(g, tenant, false, create, extra_topics, f).await
+        self.group_update_inner(g, tenant, false, create, extra_topics, f, settled).await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn group_update_inner<R>(
         &self,
         g: &str,
@@ -846,6 +851,7 @@ impl Mq {
         create: bool,
         extra_topics: &BTreeSet<String>,
         mut f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
+        settled: impl Fn(&R) -> bool,
     ) -> Result<R> {
         check_topic_name(g)?;
         for attempt in 0..32u64 {
@@ -865,7 +871,15 @@ impl Mq {
             let mut state = match &cur {
                 Some(c) => {
                     if check_owner {
-                        c.value.check_owner(tenant, g)?;
+                        match c.value.check_owner(tenant, g) {
+                            Ok(()) => {}
+                            // A refusal stands only on what the file holds now.
+                            Err(_) if from_cache => {
+                                self.written_groups.lock().remove(g);
+                                continue;
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
                     c.value.clone()
                 }
@@ -883,7 +897,18 @@ impl Mq {
                 }
             }
             let parts = |t: &str| counts.get(t).copied().unwrap_or(0);
-            let r = f(&mut state, &parts)?;
+            // An outcome reached on the kept copy that refuses something
+            // (a fenced generation, an unknown member) is not answered from
+            // it: the file may have moved on elsewhere; read it and decide
+            // again. An accepted one is checked by the CAS.
+            let r = match f(&mut state, &parts) {
+                Ok(r) if !from_cache || settled(&r) => r,
+                Err(e) if !from_cache => return Err(e),
+                _ => {
+                    self.written_groups.lock().remove(g);
+                    continue;
+                }
+            };
             let expected = cur.as_ref().map_or(Expected::Absent, |c| c.expected());
             match write_json(&self.store.fs, self.store.groups, g, &state, Some(expected)).await {
                 Ok(inode) => {
@@ -974,25 +999,32 @@ impl Mq {
             // every commit is checked against the owner on its own.
             let creator = batch.first().map(|c| c.tenant.clone()).unwrap_or_default();
             let r = self
-                .group_update_any_owner(g, &creator, true, &BTreeSet::new(), |st, parts| {
-                    let mut results = Vec::with_capacity(batch.len());
-                    for c in &batch {
-                        if let Err(e) = st.check_owner(&c.tenant, g) {
-                            results.push(Err(e));
-                            continue;
-                        }
-                        let mut trial = st.clone();
-                        let who = c.member.as_ref().map(|(m, gen)| (m.as_str(), *gen));
-                        match trial.commit(who, &c.offsets, now, parts, &limits) {
-                            Ok(()) => {
-                                *st = trial;
-                                results.push(Ok(()));
+                .group_update_any_owner(
+                    g,
+                    &creator,
+                    true,
+                    &BTreeSet::new(),
+                    |st, parts| {
+                        let mut results = Vec::with_capacity(batch.len());
+                        for c in &batch {
+                            if let Err(e) = st.check_owner(&c.tenant, g) {
+                                results.push(Err(e));
+                                continue;
                             }
-                            Err(e) => results.push(Err(e)),
+                            let mut trial = st.clone();
+                            let who = c.member.as_ref().map(|(m, gen)| (m.as_str(), *gen));
+                            match trial.commit(who, &c.offsets, now, parts, &limits) {
+                                Ok(()) => {
+                                    *st = trial;
+                                    results.push(Ok(()));
+                                }
+                                Err(e) => results.push(Err(e)),
+                            }
                         }
-                    }
-                    Ok(results)
-                })
+                        Ok(results)
+                    },
+                    |results: &Vec<Result<()>>| results.iter().all(|r| r.is_ok()),
+                )
                 .await;
             match r {
                 Ok(results) => {
