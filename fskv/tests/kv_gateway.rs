@@ -436,6 +436,109 @@ async fn eviction(c: &Cluster) {
     assert_eq!(ns["stats"]["evictions"].as_u64(), Some(6));
 }
 
+/// An S3 gateway process whose root is the KV root (`fskv gateway s3
+/// --root /kv`), killed on drop.
+struct S3OverKv {
+    child: std::process::Child,
+    host: String,
+    keys: (String, String),
+    http: hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, http_body_util::Full<Bytes>>,
+}
+
+impl S3OverKv {
+    fn start(data: &Path, base: u16) -> S3OverKv {
+        use std::io::BufRead;
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).unwrap()).unwrap();
+        let keys = (v["access_key"].as_str().unwrap().to_string(), v["secret_key"].as_str().unwrap().to_string());
+        let port = common::acked::free_port();
+        let mut child = common::fskv_cmd()
+            .args(["gateway", "s3", "--role", "writer", "--root", "/kv", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--mgmtd", &format!("127.0.0.1:{}", base + 11)])
+            .arg("--credentials")
+            .arg(data.join("credentials.json"))
+            .arg("--cluster-key-file")
+            .arg(data.join("cluster.key"))
+            .env("FSKV_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start fskv gateway s3");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.contains("serving on"), "fskv gateway s3 --root /kv did not start: {line:?}");
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        S3OverKv { child, host: format!("127.0.0.1:{port}"), keys, http }
+    }
+
+    async fn call(&self, method: Method, target: &str, body: &'static [u8]) -> (StatusCode, Bytes) {
+        use http_body_util::BodyExt;
+        let req =
+            common::sigv4::signed_request((&self.keys.0, &self.keys.1), "s3", method, (&self.host, target), &[], Bytes::from_static(body));
+        let resp = tokio::time::timeout(Duration::from_secs(30), self.http.request(req)).await.expect("S3 request hung").unwrap();
+        let status = resp.status();
+        (status, resp.into_body().collect().await.unwrap().to_bytes())
+    }
+
+    async fn ok(&self, method: Method, target: &str, body: &'static [u8]) -> Bytes {
+        let (status, body) = self.call(method.clone(), target, body).await;
+        assert!(status.is_success(), "S3 {method} {target}: {status} {}", String::from_utf8_lossy(&body));
+        body
+    }
+}
+
+impl Drop for S3OverKv {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `<Key>` and `<Prefix>` elements of a listing, in order.
+fn xml_elements(xml: &[u8], tag: &str) -> Vec<String> {
+    let text = String::from_utf8_lossy(xml);
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    text.split(&open).skip(1).filter_map(|rest| rest.split(&close).next().map(str::to_string)).collect()
+}
+
+/// Namespaces are S3 flat buckets: an S3 gateway whose root is the KV root
+/// serves KV values as objects (keys with `/` included, `a/b` next to
+/// `a/b/c`), and what it writes or deletes is what KV reads.
+async fn through_s3(c: &Cluster, data: &Path) {
+    let w = &c.writer;
+    w.put_namespace("objects", &serde_json::json!({})).await.unwrap();
+    let big: Vec<u8> = (0..5u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    for (key, value) in
+        [(&b"dir/small"[..], b"small value".to_vec()), (b"a/b", b"ab".to_vec()), (b"a/b/c", b"abc".to_vec()), (b"v~1", b"tilde".to_vec())]
+    {
+        w.put("objects", key, value, &PutOptions::default()).await.unwrap();
+    }
+    w.put("objects", b"big", big.clone(), &PutOptions::default()).await.unwrap();
+    // Keys no S3 request can name (NUL, over 1024 bytes): not listed.
+    w.put("objects", b"nul\0key", "n", &PutOptions::default()).await.unwrap();
+    w.put("objects", &[b'k'; 1100], "long", &PutOptions::default()).await.unwrap();
+    let s3 = S3OverKv::start(data, c.base);
+    assert_eq!(&s3.ok(Method::GET, "/objects/dir/small", b"").await[..], b"small value");
+    assert_eq!(&s3.ok(Method::GET, "/objects/a/b", b"").await[..], b"ab");
+    assert_eq!(&s3.ok(Method::GET, "/objects/a/b/c", b"").await[..], b"abc");
+    assert_eq!(&s3.ok(Method::GET, "/objects/v~1", b"").await[..], b"tilde");
+    assert!(s3.ok(Method::GET, "/objects/big", b"").await[..] == big[..], "a 5 MiB KV value read through S3");
+    let listing = s3.ok(Method::GET, "/objects?list-type=2", b"").await;
+    assert_eq!(xml_elements(&listing, "Key"), ["a/b", "a/b/c", "big", "dir/small", "v~1"]);
+    let rolled = s3.ok(Method::GET, "/objects?list-type=2&delimiter=%2F", b"").await;
+    assert_eq!(xml_elements(&rolled, "Key"), ["big", "v~1"]);
+    let prefixes: Vec<String> = xml_elements(&rolled, "Prefix").into_iter().filter(|p| !p.is_empty()).collect();
+    assert_eq!(prefixes, ["a/", "dir/"], "the common prefixes");
+    // The namespaces are the buckets; the KV gateway's own directory is none.
+    let buckets = xml_elements(&s3.ok(Method::GET, "/", b"").await, "Name");
+    assert!(buckets.contains(&"objects".to_string()) && buckets.iter().all(|b| !b.starts_with('.')), "{buckets:?}");
+    // Written and deleted through S3, read through KV.
+    s3.ok(Method::PUT, "/objects/from/s3", b"written through S3").await;
+    assert_eq!(&c.reader.get("objects", b"from/s3").await.unwrap().expect("an S3 PUT is a key").bytes[..], b"written through S3");
+    s3.ok(Method::DELETE, "/objects/dir/small", b"").await;
+    assert!(c.reader.get("objects", b"dir/small").await.unwrap().is_none(), "deleted through S3");
+    let (status, _) = s3.call(Method::GET, "/objects/dir/small", b"").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
 #[test]
 fn kv_gateway_through_fskv_up() {
     let dir = tempfile::tempdir().unwrap();
@@ -452,6 +555,7 @@ fn kv_gateway_through_fskv_up() {
         watch(&c).await;
         consul(&c).await;
         eviction(&c).await;
+        through_s3(&c, &data).await;
     });
     drop(rt);
     up.stop();

@@ -16,7 +16,7 @@ use crate::config::NamespaceConfig;
 use crate::error::{KvError, Result};
 use crate::keys::{self, KeyPath};
 use crate::record::{self, Record, XATTR_RECORD};
-use fskv_client::FsClient;
+use fskv_client::{keyname, FsClient};
 use fskv_gateway::TenantIds;
 use fskv_proto::meta::{Expected, Inode, InodeKind, MetaOp, MetaReply, NewOwner, PublishAttrs, XattrFlag};
 use fskv_types::{ErrorCode, InodeId};
@@ -194,28 +194,36 @@ impl Store {
     }
 
     /// Creates the namespace if missing (owned by `owner`: its directory is
-    /// made 0700, the tenant's uid/gid from the transaction that makes it)
-    /// and sets its settings. An existing namespace of another owner is
-    /// refused (403).
+    /// made 0700, the tenant's uid/gid from the transaction that makes it,
+    /// marked as an S3 flat bucket's: [`keyname::LAYOUT_XATTR`]) and sets its
+    /// settings. An existing namespace of another owner is refused (403);
+    /// one made before namespaces carried the layout mark gets it here.
     pub async fn put_namespace(&self, name: &str, config: &NamespaceConfig, owner: TenantIds) -> Result<(Arc<Namespace>, bool)> {
         if !keys::is_namespace_name(name) {
             return Err(KvError::InvalidNamespace(name.into()));
         }
         let owned = self.fs.with_owner(Some(NewOwner { uid: owner.uid, gid: owner.gid }));
-        let (dir, created) = match owned.meta().mkdir(self.root, name, NAMESPACE_DIR_MODE).await {
+        let layout = || vec![(keyname::LAYOUT_XATTR.to_string(), keyname::FLAT_LAYOUT.as_bytes().to_vec())];
+        let no_namespace = |e: fskv_client::MetaClientError| meta_err(e, name, KvError::NoSuchNamespace(name.into()));
+        let (dir, created) = match owned.meta().mkdir_with_xattrs(self.root, name, NAMESPACE_DIR_MODE, layout()).await {
             Ok(i) => (i.id, true),
             Err(e) if e.code() == ErrorCode::AlreadyExists => {
-                let i =
-                    self.fs.meta().lookup(self.root, name).await.map_err(|e| meta_err(e, name, KvError::NoSuchNamespace(name.into())))?;
+                let i = self.fs.meta().lookup(self.root, name).await.map_err(no_namespace)?;
                 if i.dir().is_none() {
                     return Err(KvError::KeyConflict(format!("{name} exists under the KV root and is not a directory")));
                 }
                 if i.acl.uid != owner.uid {
                     return Err(KvError::AccessDenied(format!("namespace {name:?} belongs to another tenant")));
                 }
+                let (attr, value) = layout().remove(0);
+                match self.fs.meta().set_xattr(i.id, &attr, &value, XattrFlag::Create).await {
+                    Ok(_) => {}
+                    Err(e) if e.code() == ErrorCode::AlreadyExists => {}
+                    Err(e) => return Err(no_namespace(e)),
+                }
                 (i.id, false)
             }
-            Err(e) => return Err(meta_err(e, name, KvError::NoSuchNamespace(name.into()))),
+            Err(e) => return Err(no_namespace(e)),
         };
         let json = serde_json::to_vec(config).map_err(|e| KvError::Internal(e.to_string()))?;
         self.fs

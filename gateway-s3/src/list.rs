@@ -221,6 +221,10 @@ pub async fn list_flat(fs: &FsClient, bucket: InodeId, req: &ListRequest) -> Res
         // Names that are not a UTF-8 key's (made through the mount) are no object.
         let (Ok(key), Some(inode)) = (String::from_utf8(found.key), found.entry.attr) else { continue };
         let Some(rest) = key.strip_prefix(req.prefix.as_str()) else { break };
+        // Keys no S3 request can name (a KV namespace's, docs/kv.md) are no object either.
+        if key.len() > crate::paths::MAX_KEY_BYTES || key.contains('\0') {
+            continue;
+        }
         if let Some(i) = delim.and_then(|d| rest.find(d).map(|i| i + d.len())) {
             let cp = format!("{}{}", req.prefix, &rest[..i]);
             let mut after = cp.clone().into_bytes();

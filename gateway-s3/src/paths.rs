@@ -17,8 +17,8 @@ use fskv_client::keyname::KeyPath;
 use fskv_proto::meta::MAX_NAME_BYTES;
 
 /// Extended attribute of a bucket directory naming its layout (`flat`);
-/// absent for a tree bucket.
-pub const XATTR_LAYOUT: &str = "user.s3.layout";
+/// absent for a tree bucket. KV namespaces carry it too.
+pub const XATTR_LAYOUT: &str = fskv_client::keyname::LAYOUT_XATTR;
 /// Request header of CreateBucket that chooses the layout (`tree`, `flat`).
 pub const LAYOUT_HEADER: &str = "x-fskv-bucket-layout";
 
@@ -44,14 +44,14 @@ impl Layout {
     pub fn as_str(self) -> &'static str {
         match self {
             Layout::Tree => "tree",
-            Layout::Flat => "flat",
+            Layout::Flat => fskv_client::keyname::FLAT_LAYOUT,
         }
     }
 
     /// The layout a bucket's [`XATTR_LAYOUT`] value names (absent: tree).
     pub fn of_xattr(value: Option<&[u8]>) -> Layout {
         match value {
-            Some(b"flat") => Layout::Flat,
+            Some(v) if v == fskv_client::keyname::FLAT_LAYOUT.as_bytes() => Layout::Flat,
             _ => Layout::Tree,
         }
     }

@@ -35,6 +35,12 @@
 
 /// Bytes of each full segment of an encoded key.
 pub const SEGMENT_BYTES: usize = 240;
+/// Extended attribute of a directory whose files are keys named by this
+/// encoding, and its value: an S3 flat bucket's directory, made with it,
+/// and a KV namespace's, so an S3 gateway whose root is the KV root serves
+/// each namespace as a flat bucket (docs/kv.md, "Through S3").
+pub const LAYOUT_XATTR: &str = "user.s3.layout";
+pub const FLAT_LAYOUT: &str = "flat";
 /// The byte that ends a continuation directory's name.
 pub const CONTINUATION: u8 = b'+';
 
