@@ -261,12 +261,35 @@ where
     }
 }
 
-/// A jittered delay in `[backoff/2, backoff]` without a global RNG: the
-/// sub-millisecond clock is random enough to de-synchronize retries.
+thread_local! {
+    /// [`rand_jitter`]'s xorshift state; 0 until first used (then seeded
+    /// from the clock) or set by [`seed_retry_jitter`].
+    static JITTER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes the retry delays of [`run_transaction`] on this thread a function
+/// of `seed` (deterministic simulation runs every host on one thread).
+pub fn seed_retry_jitter(seed: u64) {
+    JITTER.with(|j| j.set(seed | 1));
+}
+
+/// A jittered delay in `[backoff/2, backoff]` from a per-thread xorshift
+/// (seeded from the sub-millisecond clock unless [`seed_retry_jitter`]
+/// chose the seed): enough to de-synchronize retries.
 fn rand_jitter(backoff_ms: u64) -> u64 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0);
+    let r = JITTER.with(|j| {
+        let mut x = j.get();
+        if x == 0 {
+            x = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos() as u64).unwrap_or(0) | 1;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        j.set(x);
+        x
+    });
     let half = backoff_ms / 2;
-    half + nanos % (backoff_ms - half + 1)
+    half + r % (backoff_ms - half + 1)
 }
 
 /// Suffix of a `rocksdb:PATH` spec whose commits do not sync the WAL

@@ -102,6 +102,8 @@ struct Inner<S: Store> {
     core: Arc<Core<S>>,
     commit_tx: Option<mpsc::Sender<CommitRequest>>,
     thread: Option<JoinHandle<()>>,
+    /// Instead of the commit thread (see [`LocalEngine::start_inline`]).
+    inline: Option<parking_lot::Mutex<InlineCommitter>>,
     /// The periodic sync thread and its stop signal.
     syncer: Option<(StopSignal, JoinHandle<()>)>,
 }
@@ -155,7 +157,27 @@ impl<S: Store> LocalEngine<S> {
             Some(ms) => Some(start_syncer(core.clone(), name, ms)?),
             None => None,
         };
-        Ok(LocalEngine { inner: Arc::new(Inner { core, commit_tx: Some(tx), thread: Some(thread), syncer }) })
+        Ok(LocalEngine { inner: Arc::new(Inner { core, commit_tx: Some(tx), thread: Some(thread), syncer, inline: None }) })
+    }
+
+    /// An engine without threads, for deterministic simulation: each commit
+    /// is resolved and applied on the committing task, one at a time, and
+    /// the conflict window ([`CONFLICT_WINDOW_MS`]) runs on `now_ms` (the
+    /// simulation's clock). Same semantics as [`Self::start`], no group
+    /// commit.
+    pub fn start_inline(store: S, committed_version: u64, now_ms: Arc<dyn Fn() -> u64 + Send + Sync>) -> Self {
+        let core = Arc::new(Core {
+            store,
+            committed_version: AtomicU64::new(committed_version),
+            unsynced: std::sync::atomic::AtomicBool::new(false),
+        });
+        let committer = InlineCommitter {
+            resolver: Resolver::new(CONFLICT_WINDOW_MS, MAX_TRACKED_KEYS, committed_version),
+            next_version: committed_version + 1,
+            now_ms,
+        };
+        let inline = Some(parking_lot::Mutex::new(committer));
+        LocalEngine { inner: Arc::new(Inner { core, commit_tx: None, thread: None, syncer: None, inline }) }
     }
 
     pub fn store(&self) -> &S {
@@ -532,6 +554,18 @@ impl<S: Store> Transaction for LocalTransaction<S> {
             let v = self.snapshot.as_ref().map(|(v, _)| *v);
             return Ok(v.unwrap_or_else(|| self.inner.core.committed_version.load(Ordering::Acquire)));
         }
+        if self.inner.inline.is_some() {
+            let inner = self.inner.clone();
+            let (reply_tx, mut reply_rx) = oneshot::channel();
+            let request = self.into_request(reply_tx);
+            let Some(committer) = &inner.inline else { return Err(KvError::Closed) };
+            let core = &inner.core;
+            let mut c = committer.lock();
+            let now_ms = (c.now_ms)();
+            let InlineCommitter { resolver, next_version, .. } = &mut *c;
+            commit_batch(core, resolver, next_version, vec![request], now_ms);
+            return reply_rx.try_recv().unwrap_or(Err(KvError::CommitUnknownResult));
+        }
         let tx = self.inner.commit_tx.clone().ok_or(KvError::Closed)?;
         let (reply_tx, reply_rx) = oneshot::channel();
         let request = self.into_request(reply_tx);
@@ -540,6 +574,13 @@ impl<S: Store> Transaction for LocalTransaction<S> {
         // batch may or may not be on disk.
         reply_rx.await.unwrap_or(Err(KvError::CommitUnknownResult))
     }
+}
+
+/// The commit thread's state, kept by an engine that commits inline.
+struct InlineCommitter {
+    resolver: Resolver,
+    next_version: u64,
+    now_ms: Arc<dyn Fn() -> u64 + Send + Sync>,
 }
 
 fn commit_loop<S: Store>(core: Arc<Core<S>>, mut rx: mpsc::Receiver<CommitRequest>) {

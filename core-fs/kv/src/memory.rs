@@ -92,6 +92,15 @@ impl MemoryEngine {
     }
 }
 
+impl MemoryEngine {
+    /// An in-memory engine for deterministic simulation: no commit thread,
+    /// the conflict window on `now_ms` ([`LocalEngine::start_inline`]).
+    pub fn deterministic(now_ms: std::sync::Arc<dyn Fn() -> u64 + Send + Sync>) -> Self {
+        let store = MemStore { map: RwLock::new(Map::new()) };
+        MemoryEngine { engine: LocalEngine::start_inline(store, 0, now_ms) }
+    }
+}
+
 impl Default for MemoryEngine {
     fn default() -> Self {
         Self::new()

@@ -1,4 +1,5 @@
-//! The conformance suite against the in-memory and the embedded RocksDB engine.
+//! The conformance suite against the in-memory engine (with its commit
+//! thread and in the simulation's inline mode) and the embedded RocksDB engine.
 
 use fskv_kv::conformance::{self, Suite};
 use fskv_kv::{KvEngine, MemoryEngine, RocksEngine, RocksOptions};
@@ -44,7 +45,15 @@ fn rocks() -> (Arc<dyn KvEngine>, Option<tempfile::TempDir>) {
     (Arc::new(engine), Some(dir))
 }
 
+/// The simulation's engine: commits inline, the conflict window on a given
+/// clock (here the real one).
+fn deterministic_memory() -> (Arc<dyn KvEngine>, Option<tempfile::TempDir>) {
+    let start = std::time::Instant::now();
+    (Arc::new(MemoryEngine::deterministic(Arc::new(move || start.elapsed().as_millis() as u64))), None)
+}
+
 engine_cases!(memory_engine, memory());
+engine_cases!(deterministic_memory_engine, deterministic_memory());
 engine_cases!(rocksdb_engine, rocks());
 
 #[tokio::test]
