@@ -115,6 +115,15 @@ impl MetaClient {
         Ok(MetaClient { rpc, cfg: Arc::new(cfg), client_id, next_request_id: Arc::new(AtomicU64::new(1)) })
     }
 
+    /// A client over a given RPC client (the simulation's transport) with a
+    /// given client id (request ids restart at 1: the id must be new).
+    pub fn over(rpc: RpcClient, cfg: MetaClientConfig, client_id: u64) -> Result<Self> {
+        if cfg.servers.is_empty() {
+            return Err(MetaClientError::Config("no meta server address".into()));
+        }
+        Ok(MetaClient { rpc, cfg: Arc::new(cfg), client_id, next_request_id: Arc::new(AtomicU64::new(1)) })
+    }
+
     /// The same client acting as another user (shares connections and client id).
     pub fn with_user(&self, user: UserInfo) -> Self {
         let mut cfg = (*self.cfg).clone();

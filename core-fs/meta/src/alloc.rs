@@ -22,17 +22,19 @@ pub const FIRST_ALLOCATED_ID: u64 = 0x100;
 pub struct InodeAllocator {
     engine: Arc<dyn KvEngine>,
     free: Mutex<Vec<InodeId>>,
+    /// The server's random source (it picks the shard of each batch).
+    rng: Arc<parking_lot::Mutex<rand::rngs::StdRng>>,
 }
 
 impl InodeAllocator {
-    pub fn new(engine: Arc<dyn KvEngine>) -> Self {
-        InodeAllocator { engine, free: Mutex::new(Vec::new()) }
+    pub fn new(engine: Arc<dyn KvEngine>, rng: Arc<parking_lot::Mutex<rand::rngs::StdRng>>) -> Self {
+        InodeAllocator { engine, free: Mutex::new(Vec::new()), rng }
     }
 
     pub async fn allocate(&self) -> MetaResult<InodeId> {
         let mut free = self.free.lock().await;
         if free.is_empty() {
-            let shard = (rand::random::<u64>() % ALLOC_SHARDS) as u8;
+            let shard = (rand::Rng::gen::<u64>(&mut *self.rng.lock()) % ALLOC_SHARDS) as u8;
             let first = self.take_batch(shard).await?;
             // Hand out ascending ids: pop from the end of a descending list.
             for seq in (first..first + ALLOC_BATCH).rev() {

@@ -43,6 +43,10 @@ pub struct MetaConfig {
     pub max_batch_ops: usize,
     /// Batch transactions of one queue committing at once.
     pub batch_groups_in_flight: usize,
+    /// Seed of the server's random choices (inode id shards, layout seeds
+    /// and round-robin start, session ids, retry jitter); `None`: from the
+    /// OS. A deterministic simulation sets it.
+    pub rng_seed: Option<u64>,
 }
 
 impl Default for MetaConfig {
@@ -61,6 +65,7 @@ impl Default for MetaConfig {
             batch_shards: 8,
             max_batch_ops: 64,
             batch_groups_in_flight: 4,
+            rng_seed: None,
         }
     }
 }

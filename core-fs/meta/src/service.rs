@@ -19,6 +19,8 @@ use fskv_proto::meta::*;
 use fskv_proto::meta::{MetaBatchCall, MetaCall, MetaFsckCall};
 use fskv_rpc::{MetricsRegistry, RequestContext, Router, Server, ServerConfig, Status, TcpTransport};
 use fskv_types::InodeId;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +46,8 @@ struct Inner {
     alloc: InodeAllocator,
     storage: Arc<dyn StorageBackend>,
     layout_rr: AtomicU64,
+    /// Every random choice of the server ([`MetaConfig::rng_seed`]).
+    rng: Arc<parking_lot::Mutex<StdRng>>,
     batch_queues: Vec<mpsc::Sender<BatchItem>>,
     gc_wakeup: Notify,
     /// One fsck at a time per server (it holds a summary of every inode).
@@ -176,12 +180,19 @@ impl MetaService {
             receivers.push(rx);
         }
         let registry = MetricsRegistry::new();
+        let mut rng = match cfg.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_entropy(),
+        };
+        let layout_rr = AtomicU64::new(u64::from(rng.gen::<u32>()));
+        let rng = Arc::new(parking_lot::Mutex::new(rng));
         let inner = Arc::new(Inner {
-            alloc: InodeAllocator::new(engine.clone()),
+            alloc: InodeAllocator::new(engine.clone(), rng.clone()),
             engine,
             cfg,
             storage,
-            layout_rr: AtomicU64::new(rand::random::<u32>() as u64),
+            layout_rr,
+            rng,
             batch_queues,
             gc_wakeup: Notify::new(),
             fsck_permit: Semaphore::new(1),
@@ -379,7 +390,12 @@ impl MetaService {
 
     /// Binds `addr` and serves this service over TCP.
     pub async fn serve(&self, addr: &str) -> MetaResult<Server> {
-        Server::bind(Arc::new(TcpTransport::new()), addr, self.router(), ServerConfig::default())
+        self.serve_on(Arc::new(TcpTransport::new()), addr).await
+    }
+
+    /// Binds `addr` on `transport` (the simulation's) and serves this service.
+    pub async fn serve_on(&self, transport: Arc<dyn fskv_rpc::Transport>, addr: &str) -> MetaResult<Server> {
+        Server::bind(transport, addr, self.router(), ServerConfig::default())
             .await
             .map_err(|e| MetaError::Internal(format!("cannot serve meta on {addr}: {e}")))
     }
@@ -419,11 +435,11 @@ impl Inner {
         let mut p = Prepared { now_ns: now_ns(), ..Prepared::default() };
         if creates_inode(&req.op) {
             p.new_id = Some(self.alloc.allocate().await?);
-            p.seed = rand::random();
+            p.seed = self.rng.lock().gen();
             p.layout_start = self.layout_rr.fetch_add(1, Ordering::Relaxed);
         }
         match &req.op {
-            MetaOp::Create { write: true, .. } | MetaOp::Open { write: true, .. } => p.session = rand::random::<u64>() | 1,
+            MetaOp::Create { write: true, .. } | MetaOp::Open { write: true, .. } => p.session = self.rng.lock().gen::<u64>() | 1,
             MetaOp::Close { inode, .. } => p.exact_length = self.exact_length(*inode).await?,
             MetaOp::Truncate { inode, length, session } => self.cut_chunks_first(req, &p, *inode, *length, *session).await?,
             MetaOp::StatFs => p.capacity = self.storage.capacity_bytes().await,
@@ -534,7 +550,8 @@ impl Inner {
                     let reason = if matches!(e, MetaError::Kv(fskv_kv::KvError::NotCommitted)) { "conflict" } else { "other" };
                     self.metrics.retries.get_or_create(&vec![("reason", reason.to_string())]).inc();
                     let backoff_ms = u64::from(attempt.min(20));
-                    tokio::time::sleep(Duration::from_millis(backoff_ms / 2 + rand::random::<u64>() % (backoff_ms + 1))).await;
+                    let jitter_ms = self.rng.lock().gen_range(0..=backoff_ms);
+                    tokio::time::sleep(Duration::from_millis(backoff_ms / 2 + jitter_ms)).await;
                 }
                 other => return other,
             }
