@@ -440,6 +440,53 @@ async fn left_over_pending_committed_at_the_tail_is_kept_by_the_next_write() {
     cluster.shutdown().await;
 }
 
+/// `RemoveChunks` (a truncate, an unlink's GC) removes a chunk whose only
+/// version is pending — a write whose forward failed, or whose ack was lost
+/// after the tail committed it — and the chunks below it. Before, it
+/// stopped at such a chunk and left it and every lower chunk in place, and
+/// the settle pass could later commit the write: a truncated file grew its
+/// old bytes back (found by the simulation's file checker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remove_chunks_removes_chunks_left_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = three_node_cluster(dir.path()).await;
+    with_timeout(async {
+        let c = client(&cluster);
+        let chain_ver = cluster.routing().chains[0].chain_version;
+        for (inode, committed_below_head) in [(InodeId(40), false), (InodeId(41), true)] {
+            c.write(CHAIN, ChunkId::new(inode, 0), 0, Bytes::from_static(b"chunk zero")).await.unwrap();
+            let pending = ChunkId::new(inode, 1);
+            let lost = fskv_chunk_engine::UpdateRequest {
+                chunk: pending,
+                chain_ver,
+                kind: fskv_chunk_engine::UpdateKind::Write { offset_bytes: 0, data: b"from a write the client gave up on" },
+                tag: fskv_chunk_engine::UpdateTag { client: 78, request: inode.0 },
+                expected_ver: None,
+                chunk_size_hint_bytes: None,
+            };
+            // Pending at the head only (the forward failed), or also
+            // committed at the middle and the tail (the ack was lost).
+            let reached: &[TargetId] = if committed_below_head { &[TargetId(1), TargetId(2), TargetId(3)] } else { &[TargetId(1)] };
+            for t in reached {
+                let engine = cluster.engine(*t).unwrap();
+                let out = engine.update(&lost).unwrap();
+                if *t != TargetId(1) {
+                    engine.commit(pending, out.pending_ver).unwrap();
+                }
+            }
+            let removed = c.remove_chunks(CHAIN, inode, 0).await.unwrap();
+            assert_eq!(removed, 2, "{inode}: both chunks removed");
+            for t in [TargetId(1), TargetId(2), TargetId(3)] {
+                let left = cluster.engine(t).unwrap().last_chunk(inode).unwrap();
+                assert!(left.is_none(), "{inode} on {t}: {left:?} left after remove-chunks");
+            }
+        }
+        assert_replicas_equal(&cluster, &[TargetId(1), TargetId(2), TargetId(3)]);
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
 /// A late retry of a write that committed several versions ago is still
 /// recognised on a target that got the chunk by a sync, not by the writes:
 /// the sync sends the tags of the older versions with the chunk (before,

@@ -441,11 +441,17 @@ impl StorageService {
     }
 
     /// Removes chunks from the end of the file down to `from_index`, each as
-    /// a replicated remove through the chain.
+    /// a replicated remove through the chain. A chunk holding only a pending
+    /// version (a write whose forward failed) is removed too: the remove
+    /// settles that version first (`craq.rs`), so a write whose client gave
+    /// up cannot be committed after the truncate or unlink that removed its
+    /// chunk and bring its bytes back (the simulation's file checker found
+    /// a truncated file regrow that way).
     pub(super) async fn handle_remove_chunks(&self, req: RemoveChunksReq) -> Result<RemoveChunksResp> {
         let target = self.target(req.target)?;
         self.precheck_write(req.chain_id, req.target, req.chain_ver, Origin::Client)?;
         let mut removed = 0u32;
+        let mut just_removed: Option<ChunkId> = None;
         loop {
             let engine = target.engine.clone();
             let inode = req.inode;
@@ -456,10 +462,45 @@ impl StorageService {
             if removed >= req.max_chunks.max(1) {
                 return Ok(RemoveChunksResp { removed, more: true });
             }
+            if just_removed == Some(chunk) {
+                // Still here after its remove was acknowledged (a pending
+                // version left in place): the caller retries.
+                warn!(%chunk, committed = meta.committed_ver, "chunk still present after its removal");
+                return Err(StorageError::Unsettled { target: req.target, version: meta.committed_ver });
+            }
             if meta.committed_ver == 0 {
-                // Never committed: nothing readable to remove; stop rather than loop.
-                warn!(%chunk, "uncommitted-only chunk left in place by remove-chunks");
-                return Ok(RemoveChunksResp { removed, more: false });
+                // Only a pending version, left by a write whose forward
+                // failed: settle it first. Committed down the chain → it is
+                // committed here now and removed below like any chunk; never
+                // committed anywhere → nobody can read it and the chain has
+                // nothing to remove: drop it here (else the loop would stop
+                // at it, and a length measured on this head would count it).
+                let guard = target.locks.lock(chunk).await;
+                if self.settle(&target, req.chain_id, chunk).await == SettleOutcome::Retry {
+                    return Err(StorageError::Unsettled { target: req.target, version: 0 });
+                }
+                if let Some(m) = target.engine.meta(chunk).filter(|m| m.committed_ver == 0) {
+                    // Made committed (empty) so that it can be removed; no
+                    // request tag: neither step is a client's update.
+                    let engine = target.engine.clone();
+                    self.blocking(move || {
+                        engine.replace(chunk, m.chain_ver, 1, &[], UpdateTag::default(), Vec::new())?;
+                        engine.update_and_commit(&UpdateRequest {
+                            chunk,
+                            chain_ver: m.chain_ver,
+                            kind: UpdateKind::Remove,
+                            tag: UpdateTag::default(),
+                            expected_ver: None,
+                            chunk_size_hint_bytes: None,
+                        })?;
+                        Ok(())
+                    })
+                    .await?;
+                    debug!(%chunk, "dropped a version never committed anywhere");
+                    removed += 1;
+                    continue;
+                }
+                drop(guard);
             }
             let fwd = ForwardReq {
                 chain_id: req.chain_id,
@@ -475,6 +516,7 @@ impl StorageService {
             };
             self.run_step(&target, Origin::Client, &fwd, Bytes::new()).await?;
             removed += 1;
+            just_removed = Some(chunk);
         }
     }
 }
