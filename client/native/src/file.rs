@@ -343,7 +343,7 @@ impl FsClient {
         let (found, session) =
             self.meta.open(inode, flags.write).await.map_err(|cause| FileError::Meta { op: "open", path: path.clone(), cause })?;
         let handle = FileHandle::new(self.clone(), path, found, session, flags)?;
-        if flags.write && flags.truncate && !handle.is_empty() {
+        if flags.write && flags.truncate && handle.may_hold_data() {
             handle.truncate(0).await?;
         }
         Ok(handle)
@@ -472,7 +472,7 @@ impl FsClient {
             }
         };
         let handle = FileHandle::new(self.clone(), path.to_string(), inode, session, flags)?;
-        if flags.write && flags.truncate && !handle.is_empty() {
+        if flags.write && flags.truncate && handle.may_hold_data() {
             handle.truncate(0).await?;
         }
         Ok(handle)
@@ -818,6 +818,15 @@ impl FileHandle {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether the file may hold bytes: a length above 0, or chunks at all.
+    /// A chunked file's length in meta is what its writers reported; a
+    /// writer that failed or died before reporting leaves chunks beyond it
+    /// (a later close would measure them on storage), so an `O_TRUNC` open
+    /// must cut a chunked file whatever length meta shows.
+    pub fn may_hold_data(&self) -> bool {
+        !self.is_empty() || !self.shared.state.lock().inline
     }
 
     /// Re-reads the length from meta (writes by other handles become visible

@@ -226,6 +226,26 @@ async fn second_handle_sees_writes_after_fsync_report_and_close() {
     env.stop().await;
 }
 
+/// `O_TRUNC` empties a file whose writer never reported its length (it
+/// failed or died before closing: meta still shows 0 bytes while its chunks
+/// hold data). Before, the open skipped the truncate for an "empty" file, and
+/// the next close measured the old chunks on storage: the file came back
+/// with the dead writer's bytes after the new ones (found by the simulation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn truncating_open_cuts_chunks_a_dead_writer_left_unreported() {
+    let env = Env::start(FsClientConfig { length_report_interval_ms: 0, ..Default::default() }).await;
+    let dead = env.fs.open("/abandoned", OpenFlags::create_new()).await.expect("create");
+    dead.write_at(0, Bytes::from(pattern(7, 3 * CHUNK as usize))).await.expect("write");
+    drop(dead); // never closed, never reported
+    let h = env.fs.open("/abandoned", OpenFlags::create_truncate()).await.expect("open with truncate");
+    assert_eq!(h.len(), 0);
+    h.write_at(0, Bytes::from_static(b"new")).await.expect("write");
+    assert_eq!(h.close().await.expect("close"), 3, "the truncated file measured with the dead writer's chunks");
+    let r = env.fs.open("/abandoned", OpenFlags::read_only()).await.expect("reopen");
+    assert_eq!(&r.read_at(0, 1 << 20).await.expect("read")[..], b"new");
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn inline_files_read_and_refuse_writes() {
     let env = Env::start(FsClientConfig::default()).await;
