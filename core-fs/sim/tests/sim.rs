@@ -1,14 +1,17 @@
 //! Deterministic simulation (turmoil) of two mgmtd instances (primary +
 //! standby on one KV engine) + 3–6 storage nodes + 2 writing clients (4 KiB
 //! writes; one chunk removal and one truncation in [`REMOVE_ONE_IN`]
-//! operations) under
+//! operations) + the meta service (on the deterministic in-memory KV engine)
+//! and 2 file clients (create/overwrite/unlink whole files through meta and
+//! storage) under
 //! random crashes, restarts, pauses longer than T and partitions (the
 //! primary mgmtd crashed, isolated and paused too), disk faults (a target's
 //! block-file reads or writes fail with EIO through the chunk engine's
 //! fault-injection seam, until its node restarts), power cuts of one storage
 //! node or of all (the chunk engine's power-loss model, landing inside an
 //! update through an armed crash point) and jumps of an mgmtd instance's
-//! clock. Every seed replays bit-exactly. See docs/mgmtd.md, "Simulation".
+//! clock, crashes of meta. Every seed replays bit-exactly. See docs/mgmtd.md,
+//! "Simulation".
 //!
 //! * `cargo test -p fskv-sim --test sim` runs `FSKV_SIM_SEEDS` seeds
 //!   (default [`DEFAULT_SEEDS`]) starting at `FSKV_SIM_FIRST_SEED` (default 1),
@@ -18,7 +21,9 @@
 //! * `FSKV_SIM_SEED=<n>` replays one seed (with `RUST_LOG=info` for a trace).
 //!
 //! Checked after healing: every acknowledged write's latest value is on
-//! every replica, replicas are byte-identical, every chain is back to all
+//! every replica, every file whose last operation was acknowledged reads
+//! back as written (or is absent after an unlink) and meta's fsck is clean,
+//! replicas are byte-identical, every chain is back to all
 //! serving within [`SERVING_BOUND_MS`], and no two observers ever saw
 //! different contents (hence heads) for one chain version. During the run:
 //! a standby takes over within [`TAKEOVER_BOUND_MS`] of the primary's fault,
@@ -29,10 +34,14 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use fskv_chunk_engine::{ChunkEngine, CrashPoint, EngineConfig, IoOp, ReadMode};
+use fskv_client::meta::{MetaClient, MetaClientConfig};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
+use fskv_client::{FsClient, FsClientConfig, OpenFlags};
 use fskv_kv::{KeyValue, KvEngine, KvResult, RangeRequest, RangeResult, Transaction};
+use fskv_meta::{ChainStorage, MetaConfig, MetaService};
 use fskv_mgmtd::{Clock, Layout, Mgmtd, MgmtdConfig};
+use fskv_proto::meta::{FsckRequest, LayoutPolicy};
 use fskv_proto::routing::{ChainRoles, ChainTarget, LocalTargetState, PublicTargetState, RoutingInfo};
 use fskv_rpc::{ClientConfig, RpcClient, SimTransport};
 use fskv_storage::mgmtd_link::{self, MgmtdLinkConfig};
@@ -84,6 +93,16 @@ const WRITERS: u64 = 2;
 const REMOVE_ONE_IN: u32 = 12;
 const MGMTD_PORT: u16 = 9000;
 const STORAGE_PORT: u16 = 9100;
+const META_PORT: u16 = 9200;
+/// Inode of writer w's chunks: `WRITER_INODE_BASE + w`.
+const WRITER_INODE_BASE: u64 = 1 << 40;
+const META_HOST: &str = "meta";
+/// Clients writing files through meta and storage (the native client).
+const FILE_CLIENTS: u64 = 2;
+/// Chunk size of the files (two chunks for the largest file size below).
+const FILE_CHUNK_BYTES: u32 = 64 << 10;
+/// File sizes drawn: inline in the inode, one chunk, two chunks.
+const FILE_SIZES: [usize; 3] = [700, 9_000, 100_000];
 const TICK_MS: u64 = 5;
 const MAX_LATENCY_MS: u64 = 5 * TICK_MS;
 
@@ -366,6 +385,23 @@ struct Shared {
     power_cut_sectors: (u64, u64),
     /// Engines a power cut found stopped inside an update (at their armed crash point).
     power_cuts_inside_update: u64,
+    /// File name → every operation on it through meta, in issue order (each
+    /// name belongs to one file client).
+    files: BTreeMap<String, Vec<FileOp>>,
+    /// File operations acknowledged / failed.
+    file_ops: (u64, u64),
+    /// What the file checker found: files read back, files skipped (their
+    /// last operation failed, so any outcome of it is allowed), fsck's inode count.
+    file_check: Option<(u64, u64, u64)>,
+}
+
+/// One operation on a file through meta and storage: content written (a
+/// create or an overwrite) or `None` for an unlink.
+#[derive(Clone, Debug)]
+struct FileOp {
+    seq: u64,
+    content: Option<Bytes>,
+    acked: bool,
 }
 
 #[derive(Clone)]
@@ -385,6 +421,15 @@ struct Ctx {
     /// Writers whose last write has returned (a write issued before the
     /// heal may retry well after it).
     writers_done: Arc<AtomicU64>,
+    /// Meta's KV engine (survives meta's restarts, as a FoundationDB
+    /// cluster would): the in-memory engine, committing inline on
+    /// simulated time.
+    meta_kv: Arc<dyn KvEngine>,
+    /// Starts of the meta service (each gets a new storage client id and
+    /// random seed).
+    meta_generation: Arc<AtomicU64>,
+    /// File clients whose last operation has returned.
+    file_clients_done: Arc<AtomicU64>,
 }
 
 impl Ctx {
@@ -674,7 +719,8 @@ fn writer_regions(writer: u64, chains: u32) -> Vec<Region> {
     let mut out = Vec::new();
     for c in 0..CHUNKS_PER_WRITER {
         let chain = ChainId(((writer * CHUNKS_PER_WRITER + c) % chains as u64) as u32 + 1);
-        let chunk = ChunkId::new(InodeId(1000 + writer), c);
+        // Far above the inode ids meta hands out (the files' chunks).
+        let chunk = ChunkId::new(InodeId(WRITER_INODE_BASE + writer), c);
         for r in 0..REGIONS_PER_CHUNK {
             out.push((chain, chunk, r));
         }
@@ -751,6 +797,229 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
     }
     source.stop();
     ctx.writers_done.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// One start of the meta service, like `fskv meta --mgmtd`: its chain
+/// table from mgmtd's routing, chunks through the storage client, state in
+/// [`Ctx::meta_kv`]; runs until its host crashes.
+async fn run_meta(ctx: Ctx) -> turmoil::Result {
+    let generation = ctx.meta_generation.fetch_add(1, Ordering::SeqCst);
+    let rpc = sim_rpc();
+    let source = MgmtdRoutingSource::start(mgmtd_client(rpc.clone()), Duration::from_secs(30)).await?;
+    let table = loop {
+        match source.current().chain_tables.first() {
+            Some(t) if !t.chains.is_empty() => break t.clone(),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let chains = u32::try_from(table.chains.len()).unwrap_or(u32::MAX);
+    let cfg = MetaConfig {
+        chain_table_id: table.table_id,
+        chain_table_version: table.table_version,
+        chains: table.chains.clone(),
+        root_layout: LayoutPolicy {
+            table_id: table.table_id,
+            table_version: table.table_version,
+            chunk_size_bytes: FILE_CHUNK_BYTES,
+            stripe_size: chains.min(2),
+        },
+        gc_interval_ms: 500,
+        rng_seed: Some(ctx.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(generation)),
+        ..MetaConfig::default()
+    };
+    let storage = StorageClient::new(
+        rpc,
+        source.handle(),
+        StorageClientConfig {
+            // A new id per start: request ids restart at 1 (a retried
+            // update is recognised by its (client, request) tag).
+            client_id: 0x4d45_5441_0000 + generation,
+            max_attempts: 8,
+            retry_backoff_ms: 20,
+            call_timeout_ms: 2_000,
+            routing_wait_ms: 500,
+            ..StorageClientConfig::default()
+        },
+    );
+    let service = MetaService::open(ctx.meta_kv.clone(), Arc::new(ChainStorage::new(storage)), cfg).await?;
+    let _server = service.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{META_PORT}")).await?;
+    ctx.trace(format!("meta serving (generation {generation})"));
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A native filesystem client (meta + storage) with its own ids.
+async fn file_client(ids: u64) -> Result<(FsClient, Arc<MgmtdRoutingSource>), Box<dyn std::error::Error>> {
+    let rpc = sim_rpc();
+    let source = MgmtdRoutingSource::start(mgmtd_client(rpc.clone()), Duration::from_secs(30)).await?;
+    let storage_config = StorageClientConfig {
+        client_id: 0x4649_4c45_0000 + ids,
+        max_attempts: 8,
+        retry_backoff_ms: 20,
+        call_timeout_ms: 2_000,
+        routing_wait_ms: 500,
+        ..StorageClientConfig::default()
+    };
+    let storage = StorageClient::new(rpc.clone(), source.handle(), storage_config);
+    let meta_config = MetaClientConfig {
+        call_timeout_ms: 2_000,
+        max_attempts: 8,
+        retry_backoff_ms: 20,
+        ..MetaClientConfig::new(vec![format!("{META_HOST}:{META_PORT}")])
+    };
+    let meta = MetaClient::over(rpc, meta_config, 0x4649_4c45_1000 + ids)?;
+    let config = FsClientConfig { length_report_interval_ms: 0, ..FsClientConfig::default() };
+    Ok((FsClient::new(meta, storage, config), source))
+}
+
+/// The bytes file client `client` writes in its operation `seq`.
+fn file_content(client: u64, seq: u64, len: usize) -> Bytes {
+    let salt = client.wrapping_mul(0x100_0000_01b3).wrapping_add(seq.wrapping_mul(0x9e37_79b9));
+    (0..len as u64).map(|i| (i.wrapping_mul(31).wrapping_add(salt) ^ (salt >> 17)) as u8).collect::<Vec<u8>>().into()
+}
+
+/// Writes whole files under `/` through meta and storage until the faults
+/// end: a new file (create, write, close), an overwrite of one of its files
+/// (open with truncate, write, close) or an unlink, each recorded with
+/// whether it was acknowledged.
+async fn run_files(ctx: Ctx, client: u64) -> turmoil::Result {
+    let who = format!("files{client}");
+    let mut rng = StdRng::seed_from_u64(ctx.seed.wrapping_mul(2_000_003).wrapping_add(client));
+    let (fs, source) = file_client(client).await?;
+    let mut mine: Vec<String> = Vec::new();
+    let mut seq = 0u64;
+    while now_ms() < FAULT_END_MS {
+        seq += 1;
+        let pick = rng.gen_range(0..10);
+        let (name, content) = if mine.is_empty() || pick < 6 {
+            let name = format!("c{client}-{seq}");
+            mine.push(name.clone());
+            (name, Some(file_content(client, seq, FILE_SIZES[rng.gen_range(0..FILE_SIZES.len())])))
+        } else if pick < 9 {
+            (mine[rng.gen_range(0..mine.len())].clone(), Some(file_content(client, seq, FILE_SIZES[rng.gen_range(0..FILE_SIZES.len())])))
+        } else {
+            (mine.swap_remove(rng.gen_range(0..mine.len())), None)
+        };
+        let result: Result<(), String> = match &content {
+            Some(data) => {
+                async {
+                    let h = fs.open_at(InodeId::ROOT, &name, OpenFlags::create_truncate()).await.map_err(|e| format!("open: {e}"))?;
+                    h.write_at(0, data.clone()).await.map_err(|e| format!("write: {e}"))?;
+                    h.close().await.map_err(|e| format!("close: {e}"))?;
+                    Ok(())
+                }
+                .await
+            }
+            None => fs.meta().unlink(InodeId::ROOT, &name).await.map_err(|e| format!("unlink: {e}")),
+        };
+        let what = match &content {
+            Some(d) => format!("write {seq} of {} bytes to {name}", d.len()),
+            None => format!("unlink {seq} of {name}"),
+        };
+        match &result {
+            Ok(()) => ctx.trace(format!("{who} {what} acked")),
+            Err(e) => ctx.trace(format!("{who} {what} failed: {e}")),
+        }
+        {
+            let mut s = ctx.shared.lock().unwrap();
+            s.files.entry(name).or_default().push(FileOp { seq, content, acked: result.is_ok() });
+            if result.is_ok() {
+                s.file_ops.0 += 1;
+            } else {
+                s.file_ops.1 += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..60))).await;
+    }
+    source.stop();
+    ctx.file_clients_done.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// After the heal, once the cluster is healthy (the checker says so) and
+/// every file client is done: every file whose last operation was
+/// acknowledged reads back as that operation left it (its bytes, or absent
+/// after an unlink), and meta's fsck finds no problem.
+async fn run_file_checker(ctx: Ctx) -> turmoil::Result {
+    let healed_at = now_ms();
+    loop {
+        let healthy = ctx.shared.lock().unwrap().all_serving_at_ms.is_some();
+        if healthy && ctx.file_clients_done.load(Ordering::SeqCst) == FILE_CLIENTS {
+            break;
+        }
+        if now_ms() > healed_at + SERVING_BOUND_MS + 5_000 {
+            // The cluster never became healthy: reported as such.
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (fs, source) = file_client(FILE_CLIENTS).await?;
+    let files = ctx.shared.lock().unwrap().files.clone();
+    let (mut checked, mut skipped) = (0u64, 0u64);
+    let mut problems = Vec::new();
+    for (name, ops) in &files {
+        let Some(last) = ops.last() else { continue };
+        if !last.acked {
+            // A failed write may have left the file anywhere between before and after.
+            skipped += 1;
+            continue;
+        }
+        checked += 1;
+        let mut attempt = 0;
+        let got: Result<Option<Bytes>, String> = loop {
+            attempt += 1;
+            let r = async {
+                let h = match fs.open_at(InodeId::ROOT, name, OpenFlags::read_only()).await {
+                    Ok(h) => h,
+                    Err(e) if e.code() == fskv_types::ErrorCode::NotFound => return Ok(None),
+                    Err(e) => return Err(format!("open: {e}")),
+                };
+                h.read_at(0, h.len()).await.map(Some).map_err(|e| format!("read: {e}"))
+            }
+            .await;
+            match r {
+                Err(e) if attempt < 10 => {
+                    ctx.trace(format!("file checker: {name}: {e}; again"));
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                other => break other,
+            }
+        };
+        let describe = |c: &Option<Bytes>| c.as_ref().map_or_else(|| "absent".to_string(), |b| format!("{} bytes", b.len()));
+        match got {
+            Ok(g) if g == last.content => {}
+            Ok(g) => problems.push(format!(
+                "file {name}: acknowledged operation {} left {} but it reads as {}",
+                last.seq,
+                describe(&last.content),
+                if g.as_ref().is_some_and(|b| last.content.as_ref().is_some_and(|c| b.len() == c.len())) {
+                    "other bytes of that length".to_string()
+                } else {
+                    describe(&g)
+                }
+            )),
+            Err(e) => problems.push(format!("file {name}: unreadable after the heal: {e}")),
+        }
+    }
+    let inodes = match fs.meta().fsck(&FsckRequest { max_problems: 10, page_keys: 0 }, 10_000).await {
+        Ok(r) => {
+            if r.problems_total > 0 {
+                problems.push(format!("meta fsck: {} problems: {:?}", r.problems_total, r.problems));
+            }
+            r.inodes
+        }
+        Err(e) => {
+            problems.push(format!("meta fsck failed: {e}"));
+            0
+        }
+    };
+    source.stop();
+    ctx.trace(format!("file checker: {checked} files read back, {skipped} skipped, fsck over {inodes} inodes"));
+    let mut s = ctx.shared.lock().unwrap();
+    s.file_check = Some((checked, skipped, inodes));
+    s.violations.extend(problems);
     Ok(())
 }
 
@@ -865,6 +1134,9 @@ enum Fault {
     /// (either way) and steps back after the duration; its monotonic clock
     /// runs on.
     ClockJump { instance: u32, delta_ms: i64 },
+    /// Crash the meta service and restart it after the duration (its state
+    /// is in its KV engine; file clients retry against the new process).
+    CrashMeta,
 }
 
 impl Fault {
@@ -885,6 +1157,7 @@ struct Event {
 const DISK_FAULT_STREAM: u64 = 0xd15c_fa17;
 const POWER_CUT_STREAM: u64 = 0x9_0e11_c0ff;
 const CLOCK_JUMP_STREAM: u64 = 0xc10c_0a55;
+const META_CRASH_STREAM: u64 = 0x3e7a_c7a5;
 /// How long before a power cut its engines' crash points are armed.
 const POWER_CUT_ARM_MS: u64 = 400;
 /// The crash points a power cut is armed at: any.
@@ -941,6 +1214,13 @@ fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> V
         let at_ms = clock.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
         let duration_ms = clock.gen_range(200..2 * HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
         events.push(Event { at_ms, duration_ms, fault: Fault::ClockJump { instance, delta_ms } });
+    }
+    // Half of the seeds: the meta service crashes and restarts.
+    let mut meta = StdRng::seed_from_u64(seed ^ META_CRASH_STREAM);
+    if meta.gen_bool(0.5) {
+        let at_ms = meta.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
+        let duration_ms = meta.gen_range(100..HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
+        events.push(Event { at_ms, duration_ms, fault: Fault::CrashMeta });
     }
     events.sort_by_key(|e| e.at_ms);
     events
@@ -1060,7 +1340,12 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         storage_generation: Arc::new(AtomicU64::new(1)),
         healed: Arc::new(AtomicBool::new(false)),
         writers_done: Arc::new(AtomicU64::new(0)),
+        meta_kv: Arc::new(fskv_kv::MemoryEngine::deterministic(Arc::new(now_ms))),
+        meta_generation: Arc::new(AtomicU64::new(1)),
+        file_clients_done: Arc::new(AtomicU64::new(0)),
     };
+    // The KV layer's retry delays (meta's inode allocator) from the seed.
+    fskv_kv::seed_retry_jitter(seed);
     let events = schedule(&mut rng, nodes, seed, layout.targets_per_node);
 
     let mut sim = turmoil::Builder::new()
@@ -1090,9 +1375,19 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         let c = ctx.clone();
         sim.client(format!("writer{w}"), run_writer(c, w));
     }
+    {
+        let c = ctx.clone();
+        sim.host(META_HOST, move || run_meta(c.clone()));
+    }
+    for f in 0..FILE_CLIENTS {
+        let c = ctx.clone();
+        sim.client(format!("files{f}"), run_files(c, f));
+    }
     let mut all_hosts: Vec<String> = (1..=MGMTD_INSTANCES).map(mgmtd_host).collect();
     all_hosts.extend((1..=nodes).map(storage_host));
     all_hosts.extend((0..WRITERS).map(|w| format!("writer{w}")));
+    all_hosts.push(META_HOST.to_string());
+    all_hosts.extend((0..FILE_CLIENTS).map(|f| format!("files{f}")));
     // (The checker host only exists after the heal.)
 
     // Driver state.
@@ -1157,6 +1452,12 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                         sim.crash(m.as_str());
                     }
                     crashed.insert(m.clone(), end);
+                }
+                Fault::CrashMeta => {
+                    if sim.is_host_running(META_HOST) {
+                        sim.crash(META_HOST);
+                    }
+                    crashed.insert(META_HOST.to_string(), end);
                 }
                 Fault::PartitionStorage(n) => {
                     for o in others(&storage_host(*n)) {
@@ -1223,7 +1524,10 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     ctx.clock_offset_ms[(*instance - 1) as usize].store(*delta_ms, Ordering::SeqCst);
                 }
             }
-            if !matches!(e.fault, Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::ArmPowerCut(_) | Fault::PowerCut(_)) {
+            if !matches!(
+                e.fault,
+                Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::CrashMeta | Fault::ArmPowerCut(_) | Fault::PowerCut(_)
+            ) {
                 undo.push((end, e.fault.clone(), target));
             }
             if target > 0
@@ -1282,7 +1586,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     Fault::ClockJump { instance, .. } => {
                         ctx.clock_offset_ms[(instance - 1) as usize].store(0, Ordering::SeqCst);
                     }
-                    Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::ArmPowerCut(_) | Fault::PowerCut(_) => {}
+                    Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::CrashMeta | Fault::ArmPowerCut(_) | Fault::PowerCut(_) => {}
                 }
             } else {
                 i += 1;
@@ -1448,6 +1752,8 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
             ctx.healed.store(true, Ordering::SeqCst);
             let c = ctx.clone();
             sim.client("checker", run_checker(c));
+            let c = ctx.clone();
+            sim.client("file-checker", run_file_checker(c));
             checker_started = true;
         }
     }
@@ -1551,12 +1857,15 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         h.finish()
     };
     let summary = format!(
-        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, {} exits, all serving {} ms after heal, clock jumps (ms) {:?}, power cuts of nodes {:?}, {} of them inside an update, rolled back {} unsynced sectors (kept {}), stale pending versions {:?}, {:.1} s simulated",
+        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, files: {} acked / {} failed operations, checked (read back, skipped, fsck inodes) {:?}, {} exits, all serving {} ms after heal, clock jumps (ms) {:?}, power cuts of nodes {:?}, {} of them inside an update, rolled back {} unsynced sectors (kept {}), stale pending versions {:?}, {:.1} s simulated",
         events.len(),
         shared.takeovers_ms,
         shared.disk_fault_ms,
         shared.acked,
         shared.failed,
+        shared.file_ops.0,
+        shared.file_ops.1,
+        shared.file_check,
         shared.exits.len(),
         shared.all_serving_at_ms.map_or(-1, |t| t as i64 - healed_at as i64),
         events.iter().filter_map(|e| if let Fault::ClockJump { delta_ms, .. } = e.fault { Some(delta_ms) } else { None }).collect::<Vec<_>>(),
