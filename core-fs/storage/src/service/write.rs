@@ -479,7 +479,12 @@ impl StorageService {
                 if self.settle(&target, req.chain_id, chunk).await == SettleOutcome::Retry {
                     return Err(StorageError::Unsettled { target: req.target, version: 0 });
                 }
-                if let Some(m) = target.engine.meta(chunk).filter(|m| m.committed_ver == 0) {
+                let Some(m) = target.engine.meta(chunk) else {
+                    // The left-over was a removal, committed by the settle.
+                    removed += 1;
+                    continue;
+                };
+                if m.committed_ver == 0 {
                     // Made committed (empty) so that it can be removed; no
                     // request tag: neither step is a client's update.
                     let engine = target.engine.clone();
