@@ -90,9 +90,7 @@ impl MemoryEngine {
         let engine = LocalEngine::start(store, 0, "memory", None).expect("start the in-memory engine's commit thread");
         MemoryEngine { engine }
     }
-}
 
-impl MemoryEngine {
     /// An in-memory engine for deterministic simulation: no commit thread,
     /// the conflict window on `now_ms` ([`LocalEngine::start_inline`]).
     pub fn deterministic(now_ms: std::sync::Arc<dyn Fn() -> u64 + Send + Sync>) -> Self {
