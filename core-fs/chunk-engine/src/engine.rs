@@ -1049,6 +1049,9 @@ impl ChunkEngine {
 
     /// The chunk of `inode` with the highest index, with one reverse seek.
     pub fn last_chunk(&self, inode: InodeId) -> Result<Option<(ChunkId, ChunkMeta)>> {
+        // A failed engine missed every update since its fault: its last
+        // chunk may be older than the chain's (simulation seed 4320).
+        self.check_alive()?;
         let mut it = self.db.raw_iterator();
         it.seek_for_prev(chunk_key(ChunkId::new(inode, u64::MAX)));
         if !it.valid() {

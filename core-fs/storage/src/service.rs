@@ -594,8 +594,20 @@ impl StorageService {
         }
     }
 
+    /// A local target that may serve: `TargetFailed` once its engine has
+    /// stopped after a disk fault (fail-stop), for every request and
+    /// background pass alike. Its metadata is still in memory but misses
+    /// every update since the fault, so an answer from it (a last chunk, a
+    /// chunk's versions) could be older than the chain's while its routing
+    /// still lists it (simulation seed 4320: meta measured an acknowledged
+    /// file's length on such a head and set it to 0). Heartbeats read the
+    /// engine directly ([`Self::local_state`]) and report it offline.
     fn target(&self, id: TargetId) -> Result<Arc<Target>> {
-        self.inner.targets.get(&id).cloned().ok_or(StorageError::UnknownTarget(id))
+        let target = self.inner.targets.get(&id).ok_or(StorageError::UnknownTarget(id))?;
+        if target.engine.is_failed() {
+            return Err(StorageError::TargetFailed { target: id, cause: "the chunk engine stopped after a disk fault".into() });
+        }
+        Ok(target.clone())
     }
 
     fn chain_of(routing: &RoutingInfo, id: ChainId) -> Result<&ChainInfo> {

@@ -523,3 +523,26 @@ async fn a_synced_target_recognises_a_late_retry_of_an_older_write() {
     .await;
     cluster.shutdown().await;
 }
+
+/// A cluster dropped without `shutdown` (what a failing assertion does)
+/// lets its runtime shut down: the services' background loops end once the
+/// routing source is gone. The sync worker used to spin on the closed
+/// routing watch, so a test that panicked hung at 200% CPU instead of
+/// failing.
+#[test]
+fn a_dropped_cluster_lets_its_runtime_shut_down() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        rt.block_on(async {
+            let cluster = three_node_cluster(dir.path()).await;
+            client(&cluster).write(CHAIN, ChunkId::new(InodeId(5), 0), 0, Bytes::from_static(b"x")).await.expect("write");
+            drop(cluster);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+        drop(rt);
+        let _ = done_tx.send(());
+    });
+    done_rx.recv_timeout(Duration::from_secs(30)).expect("the runtime of a dropped cluster did not shut down within 30 s");
+}
