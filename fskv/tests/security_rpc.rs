@@ -498,6 +498,7 @@ fn a_user_key_acts_as_its_user_and_storage_wants_capabilities() {
                 tag: RequestTag { client: 99, request: 1 },
                 chunk_size_hint_bytes: None,
                 cap,
+                channel: None,
             };
             let payload = if matches!(op, UpdateOp::Write { .. }) { data.clone() } else { Bytes::new() };
             let err = rt.block_on(user.call::<WriteChunk>(&addr, &req, payload, opts)).unwrap_err();
@@ -565,6 +566,7 @@ fn a_user_key_acts_as_its_user_and_storage_wants_capabilities() {
                         tag,
                         chunk_size_hint_bytes: None,
                         recent: Vec::new(),
+                        channel: None,
                     },
                     Bytes::new(),
                     opts,

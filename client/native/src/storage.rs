@@ -206,6 +206,11 @@ pub struct StorageClientConfig {
     /// next replica round-robin (each replica of a chain is exercised, as
     /// the fault tests want). `FsClient` turns it on.
     pub read_affinity: bool,
+    /// The `seq` of this client's first write on a write channel
+    /// (`WriteChannel`; later ones count up). The default, the wall clock in
+    /// nanoseconds, keeps a restarted client that reuses its id above what
+    /// the targets remember of its previous run; a simulation fixes it.
+    pub first_write_seq: u64,
 }
 
 impl Default for StorageClientConfig {
@@ -219,6 +224,9 @@ impl Default for StorageClientConfig {
             call_timeout_ms: 30_000,
             routing_wait_ms: 500,
             read_affinity: false,
+            first_write_seq: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX >> 1)),
         }
     }
 }
@@ -261,6 +269,55 @@ struct Inner {
     senders: Arc<Semaphore>,
     /// Set for a `user:` principal: every data-path request carries a capability.
     caps: std::sync::OnceLock<Arc<dyn CapSource>>,
+    channels: Arc<WriteChannels>,
+}
+
+/// This client's write channels (`fskv_proto::storage::WriteChannel`): a
+/// write holds one from its first attempt to its last, so a late retry is
+/// recognised by the targets however many versions came after it. At most
+/// `MAX_WRITE_CHANNELS` writes are in flight at once; more wait.
+struct WriteChannels {
+    slots: Arc<Semaphore>,
+    /// Free channel ids and the next `seq` (one lock: a channel's writes
+    /// get increasing seqs in the order they take it).
+    state: parking_lot::Mutex<(Vec<u32>, u64)>,
+}
+
+/// A write channel held by one write (all its attempts); freed on drop.
+struct HeldChannel {
+    channel: WriteChannel,
+    owner: Arc<WriteChannels>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for HeldChannel {
+    fn drop(&mut self) {
+        self.owner.state.lock().0.push(self.channel.id);
+    }
+}
+
+impl WriteChannels {
+    fn new(first_seq: u64) -> WriteChannels {
+        // Popped from the end: the lowest ids are used first.
+        let free = (0..MAX_WRITE_CHANNELS).rev().collect();
+        WriteChannels { slots: Arc::new(Semaphore::new(MAX_WRITE_CHANNELS as usize)), state: parking_lot::Mutex::new((free, first_seq)) }
+    }
+
+    async fn hold(self: &Arc<Self>) -> Result<HeldChannel> {
+        let slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| StorageClientError::Remote(Status::new(ErrorCode::Internal, "write channels closed")))?;
+        let mut state = self.state.lock();
+        let (free, next_seq) = &mut *state;
+        // A permit is held, so a channel is free.
+        let Some(id) = free.pop() else {
+            return Err(StorageClientError::Remote(Status::new(ErrorCode::Internal, "no free write channel under a permit")));
+        };
+        let seq = *next_seq;
+        *next_seq += 1;
+        Ok(HeldChannel { channel: WriteChannel { id, seq }, owner: Arc::clone(self), _slot: slot })
+    }
 }
 
 /// SplitMix64's finalizer: spreads consecutive values.
@@ -287,6 +344,7 @@ impl StorageClient {
         // a simulation fixing the id replays the same choices.
         let spread_seed = config.client_id;
         let spread = AtomicUsize::new(config.client_id as u16 as usize);
+        let channels = Arc::new(WriteChannels::new(config.first_write_seq));
         StorageClient {
             inner: Arc::new(Inner {
                 rpc,
@@ -297,6 +355,7 @@ impl StorageClient {
                 spread,
                 senders,
                 caps: std::sync::OnceLock::new(),
+                channels,
             }),
         }
     }
@@ -390,6 +449,8 @@ impl StorageClient {
     ) -> Result<WriteResp> {
         let span = tracing::debug_span!("storage_write", %chain, %chunk, request = tag.request);
         let cap = self.cap_for(chunk.inode, true).await?;
+        let held = self.inner.channels.hold().await?;
+        let channel = Some(held.channel);
         let build = |route: &Route| WriteReq {
             chain_id: chain,
             chain_ver: route.chain_ver,
@@ -399,6 +460,7 @@ impl StorageClient {
             tag,
             chunk_size_hint_bytes,
             cap,
+            channel,
         };
         tracing::Instrument::instrument(self.call_head::<WriteChunk>(chain, data, build), span).await
     }

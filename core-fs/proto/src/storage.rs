@@ -17,6 +17,23 @@ pub struct RequestTag {
     pub request: u64,
 }
 
+/// The write channel a client request travels on, so that a retry is
+/// recognised however many versions of its chunk came after it
+/// (`fskv_storage::channels`). A client holds a channel from a write's
+/// first attempt to its last and numbers the writes of each channel in
+/// increasing `seq`; a lower `seq` on a channel whose later write a target
+/// has seen is a write the client has finished with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WriteChannel {
+    /// Below [`MAX_WRITE_CHANNELS`].
+    pub id: u32,
+    pub seq: u64,
+}
+
+/// Channels one client may use (ids `0..MAX_WRITE_CHANNELS`): its most
+/// concurrent writes.
+pub const MAX_WRITE_CHANNELS: u32 = 1024;
+
 /// What a write does to a chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum UpdateOp {
@@ -44,6 +61,10 @@ pub struct WriteReq {
     /// Required from `user:` principals: a read-write capability for the
     /// chunk's inode (`crate::cap`); ignored for trusted principals.
     pub cap: Option<ChunkCap>,
+    /// The client's write channel (none: recognised by `tag` only, within
+    /// the chunk's last few versions).
+    #[serde(default)]
+    pub channel: Option<WriteChannel>,
 }
 
 /// The head's answer once every target of the chain committed.
@@ -92,6 +113,10 @@ pub struct ForwardReq {
     /// one of them is recognised there too. Empty otherwise.
     #[serde(default)]
     pub recent: Vec<RecentTag>,
+    /// `Update` only: the client write's channel, recorded by each target
+    /// that commits it (so a retry that reaches a new head is recognised).
+    #[serde(default)]
+    pub channel: Option<WriteChannel>,
 }
 
 /// An older committed version's request tag (see [`ForwardReq::recent`]).

@@ -740,6 +740,8 @@ async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
         retry_backoff_ms: 20,
         call_timeout_ms: 2_000,
         routing_wait_ms: 500,
+        // Deterministic (the default reads the wall clock).
+        first_write_seq: 1,
         ..StorageClientConfig::default()
     };
     let client = StorageClient::new(rpc, source.handle(), config);
@@ -839,6 +841,8 @@ async fn run_meta(ctx: Ctx) -> turmoil::Result {
             retry_backoff_ms: 20,
             call_timeout_ms: 2_000,
             routing_wait_ms: 500,
+            // Deterministic (the default reads the wall clock).
+            first_write_seq: 1,
             ..StorageClientConfig::default()
         },
     );
@@ -860,6 +864,8 @@ async fn file_client(ids: u64) -> Result<(FsClient, Arc<MgmtdRoutingSource>), Bo
         retry_backoff_ms: 20,
         call_timeout_ms: 2_000,
         routing_wait_ms: 500,
+        // Deterministic (the default reads the wall clock).
+        first_write_seq: 1,
         ..StorageClientConfig::default()
     };
     let storage = StorageClient::new(rpc.clone(), source.handle(), storage_config);

@@ -630,6 +630,7 @@ mod tests {
             tag: TAG,
             chunk_size_hint_bytes: None,
             recent: Vec::new(),
+            channel: None,
         }
     }
 

@@ -47,6 +47,11 @@ pub enum StorageError {
     /// bytes, so it waits (retryable; `craq.rs`, `SettleStep`).
     #[error("{target}: left-over pending version {version} not settled yet")]
     Unsettled { target: TargetId, version: u64 },
+    /// A client write older than the last one its channel committed here:
+    /// the client has finished with it (`crate::channels`), so it is not
+    /// applied (a late duplicate would put old bytes over newer ones).
+    #[error("write {seq} of client {client:#x} on channel {channel} arrived after its write {latest}: the client has finished with it")]
+    Superseded { client: u64, channel: u32, seq: u64, latest: u64 },
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -76,6 +81,7 @@ impl StorageError {
             StorageError::CopySource { status, .. } => status.code,
             StorageError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             StorageError::Unsettled { .. } => ErrorCode::ChunkUncommitted,
+            StorageError::Superseded { .. } => ErrorCode::Cancelled,
             StorageError::Internal(_) => ErrorCode::Internal,
         }
     }

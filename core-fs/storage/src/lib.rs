@@ -14,6 +14,7 @@ pub mod access;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod chain;
+pub mod channels;
 /// `LocalCluster`: services in one process on loopback (feature `testkit`).
 #[cfg(feature = "testkit")]
 pub mod cluster;

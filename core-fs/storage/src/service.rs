@@ -169,6 +169,8 @@ struct Inner {
     /// Chunks whose forward failed: they may hold a pending version the tail
     /// committed (lost ack); the worker settles them (bounded set).
     unsettled: Mutex<BTreeSet<(TargetId, ChainId, ChunkId)>>,
+    /// The last committed write of each (client, write channel) (`crate::channels`).
+    channels: crate::channels::ChannelTable,
     /// Served on `GET /metrics` with the RPC server's metrics.
     registry: Arc<MetricsRegistry>,
     metrics: StorageMetrics,
@@ -202,7 +204,8 @@ const COPY_READ_BACKOFF_MS: u64 = 5;
 /// stale-version or not-serving answer.
 const COPY_READ_ROUTING_WAIT_MS: u64 = 500;
 
-/// The peer read client's limits (its tags are never used: it only reads).
+/// The peer read client's limits (its tags and write channels are never
+/// used: it only reads).
 fn peer_reader_config(config: &StorageConfig) -> StorageClientConfig {
     StorageClientConfig {
         client_id: u64::from(config.node_id.0),
@@ -213,6 +216,7 @@ fn peer_reader_config(config: &StorageConfig) -> StorageClientConfig {
         call_timeout_ms: config.forward_timeout_ms,
         routing_wait_ms: COPY_READ_ROUTING_WAIT_MS,
         read_affinity: false,
+        first_write_seq: 1,
     }
 }
 
@@ -251,6 +255,7 @@ impl StorageService {
                 syncs: Mutex::new(BTreeSet::new()),
                 last_sync: Mutex::new(BTreeMap::new()),
                 unsettled: Mutex::new(BTreeSet::new()),
+                channels: crate::channels::ChannelTable::new(),
                 registry,
                 metrics,
             }),

@@ -151,6 +151,7 @@ async fn stale_chain_version_is_rejected_and_retried_request_applies_once() {
             tag: RequestTag { client: 77, request: 1 },
             chunk_size_hint_bytes: None,
             cap: None,
+            channel: None,
         };
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let err = rpc.call::<WriteChunk>(&head_addr, &req, data.clone(), CallOptions::default()).await.unwrap_err();
@@ -545,4 +546,63 @@ fn a_dropped_cluster_lets_its_runtime_shut_down() {
         let _ = done_tx.send(());
     });
     done_rx.recv_timeout(Duration::from_secs(30)).expect("the runtime of a dropped cluster did not shut down within 30 s");
+}
+
+/// A retry that arrives after more newer versions of its chunk than the
+/// chunk remembers tags of (`RECENT_COMMITS`) is still recognised, by its
+/// write channel, at the head and at a new head after the old one left;
+/// an older write on a channel whose later write committed is refused.
+/// Before the channels, such a retry was applied again and put its old
+/// bytes over the newer ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_retry_is_recognised_by_its_write_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = three_node_cluster(dir.path()).await;
+    with_timeout(async {
+        let c = client(&cluster);
+        let chunk = ChunkId::new(InodeId(6), 0);
+        let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
+        let send = |target: TargetId, seq: u64, request: u64, data: &'static [u8]| {
+            let routing = cluster.routing();
+            let node = routing.chain(CHAIN).unwrap().targets.iter().find(|t| t.target_id == target).unwrap().node_id;
+            let addr = routing.node_address(node).unwrap().to_string();
+            let req = WriteReq {
+                chain_id: CHAIN,
+                chain_ver: routing.chain(CHAIN).unwrap().chain_version,
+                target,
+                chunk,
+                op: UpdateOp::Write { offset_bytes: 0, len_bytes: data.len() as u32, crc: crc32c::crc32c(data) },
+                tag: RequestTag { client: 78, request },
+                chunk_size_hint_bytes: None,
+                cap: None,
+                channel: Some(fskv_proto::storage::WriteChannel { id: 3, seq }),
+            };
+            let rpc = rpc.clone();
+            async move { rpc.call::<WriteChunk>(&addr, &req, Bytes::from_static(data), CallOptions::default()).await.map(|(r, _)| r) }
+        };
+        let first = send(TargetId(1), 10, 1, b"old bytes!").await.unwrap();
+        assert!(!first.duplicate);
+        let newer = fskv_chunk_engine::RECENT_COMMITS as u64 + 4;
+        for i in 0..newer {
+            c.write(CHAIN, chunk, 0, Bytes::from(format!("newer {i:04}"))).await.unwrap();
+        }
+        let latest = format!("newer {:04}", newer - 1);
+        // The retry: answered as the duplicate it is, nothing applied.
+        let again = send(TargetId(1), 10, 1, b"old bytes!").await.unwrap();
+        assert!(again.duplicate, "a late retry was applied again");
+        assert_eq!(again.version, first.version);
+        assert_eq!(&c.read(CHAIN, chunk, 0, 100, false).await.unwrap().data[..], latest.as_bytes());
+        // The head leaves the chain: the new head recognises it too.
+        cluster.set_state(TargetId(1), PublicTargetState::Offline);
+        let at_new_head = send(TargetId(2), 10, 1, b"old bytes!").await.unwrap();
+        assert!(at_new_head.duplicate && at_new_head.version == first.version);
+        // A later write on the channel, then an older one: refused.
+        send(TargetId(2), 11, 2, b"channel 11").await.unwrap();
+        let err = send(TargetId(2), 9, 3, b"channel 9!").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Cancelled, "{err}");
+        assert_eq!(&c.read(CHAIN, chunk, 0, 100, false).await.unwrap().data[..], b"channel 11");
+        assert_replicas_equal(&cluster, &[TargetId(2), TargetId(3)]);
+    })
+    .await;
+    cluster.shutdown().await;
 }

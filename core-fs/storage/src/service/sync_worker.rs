@@ -228,6 +228,7 @@ impl StorageService {
             tag: if removal { RequestTag::default() } else { tag },
             chunk_size_hint_bytes: None,
             recent: if removal { Vec::new() } else { recent },
+            channel: None,
         };
         self.inner
             .rpc

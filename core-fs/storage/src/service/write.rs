@@ -13,6 +13,7 @@
 
 use super::{StorageService, Target};
 use crate::chain::Origin;
+use crate::channels::{ChannelTable, Seen};
 use crate::craq::{self, engine_tag, Applied, Effect, LeftOver, Payload, SettleEffect, SettleOutcome, SettleStep, WriteStep};
 use crate::error::{Result, StorageError};
 use bytes::{Bytes, BytesMut};
@@ -20,7 +21,7 @@ use fskv_chunk_engine::{ChunkEngine, ReadMode, RecentCommit, UpdateKind, UpdateO
 use fskv_proto::routing::RoutingInfo;
 use fskv_proto::storage::{
     CopyRangeReq, CopyRangeResp, CopySource, ForwardChunk, ForwardMode, ForwardReq, ForwardResp, QueryChunk, QueryChunkReq,
-    RemoteChunkMeta, RemoveChunksReq, RemoveChunksResp, UpdateOp, WriteReq, WriteResp,
+    RemoteChunkMeta, RemoveChunksReq, RemoveChunksResp, UpdateOp, WriteReq, WriteResp, MAX_WRITE_CHANNELS,
 };
 use fskv_types::{ChainId, ChunkId, NodeId, Status, TargetId};
 use std::sync::Arc;
@@ -110,6 +111,9 @@ impl StorageService {
         if let UpdateOp::Write { len_bytes, .. } = req.op {
             check_payload_len(req.chunk, &payload, len_bytes)?;
         }
+        if let Some(ch) = req.channel.filter(|ch| !ChannelTable::valid(*ch)) {
+            return Err(StorageError::Invalid(format!("write channel {} is not below {MAX_WRITE_CHANNELS}", ch.id)));
+        }
         let fwd = ForwardReq {
             chain_id: req.chain_id,
             chain_ver: req.chain_ver,
@@ -121,6 +125,7 @@ impl StorageService {
             tag: req.tag,
             chunk_size_hint_bytes: req.chunk_size_hint_bytes,
             recent: Vec::new(),
+            channel: req.channel,
         };
         let applied = self.run_step(&target, Origin::Client, &fwd, payload).await?;
         Ok(WriteResp { version: applied.version, len_bytes: applied.len_bytes, crc: applied.crc, duplicate: applied.duplicate })
@@ -155,6 +160,7 @@ impl StorageService {
                 tag: req.tag,
                 chunk_size_hint_bytes: req.chunk_size_hint_bytes,
                 cap: None,
+                channel: None,
             };
             let write = self.head_write(&write, data).await?;
             debug!(version = write.version, duplicate = write.duplicate, src_found_bytes, "copied");
@@ -227,6 +233,22 @@ impl StorageService {
         // older chain versions cannot miss this step (`crate::inflight`).
         let _inflight = target.inflight.enter(req.chain_id, req.chain_ver);
         let _guard = target.locks.lock(req.chunk).await;
+        // A client write seen on its channel before (`crate::channels`),
+        // decided under the lock: a first attempt still running when its
+        // retry arrived has recorded its answer by now.
+        let channel = req.channel.filter(|_| matches!(req.mode, ForwardMode::Update { .. }));
+        if let (Some(ch), Origin::Client) = (channel, origin) {
+            match self.inner.channels.check(req.tag.client, ch, req.chunk) {
+                Seen::New => {}
+                Seen::Duplicate(applied) => {
+                    debug!(version = applied.version, seq = ch.seq, "a retry of a committed write (write channel)");
+                    return Ok(applied);
+                }
+                Seen::Superseded { latest } => {
+                    return Err(StorageError::Superseded { client: req.tag.client, channel: ch.id, seq: ch.seq, latest });
+                }
+            }
+        }
         // Routing may have changed while we waited for the lock.
         let routing = self.inner.routing.current();
         let left_over = target.engine.pending_update(req.chunk).map(LeftOver::from_pending);
@@ -271,6 +293,9 @@ impl StorageService {
                 }
                 Effect::Ack(applied) => {
                     debug!(version = applied.version, duplicate = applied.duplicate, "committed");
+                    if let Some(ch) = channel {
+                        self.inner.channels.record(req.tag.client, ch, req.chunk, applied);
+                    }
                     return Ok(applied);
                 }
                 Effect::Fail { error, settle_later } => {
@@ -518,6 +543,7 @@ impl StorageService {
                 tag: req.tag,
                 chunk_size_hint_bytes: None,
                 recent: Vec::new(),
+                channel: None,
             };
             self.run_step(&target, Origin::Client, &fwd, Bytes::new()).await?;
             removed += 1;
@@ -645,6 +671,7 @@ mod tests {
             tag: RequestTag { client: 1, request: 1 },
             chunk_size_hint_bytes: None,
             cap: None,
+            channel: None,
         };
         // Cancel the write once its forward reached the tail.
         let write = service.handle_write(req, data);
