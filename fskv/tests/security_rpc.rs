@@ -610,6 +610,29 @@ fn a_user_key_acts_as_its_user_and_storage_wants_capabilities() {
     for (method, err) in refused {
         assert_eq!(err.code(), ErrorCode::PermissionDenied, "{method}: {err}");
     }
+    // A user's write channel is dropped (`fskv_storage::channels`): its
+    // client id is its own claim. A write of its own file under another
+    // client's id with the highest seq leaves that client's writes on the
+    // channel accepted.
+    let channel_write = |c: &RpcClient, cap: Option<ChunkCap>, seq: u64| {
+        let data = Bytes::from_static(b"C");
+        let req = WriteReq {
+            chain_id: chain,
+            chain_ver: info.chain_version,
+            target: head.target_id,
+            chunk: ChunkId::new(mine_inode.id, 5),
+            op: UpdateOp::Write { offset_bytes: 0, len_bytes: 1, crc: crc32c::crc32c(b"C") },
+            tag: RequestTag { client: 0xc1, request: seq },
+            chunk_size_hint_bytes: None,
+            cap,
+            channel: Some(fskv_proto::storage::WriteChannel { id: 7, seq }),
+        };
+        rt.block_on(c.call::<WriteChunk>(&addr, &req, data, opts)).map(|r| r.0)
+    };
+    channel_write(&user, Some(mine_rw), u64::MAX).expect("the user writes its own file");
+    let trusted = client_as("client", cluster.clone());
+    let after = channel_write(&trusted, None, 1).expect("a trusted client's write refused after a user's claim on its channel");
+    assert!(!after.duplicate);
     // Nothing changed: the public file reads back whole as root.
     let back = dir.path().join("public.back");
     common::fskv_ok(&["get", "--mgmtd", &mgmtd, "/public", back.to_str().unwrap()]);

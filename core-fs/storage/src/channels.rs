@@ -21,7 +21,10 @@
 //! Each target that commits a forwarded update records it too, so a retry
 //! that reaches a new head after the old one failed is recognised there.
 //! The table is in memory: after a restart, retries are recognised by the
-//! recent tags alone (as before). Bounds: channel ids below
+//! recent tags alone (as before). A `user:` principal's writes carry no
+//! channel (the service drops it): a client id is the client's own claim,
+//! and a channel with a high `seq` under another client's id would make
+//! that client's writes refused. Bounds: channel ids below
 //! `MAX_WRITE_CHANNELS`, at most [`MAX_CHANNEL_ENTRIES`] entries; when full,
 //! the clients used least recently lose theirs (down to 90% of the bound).
 
@@ -66,10 +69,15 @@ struct Table {
 }
 
 /// The per-service table of write channels (module docs).
-#[derive(Default)]
 pub struct ChannelTable {
     table: Mutex<Table>,
     max_entries: usize,
+}
+
+impl Default for ChannelTable {
+    fn default() -> ChannelTable {
+        ChannelTable::new()
+    }
 }
 
 impl ChannelTable {
@@ -122,12 +130,16 @@ impl ChannelTable {
         if t.entries <= self.max_entries {
             return;
         }
-        // Down to 90%, so that a full table scans for its least recently
-        // used clients once per many new entries, not on each.
+        // Down to 90%, so that a full table sorts its clients once per
+        // many new entries, not on each (the writing client stays).
         let keep = self.max_entries - self.max_entries / 10;
-        while t.entries > keep {
-            let Some((&lru, _)) = t.clients.iter().filter(|(id, _)| **id != client).min_by_key(|(_, c)| c.used_tick) else { break };
-            if let Some(gone) = t.clients.remove(&lru) {
+        let mut by_age: Vec<(u64, u64)> = t.clients.iter().filter(|(id, _)| **id != client).map(|(id, c)| (c.used_tick, *id)).collect();
+        by_age.sort_unstable();
+        for (_, id) in by_age {
+            if t.entries <= keep {
+                break;
+            }
+            if let Some(gone) = t.clients.remove(&id) {
                 t.entries -= gone.by_channel.len();
             }
         }

@@ -428,11 +428,16 @@ impl StorageService {
     pub fn router(&self) -> Router {
         let s = self.clone();
         let router = Router::new().with_metrics(self.inner.registry.clone()).route::<WriteChunk, _, _>(
-            move |ctx: RequestContext, req: WriteReq, payload: Bytes| {
+            move |ctx: RequestContext, mut req: WriteReq, payload: Bytes| {
                 let s = s.clone();
                 async move {
                     if let Some(user) = UserConn::of(&ctx, s.inner.config.cap_key.as_ref())? {
                         user.check(req.cap.as_slice(), [req.chunk.inode], true)?;
+                        // A user's client id is its own claim: with a write
+                        // channel it could make the table refuse another
+                        // client's writes (`crate::channels`), so a user's
+                        // retries are recognised by their tags only.
+                        req.channel = None;
                     }
                     s.handle_write(req, payload).await.map(|r| (r, Bytes::new())).map_err(Status::from)
                 }
