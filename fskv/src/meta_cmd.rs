@@ -6,7 +6,6 @@ use clap::Args;
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_meta::{ChainStorage, MetaConfig, MetaService, NoStorage, StorageBackend};
-use fskv_proto::meta::LayoutPolicy;
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -69,19 +68,7 @@ async fn storage_from_mgmtd(
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("mgmtd's routing info (version {}) has no chain table", routing.version))?;
     anyhow::ensure!(!table.chains.is_empty(), "mgmtd's chain table {} has no chains", table.table_id);
-    let defaults = MetaConfig::default();
-    let config = MetaConfig {
-        chain_table_id: table.table_id,
-        chain_table_version: table.table_version,
-        chains: table.chains.clone(),
-        root_layout: LayoutPolicy {
-            table_id: table.table_id,
-            table_version: table.table_version,
-            stripe_size: defaults.root_layout.stripe_size.min(u32::try_from(table.chains.len()).unwrap_or(u32::MAX)),
-            ..defaults.root_layout
-        },
-        ..defaults
-    };
+    let config = MetaConfig::over_chain_table(&table);
     let storage = StorageClient::new(rpc, source.handle(), StorageClientConfig::default());
     Ok((Arc::new(ChainStorage::new(storage)), config, source))
 }

@@ -70,6 +70,28 @@ impl Default for MetaConfig {
     }
 }
 
+impl MetaConfig {
+    /// The defaults, with new files striped over mgmtd's chain table
+    /// `table` (id, version, chains) at the default stripe, or fewer when
+    /// the table has fewer chains.
+    pub fn over_chain_table(table: &fskv_proto::routing::ChainTable) -> MetaConfig {
+        let defaults = MetaConfig::default();
+        let chains = u32::try_from(table.chains.len()).unwrap_or(u32::MAX);
+        MetaConfig {
+            chain_table_id: table.table_id,
+            chain_table_version: table.table_version,
+            chains: table.chains.clone(),
+            root_layout: LayoutPolicy {
+                table_id: table.table_id,
+                table_version: table.table_version,
+                stripe_size: defaults.root_layout.stripe_size.min(chains),
+                ..defaults.root_layout
+            },
+            ..defaults
+        }
+    }
+}
+
 /// What an op needs that is decided outside its transaction.
 #[derive(Clone, Debug, Default)]
 pub struct Prepared {

@@ -728,23 +728,28 @@ fn writer_regions(writer: u64, chains: u32) -> Vec<Region> {
     out
 }
 
+/// The storage client settings of every client in the world (writers,
+/// meta, file clients): few, short attempts; the write channels' seqs from
+/// 1 (the default reads the wall clock, which a replay must not).
+fn storage_config(client_id: u64) -> StorageClientConfig {
+    StorageClientConfig {
+        client_id,
+        max_attempts: 8,
+        retry_backoff_ms: 20,
+        call_timeout_ms: 2_000,
+        routing_wait_ms: 500,
+        first_write_seq: 1,
+        ..StorageClientConfig::default()
+    }
+}
+
 async fn run_writer(ctx: Ctx, writer: u64) -> turmoil::Result {
     let who = format!("writer{writer}");
     let mut rng = StdRng::seed_from_u64(ctx.seed.wrapping_mul(1_000_003).wrapping_add(writer));
     let rpc = sim_rpc();
     let source = MgmtdRoutingSource::start(mgmtd_client(rpc.clone()), Duration::from_secs(30)).await?;
     spawn_observer(&ctx, who.clone(), &source);
-    let config = StorageClientConfig {
-        client_id: 0x5151_0000 + writer,
-        max_attempts: 8,
-        retry_backoff_ms: 20,
-        call_timeout_ms: 2_000,
-        routing_wait_ms: 500,
-        // Deterministic (the default reads the wall clock).
-        first_write_seq: 1,
-        ..StorageClientConfig::default()
-    };
-    let client = StorageClient::new(rpc, source.handle(), config);
+    let client = StorageClient::new(rpc, source.handle(), storage_config(0x5151_0000 + writer));
     let regions = writer_regions(writer, ctx.layout.nodes * ctx.layout.targets_per_node / ctx.layout.replicas);
     let mut seq = 0u64;
     while now_ms() < FAULT_END_MS {
@@ -815,36 +820,23 @@ async fn run_meta(ctx: Ctx) -> turmoil::Result {
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    let chains = u32::try_from(table.chains.len()).unwrap_or(u32::MAX);
+    let base = MetaConfig::over_chain_table(&table);
     let cfg = MetaConfig {
-        chain_table_id: table.table_id,
-        chain_table_version: table.table_version,
-        chains: table.chains.clone(),
         root_layout: LayoutPolicy {
-            table_id: table.table_id,
-            table_version: table.table_version,
             chunk_size_bytes: FILE_CHUNK_BYTES,
-            stripe_size: chains.min(2),
+            stripe_size: base.root_layout.stripe_size.min(2),
+            ..base.root_layout
         },
         gc_interval_ms: 500,
         rng_seed: Some(ctx.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(generation)),
-        ..MetaConfig::default()
+        ..base
     };
     let storage = StorageClient::new(
         rpc,
         source.handle(),
-        StorageClientConfig {
-            // A new id per start: request ids restart at 1 (a retried
-            // update is recognised by its (client, request) tag).
-            client_id: 0x4d45_5441_0000 + generation,
-            max_attempts: 8,
-            retry_backoff_ms: 20,
-            call_timeout_ms: 2_000,
-            routing_wait_ms: 500,
-            // Deterministic (the default reads the wall clock).
-            first_write_seq: 1,
-            ..StorageClientConfig::default()
-        },
+        // A new id per start: request ids restart at 1 (a retried update is
+        // recognised by its (client, request) tag).
+        storage_config(0x4d45_5441_0000 + generation),
     );
     let service = MetaService::open(ctx.meta_kv.clone(), Arc::new(ChainStorage::new(storage)), cfg).await?;
     let _server = service.serve_on(Arc::new(SimTransport::new()), &format!("0.0.0.0:{META_PORT}")).await?;
@@ -858,17 +850,7 @@ async fn run_meta(ctx: Ctx) -> turmoil::Result {
 async fn file_client(ids: u64) -> Result<(FsClient, Arc<MgmtdRoutingSource>), Box<dyn std::error::Error>> {
     let rpc = sim_rpc();
     let source = MgmtdRoutingSource::start(mgmtd_client(rpc.clone()), Duration::from_secs(30)).await?;
-    let storage_config = StorageClientConfig {
-        client_id: 0x4649_4c45_0000 + ids,
-        max_attempts: 8,
-        retry_backoff_ms: 20,
-        call_timeout_ms: 2_000,
-        routing_wait_ms: 500,
-        // Deterministic (the default reads the wall clock).
-        first_write_seq: 1,
-        ..StorageClientConfig::default()
-    };
-    let storage = StorageClient::new(rpc.clone(), source.handle(), storage_config);
+    let storage = StorageClient::new(rpc.clone(), source.handle(), storage_config(0x4649_4c45_0000 + ids));
     let meta_config = MetaClientConfig {
         call_timeout_ms: 2_000,
         max_attempts: 8,
