@@ -26,7 +26,7 @@
 //! | start | `begin` | other updates | `ApplyUpdate { expected_ver, commit: is tail }` → applying |
 //! | start | `begin` | replace | `ApplyReplace` → replacing |
 //! | settling | `tail_answered` | the serving tail committed exactly the left-over (version and CRC; for a removal: it has no such chunk) | `CommitLeftOver { v }` → settling |
-//! | settling | `tail_answered`, `left_over_committed` | settled: never committed anywhere (replaced by this update), or committed here now | `ApplyUpdate` → applying |
+//! | settling | `tail_answered`, `left_over_committed` | settled: not committed at the serving tail (`Unresolved` or `Clean`: replaced by this update), or committed here now | `ApplyUpdate` → applying |
 //! | settling | `begin`, `tail_answered`, `left_over_committed` | not settled (`SettleOutcome::Retry`: the serving tail could not be asked or holds it only pending, this target is the serving tail with a syncing target after it, the commit failed) | `Fail(Unsettled)` (retryable), `settle_later` |
 //! | applying | `applied` | engine error, or an impossible outcome | `Fail` |
 //! | applying | `applied` | duplicate whose version is already committed here | `Ack(duplicate)` (nothing forwarded) |
@@ -73,7 +73,8 @@
 //! | `tail_answered(Ok)` | committed version and CRC equal the left-over's | `CommitLeftOver { v }` |
 //! | `tail_answered(Ok)` | the left-over is a removal and the serving tail has no such chunk (it committed the removal) | `CommitLeftOver { v }` |
 //! | `tail_answered(Ok)` | the tail holds that version only pending (it settles its own first; the query puts it in its settle pass) | `Finished(Retry)` |
-//! | `tail_answered(Ok)` | otherwise: never committed anywhere, the next update replaces it | `Finished(Clean)` |
+//! | `tail_answered(Ok)` | the serving tail's committed version is below the left-over's (or it has no chunk): not committed there; kept pending (the next update replaces it), watched by the settle pass in case a later serving tail commits it | `Finished(Unresolved)` |
+//! | `tail_answered(Ok)` | otherwise (its committed version is the left-over's with other bytes, or newer): superseded | `Finished(Clean)` |
 //! | `left_over_committed` | Ok / Err | `Finished(Clean)` / `Finished(Retry)` |
 //!
 //! A left-over is never replaced while its fate is unknown: the next update
@@ -412,7 +413,7 @@ impl WriteStep {
                 Effect::CommitLeftOver { version }
             }
             // A left-over the tail never committed is replaced by this update.
-            SettleEffect::Finished(SettleOutcome::Clean) => self.apply(),
+            SettleEffect::Finished(SettleOutcome::Clean | SettleOutcome::Unresolved) => self.apply(),
             // Its fate unknown: replacing it would reuse its version number
             // (module doc); the client retries, and the settle pass keeps
             // trying even if no retry comes (seed 407: the head otherwise
@@ -468,11 +469,18 @@ impl WriteStep {
 /// How a settle ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SettleOutcome {
-    /// Nothing left to do: no left-over, it was never committed anywhere
-    /// (the next update replaces it), or it is committed here now.
+    /// Nothing left to do: no left-over, another version superseded it at
+    /// the serving tail, or it is committed here now.
     Clean,
     /// The tail could not be asked or the commit failed: try again later.
     Retry,
+    /// The serving tail has not reached the left-over's version: it was
+    /// never committed there, and stays pending here (the next update
+    /// replaces it). A later serving tail may still commit it (a new tail
+    /// commits what it holds pending, a sync's predecessor completes its
+    /// left-overs), and then this target must follow: the settle pass
+    /// watches it (`service/write.rs`).
+    Unresolved,
 }
 
 /// The next thing the shell does for a [`SettleStep`].
@@ -573,6 +581,13 @@ impl SettleStep {
             Ok(Some(r)) if r.committed_ver < left_over.version && r.pending_ver == Some(left_over.version) => {
                 self.finish(SettleOutcome::Retry)
             }
+            // Not committed there (yet): another target that holds it
+            // pending may commit it when it becomes the serving tail (seed
+            // 2566 of the first soak with the KV gateway: the head, told
+            // "not committed", kept it pending; the middle, as the serving
+            // tail of a sync, committed it and sent it on; the head stayed
+            // a version behind its successors for good).
+            Ok(r) if r.as_ref().map_or(0, |r| r.committed_ver) < left_over.version => self.finish(SettleOutcome::Unresolved),
             Ok(_) => self.finish(SettleOutcome::Clean),
         }
     }
@@ -1040,13 +1055,17 @@ mod tests {
         let mut s = SettleStep::new(TargetId(1), lo, None);
         assert_eq!(s.begin(Some(&c)), SettleEffect::QueryTail { tail: TargetId(2), node: NodeId(12) });
         assert_eq!(s.tail_answered(Err(StorageError::NoAddress(NodeId(12)))), finished(SettleOutcome::Retry));
-        // The serving tail without it: never committed.
+        // The serving tail without it: not committed there; watched.
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
-        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Clean));
+        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Unresolved));
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
-        assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Clean));
+        assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Unresolved));
+        // A newer committed version there: superseded.
+        let mut s = SettleStep::new(TargetId(1), lo, None);
+        let _ = s.begin(Some(&c));
+        assert_eq!(s.tail_answered(Ok(Some(remote(4, 0x1111)))), finished(SettleOutcome::Clean));
         // The serving tail holds it only pending: later (seed 133).
         let mut s = SettleStep::new(TargetId(1), lo, None);
         let _ = s.begin(Some(&c));
@@ -1081,10 +1100,10 @@ mod tests {
         assert_eq!(s.begin(Some(&c)), SettleEffect::QueryTail { tail: TargetId(2), node: NodeId(12) });
         assert_eq!(s.tail_answered(Ok(None)), SettleEffect::CommitLeftOver { version: 3 });
         assert_eq!(s.left_over_committed(Ok(())), finished(SettleOutcome::Clean));
-        // It still has the version before: never committed; the next update replaces it.
+        // It still has the version before: not committed there; watched.
         let mut s = SettleStep::new(TargetId(1), removal, None);
         let _ = s.begin(Some(&c));
-        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Clean));
+        assert_eq!(s.tail_answered(Ok(Some(remote(2, 0x1111)))), finished(SettleOutcome::Unresolved));
         // It holds the removal pending: later.
         let mut s = SettleStep::new(TargetId(1), removal, None);
         let _ = s.begin(Some(&c));
@@ -1097,6 +1116,6 @@ mod tests {
         // A pending write is not settled by an absent chunk at the tail.
         let mut s = SettleStep::new(TargetId(1), Some(LeftOver { version: 3, tag: OTHER, crc: Some(0) }), None);
         let _ = s.begin(Some(&c));
-        assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Clean));
+        assert_eq!(s.tail_answered(Ok(None)), finished(SettleOutcome::Unresolved));
     }
 }

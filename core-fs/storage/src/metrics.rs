@@ -22,6 +22,7 @@
 //! | `fskv_storage_sync_bytes_sent_total` | counter | – | chunk bytes sent by syncs |
 //! | `fskv_storage_last_sync_chunks` | gauge | target, action (`send`, `delete`, `skip`) | plan of the last sync the target completed as predecessor |
 //! | `fskv_storage_unsettled_chunks` | gauge | – | chunks waiting for the settle pass |
+//! | `fskv_storage_watched_left_overs` | gauge | – | left-overs the serving tail had not committed, watched by the settle pass |
 //! | `fskv_storage_target_failed` | gauge | target | 1 once the engine stopped on a disk fault (fail-stop; reported offline) |
 //! | `fskv_storage_scrub_passes_total` | counter | target | completed scrub passes |
 //! | `fskv_storage_scrub_checked_bytes_total` | counter | target | bytes verified by the scrubber |

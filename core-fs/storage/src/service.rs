@@ -169,6 +169,9 @@ struct Inner {
     /// Chunks whose forward failed: they may hold a pending version the tail
     /// committed (lost ack); the worker settles them (bounded set).
     unsettled: Mutex<BTreeSet<(TargetId, ChainId, ChunkId)>>,
+    /// Left-overs the serving tail had not committed (`SettleOutcome::Unresolved`),
+    /// checked again when their chain changes and at a backoff (bounded set).
+    watched: Mutex<BTreeMap<(TargetId, ChainId, ChunkId), write::Watch>>,
     /// The last committed write of each (client, write channel) (`crate::channels`).
     channels: crate::channels::ChannelTable,
     /// Served on `GET /metrics` with the RPC server's metrics.
@@ -255,6 +258,7 @@ impl StorageService {
                 syncs: Mutex::new(BTreeSet::new()),
                 last_sync: Mutex::new(BTreeMap::new()),
                 unsettled: Mutex::new(BTreeSet::new()),
+                watched: Mutex::new(BTreeMap::new()),
                 channels: crate::channels::ChannelTable::new(),
                 registry,
                 metrics,
@@ -324,6 +328,13 @@ impl StorageService {
         }
         let unsettled = self.inner.unsettled.lock().len() as f64;
         snap.gauge("fskv_storage_unsettled_chunks", "Chunks waiting for the settle pass", vec![], unsettled);
+        let watched = self.inner.watched.lock().len() as f64;
+        snap.gauge(
+            "fskv_storage_watched_left_overs",
+            "Pending left-overs the serving tail had not committed, checked again when their chain changes",
+            vec![],
+            watched,
+        );
     }
 
     /// Opens (or creates) one chunk engine per target under `data_dir/target-<id>`.
@@ -404,6 +415,12 @@ impl StorageService {
     /// known yet: `service/write.rs`).
     pub fn unsettled_chunks(&self) -> usize {
         self.inner.unsettled.lock().len()
+    }
+
+    /// Left-overs being watched (`SettleOutcome::Unresolved`: pending here,
+    /// not committed at the serving tail when last asked).
+    pub fn watched_left_overs(&self) -> usize {
+        self.inner.watched.lock().len()
     }
 
     pub fn last_sync(&self, target: TargetId) -> Option<sync::PlanSummary> {

@@ -29,6 +29,23 @@ use tracing::{debug, info, info_span, warn, Instrument};
 
 /// Most chunks remembered for settling after failed forwards.
 const MAX_UNSETTLED_CHUNKS: usize = 65_536;
+/// Bound on watched left-overs (`SettleOutcome::Unresolved`); past it a
+/// new one is not watched (its next update settles it).
+const MAX_WATCHED_LEFT_OVERS: usize = 65_536;
+/// A watched left-over is asked about again this long after its chain
+/// changed (a new tail, a sync's end), then at twice the last interval, up
+/// to [`WATCH_MAX_INTERVAL_MS`].
+const WATCH_FIRST_INTERVAL_MS: u64 = 500;
+const WATCH_MAX_INTERVAL_MS: u64 = 60_000;
+
+/// A watched left-over: when to ask the serving tail again, the interval
+/// that led there, and the chain version it was last asked at.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Watch {
+    next_check: tokio::time::Instant,
+    interval_ms: u64,
+    chain_ver: u32,
+}
 
 /// Largest range one `CopyRange` copies: the largest chunk, which is also
 /// the largest write the chunk engine takes.
@@ -431,15 +448,68 @@ impl StorageService {
     }
 
     /// Settles the chunks whose forwards failed (one pass; kept for the next
-    /// pass only if the tail could not be asked).
+    /// pass only if the tail could not be asked), then the watched
+    /// left-overs that are due:
+    ///
+    /// | outcome of a settle | unsettled chunk | watched left-over |
+    /// |---|---|---|
+    /// | `Clean` (no left-over, superseded, committed here now) | done | no longer watched |
+    /// | `Retry` (tail not asked, commit failed) | kept for the next pass | moved to the unsettled set |
+    /// | `Unresolved` (the serving tail has not committed it) | watched, first check [`WATCH_FIRST_INTERVAL_MS`] later | checked again [`WATCH_FIRST_INTERVAL_MS`] after its chain's version changes, else at twice the last interval (≤ [`WATCH_MAX_INTERVAL_MS`]) |
+    ///
+    /// A watched left-over's fate changes only with the chain: a target
+    /// that holds it pending commits it when it becomes the serving tail,
+    /// or completes it through a sync to a successor, and this target must
+    /// follow. Watched chunks do not count as unsettled (a left-over that
+    /// nobody ever commits stays pending until the chunk's next update).
     pub(super) async fn settle_unsettled(&self) {
         let batch = std::mem::take(&mut *self.inner.unsettled.lock());
         for (me, chain_id, chunk) in batch {
             let Ok(target) = self.target(me) else { continue };
             let _guard = target.locks.lock(chunk).await;
-            if self.settle(&target, chain_id, chunk).await == SettleOutcome::Retry {
-                self.remember_unsettled(me, chain_id, chunk);
+            match self.settle(&target, chain_id, chunk).await {
+                SettleOutcome::Clean => {}
+                SettleOutcome::Retry => self.remember_unsettled(me, chain_id, chunk),
+                SettleOutcome::Unresolved => self.watch(me, chain_id, chunk, None),
             }
+        }
+        let routing = self.inner.routing.current();
+        let chain_ver = |chain: ChainId| routing.chain(chain).map_or(0, |c| c.chain_version);
+        let now = tokio::time::Instant::now();
+        let due: Vec<((TargetId, ChainId, ChunkId), Watch)> = self
+            .inner
+            .watched
+            .lock()
+            .iter()
+            .filter(|((_, chain, _), w)| now >= w.next_check || chain_ver(*chain) != w.chain_ver)
+            .map(|(k, w)| (*k, *w))
+            .collect();
+        for ((me, chain_id, chunk), w) in due {
+            self.inner.watched.lock().remove(&(me, chain_id, chunk));
+            let Ok(target) = self.target(me) else { continue };
+            let _guard = target.locks.lock(chunk).await;
+            match self.settle(&target, chain_id, chunk).await {
+                SettleOutcome::Clean => debug!(%chunk, "a watched left-over is settled"),
+                SettleOutcome::Retry => self.remember_unsettled(me, chain_id, chunk),
+                SettleOutcome::Unresolved => self.watch(me, chain_id, chunk, Some(w)),
+            }
+        }
+    }
+
+    /// Watches a left-over the serving tail had not committed (`last`: its
+    /// previous watch, for the backoff).
+    fn watch(&self, me: TargetId, chain_id: ChainId, chunk: ChunkId, last: Option<Watch>) {
+        let chain_ver = self.inner.routing.current().chain(chain_id).map_or(0, |c| c.chain_version);
+        let interval_ms = match last {
+            Some(w) if w.chain_ver == chain_ver => (w.interval_ms * 2).min(WATCH_MAX_INTERVAL_MS),
+            _ => WATCH_FIRST_INTERVAL_MS,
+        };
+        let next_check = tokio::time::Instant::now() + std::time::Duration::from_millis(interval_ms);
+        let mut set = self.inner.watched.lock();
+        if set.len() < MAX_WATCHED_LEFT_OVERS || set.contains_key(&(me, chain_id, chunk)) {
+            set.insert((me, chain_id, chunk), Watch { next_check, interval_ms, chain_ver });
+        } else {
+            warn!(%chunk, "too many watched left-overs; this one waits for its next write");
         }
     }
 
@@ -606,18 +676,24 @@ mod tests {
     use fskv_types::InodeId;
     use parking_lot::Mutex;
 
-    /// Found by the simulation (seed 98 of 200): the head crashed while the
-    /// middle target's forward to the tail was out; the connection closed,
-    /// the middle's handler was dropped with its update pending, and the
-    /// tail had committed it. Nothing settled the chunk, so the new head
-    /// kept the older committed version. A handler cancelled mid-forward
-    /// now leaves the chunk to the settle pass, which commits it once the
-    /// tail shows it committed.
-    #[tokio::test]
-    async fn an_update_cancelled_mid_forward_is_settled_from_the_tail() {
+    /// A two-target chain whose tail (a stub server) takes forwards and
+    /// never answers them (as if the ack were lost) and answers
+    /// `QueryChunk` with what the test sets; a write at the head cancelled
+    /// once its forward reached the tail, leaving its version pending at the
+    /// head.
+    struct CutForward {
+        _dir: tempfile::TempDir,
+        tail: Server,
+        tail_meta: Arc<Mutex<Option<RemoteChunkMeta>>>,
+        publisher: RoutingPublisher,
+        service: StorageService,
+        chunk: ChunkId,
+        pending_ver: u64,
+        crc: u32,
+    }
+
+    async fn cut_forward() -> CutForward {
         let dir = tempfile::tempdir().unwrap();
-        // The successor: takes the forward and never answers (it "committed",
-        // the ack is lost); answers QueryChunk with what the test sets.
         let tail_meta: Arc<Mutex<Option<RemoteChunkMeta>>> = Arc::default();
         let forwarded = Arc::new(tokio::sync::Notify::new());
         let (meta, seen) = (tail_meta.clone(), forwarded.clone());
@@ -635,26 +711,7 @@ mod tests {
                 async move { Ok((QueryChunkResp { meta: *meta.lock() }, Bytes::new())) }
             });
         let tail = Server::bind(Arc::new(TcpTransport::new()), "127.0.0.1:0", router, ServerConfig::default()).await.unwrap();
-
-        let chain = ChainId(1);
-        let routing = RoutingInfo {
-            version: 1,
-            nodes: vec![
-                NodeInfo { node_id: NodeId(1), address: "127.0.0.1:1".into() },
-                NodeInfo { node_id: NodeId(2), address: tail.local_addr().to_string() },
-            ],
-            chains: vec![ChainInfo {
-                chain_id: chain,
-                chain_version: 1,
-                targets: vec![
-                    ChainTarget { target_id: TargetId(101), node_id: NodeId(1), state: PublicTargetState::Serving },
-                    ChainTarget { target_id: TargetId(201), node_id: NodeId(2), state: PublicTargetState::Serving },
-                ],
-            }],
-            chain_tables: Vec::new(),
-            meta_servers: Vec::new(),
-        };
-        let (_publisher, handle) = RoutingPublisher::new(routing);
+        let (publisher, handle) = RoutingPublisher::new(two_target_routing(1, tail.local_addr()));
         let rpc = RpcClient::new(Arc::new(TcpTransport::new()), ClientConfig::default());
         let config = StorageConfig { inline_engine_io: true, ..StorageConfig::new(NodeId(1)) };
         let engine_config = EngineConfig { sync_writes: false, blocks_per_grow: 4, ..EngineConfig::default() };
@@ -663,7 +720,7 @@ mod tests {
         let chunk = ChunkId::new(InodeId(5), 0);
         let data = Bytes::from_static(b"written");
         let req = WriteReq {
-            chain_id: chain,
+            chain_id: ChainId(1),
             chain_ver: 1,
             target: TargetId(101),
             chunk,
@@ -684,12 +741,73 @@ mod tests {
         let (pending_ver, _, crc) = engine.pending_update(chunk).expect("pending after the cancelled forward");
         let crc = crc.expect("a pending write, not a removal");
         assert_eq!(engine.meta(chunk).unwrap().committed_ver, 0);
+        CutForward { _dir: dir, tail, tail_meta, publisher, service, chunk, pending_ver, crc }
+    }
 
+    /// Chain 1 at `chain_version`: target 101 (here, node 1) then 201 (the
+    /// stub at `tail_addr`, node 2), both serving.
+    fn two_target_routing(chain_version: u32, tail_addr: &str) -> RoutingInfo {
+        RoutingInfo {
+            version: u64::from(chain_version),
+            nodes: vec![
+                NodeInfo { node_id: NodeId(1), address: "127.0.0.1:1".into() },
+                NodeInfo { node_id: NodeId(2), address: tail_addr.to_string() },
+            ],
+            chains: vec![ChainInfo {
+                chain_id: ChainId(1),
+                chain_version,
+                targets: vec![
+                    ChainTarget { target_id: TargetId(101), node_id: NodeId(1), state: PublicTargetState::Serving },
+                    ChainTarget { target_id: TargetId(201), node_id: NodeId(2), state: PublicTargetState::Serving },
+                ],
+            }],
+            chain_tables: Vec::new(),
+            meta_servers: Vec::new(),
+        }
+    }
+
+    /// Found by the simulation (seed 98 of 200): the head crashed while the
+    /// middle target's forward to the tail was out; the connection closed,
+    /// the middle's handler was dropped with its update pending, and the
+    /// tail had committed it. Nothing settled the chunk, so the new head
+    /// kept the older committed version. A handler cancelled mid-forward
+    /// now leaves the chunk to the settle pass, which commits it once the
+    /// tail shows it committed.
+    #[tokio::test]
+    async fn an_update_cancelled_mid_forward_is_settled_from_the_tail() {
+        let CutForward { tail, tail_meta, service, chunk, pending_ver, crc, .. } = cut_forward().await;
+        let engine = service.engine(TargetId(101)).unwrap();
         // The tail committed it: the settle pass commits it here too.
         *tail_meta.lock() = Some(RemoteChunkMeta { chain_ver: 1, committed_ver: pending_ver, pending_ver: None, len_bytes: 7, crc });
         service.settle_unsettled().await;
         assert_eq!(engine.meta(chunk).unwrap().committed_ver, pending_ver, "the left-over was not settled");
         assert!(engine.pending_update(chunk).is_none());
+        tail.shutdown().await;
+    }
+
+    /// Found by the simulation with the KV gateway (seed 2566 of the first
+    /// soak): the serving tail had not committed a left-over when the head
+    /// asked, so the head kept it pending and forgot it; later another
+    /// target that held it pending became the serving tail and committed
+    /// it, and the head stayed a version behind its successors for good. A
+    /// left-over the tail had not committed is now watched, and asked
+    /// about again when its chain changes.
+    #[tokio::test]
+    async fn a_left_over_the_tail_commits_later_is_followed_after_the_chain_changes() {
+        let CutForward { tail, tail_meta, publisher, service, chunk, pending_ver, crc, .. } = cut_forward().await;
+        let engine = service.engine(TargetId(101)).unwrap();
+        // Not committed at the tail: kept pending here, and watched.
+        service.settle_unsettled().await;
+        assert_eq!(engine.pending_update(chunk).map(|p| p.0), Some(pending_ver));
+        assert_eq!(service.unsettled_chunks(), 0);
+        assert_eq!(service.watched_left_overs(), 1);
+        // The chain changes and its (new) serving tail has committed it.
+        *tail_meta.lock() = Some(RemoteChunkMeta { chain_ver: 2, committed_ver: pending_ver, pending_ver: None, len_bytes: 7, crc });
+        publisher.publish(two_target_routing(2, tail.local_addr()));
+        service.settle_unsettled().await;
+        assert_eq!(engine.meta(chunk).unwrap().committed_ver, pending_ver, "the watched left-over was not followed");
+        assert!(engine.pending_update(chunk).is_none());
+        assert_eq!(service.watched_left_overs(), 0);
         tail.shutdown().await;
     }
 }
