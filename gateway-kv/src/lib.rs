@@ -22,4 +22,4 @@ pub mod store;
 pub use config::{KvConfig, Limits, Maintenance, NamespaceConfig};
 pub use error::KvError;
 pub use route::{classify, classify_consul};
-pub use server::{start, KvHandle};
+pub use server::{start, start_on, KvHandle};

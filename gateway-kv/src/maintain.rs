@@ -49,10 +49,11 @@ use fskv_proto::meta::{Expected, MetaOp, MetaReply, SetAttr};
 use fskv_types::{ErrorCode, InodeId};
 use futures::StreamExt;
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
 /// Access logs read per namespace per merge at most.
 const MAX_LOGS_PER_MERGE: usize = 4096;
@@ -96,7 +97,7 @@ pub struct Maintainer {
     store: Store,
     cfg: Maintenance,
     limits: Limits,
-    state: Mutex<HashMap<String, NsState>>,
+    state: Mutex<BTreeMap<String, NsState>>,
     /// Space was freed (puts waiting for room look again).
     room: Notify,
     /// A namespace went above its high watermark.
@@ -124,7 +125,7 @@ fn ns_name_ok(name: &str) -> bool {
 
 impl Maintainer {
     pub fn new(store: Store, cfg: Maintenance, limits: Limits) -> Arc<Maintainer> {
-        Arc::new(Maintainer { store, cfg, limits, state: Mutex::new(HashMap::new()), room: Notify::new(), evict_wake: Notify::new() })
+        Arc::new(Maintainer { store, cfg, limits, state: Mutex::new(BTreeMap::new()), room: Notify::new(), evict_wake: Notify::new() })
     }
 
     // ----- called by the operations -----

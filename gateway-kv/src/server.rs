@@ -157,8 +157,16 @@ impl KvHandle {
     }
 }
 
-/// Opens the store, binds the ports and serves until stopped.
-pub async fn start(cfg: KvConfig, fs: FsClient) -> Result<KvHandle, String> {
+/// What a gateway process has before it serves: the store opened, the
+/// writer's maintainer, the key store and the metrics.
+struct Opened {
+    kv: Kv,
+    maint: Option<Arc<Maintainer>>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+}
+
+async fn open(cfg: &KvConfig, fs: FsClient) -> Result<Opened, String> {
     if cfg.keys.is_empty() {
         return Err("no access keys configured: every request must be authenticated".into());
     }
@@ -187,57 +195,66 @@ pub async fn start(cfg: KvConfig, fs: FsClient) -> Result<KvHandle, String> {
         }
     }
     let auth = Arc::new(Authenticator::new(Arc::clone(&cfg.keys), cfg.region.clone(), &["kv"], true));
-    let metrics = Arc::new(Metrics::new());
-    if cfg.consul_only {
-        // The Consul API alone, on `listen` (the front's Consul pools).
-        let c = ServerConfig {
-            listen: cfg.listen,
-            role: cfg.role,
-            writer_endpoint: cfg.consul_writer_endpoint.clone(),
-            tls: cfg.tls.clone(),
-            limits: cfg.http.clone(),
-        };
-        let proto = Arc::new(crate::consul::ConsulHttp { kv: kv.clone() });
-        let server = fskv_gateway::serve(c, proto, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?;
-        let (stop, stop_rx) = watch::channel(false);
-        let mut tasks = vec![tokio::spawn(flush_loop(kv.clone(), stop_rx.clone()))];
-        if let Some(m) = maint {
-            tasks.push(tokio::spawn(m.run(stop_rx)));
-        }
-        tracing::info!(consul = %server.addr, role = %cfg.role, root = %cfg.root_path, "KV gateway serving the Consul API only");
-        return Ok(KvHandle { addr: server.addr, consul_addr: Some(server.addr), kv, metrics, server, consul: None, stop, tasks });
-    }
-    let server_cfg = ServerConfig {
-        listen: cfg.listen,
-        role: cfg.role,
-        writer_endpoint: cfg.writer_endpoint.clone(),
-        tls: cfg.tls.clone(),
-        limits: cfg.http.clone(),
-    };
-    let server = fskv_gateway::serve(server_cfg, Arc::new(KvHttp { kv: kv.clone() }), Arc::clone(&auth), Arc::clone(&metrics))
-        .await
-        .map_err(|e| e.to_string())?;
-    let consul = match cfg.consul_listen {
-        Some(listen) => {
-            let c = ServerConfig {
-                listen,
-                role: cfg.role,
-                writer_endpoint: cfg.consul_writer_endpoint.clone(),
-                tls: cfg.tls.clone(),
-                limits: cfg.http.clone(),
-            };
-            let proto = Arc::new(crate::consul::ConsulHttp { kv: kv.clone() });
-            Some(fskv_gateway::serve(c, proto, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?)
-        }
-        None => None,
-    };
+    Ok(Opened { kv, maint, auth, metrics: Arc::new(Metrics::new()) })
+}
+
+fn server_config(cfg: &KvConfig, listen: SocketAddr, writer_endpoint: Option<String>) -> ServerConfig {
+    ServerConfig { listen, role: cfg.role, writer_endpoint, tls: cfg.tls.clone(), limits: cfg.http.clone() }
+}
+
+/// Starts the access-log flusher and the writer's maintenance loop.
+fn background(kv: &Kv, maint: Option<Arc<Maintainer>>) -> (watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>) {
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = vec![tokio::spawn(flush_loop(kv.clone(), stop_rx.clone()))];
     if let Some(m) = maint {
         tasks.push(tokio::spawn(m.run(stop_rx)));
     }
+    (stop, tasks)
+}
+
+/// Opens the store, binds the ports and serves until stopped.
+pub async fn start(cfg: KvConfig, fs: FsClient) -> Result<KvHandle, String> {
+    let Opened { kv, maint, auth, metrics } = open(&cfg, fs).await?;
+    if cfg.consul_only {
+        // The Consul API alone, on `listen` (the front's Consul pools).
+        let c = server_config(&cfg, cfg.listen, cfg.consul_writer_endpoint.clone());
+        let proto = Arc::new(crate::consul::ConsulHttp { kv: kv.clone() });
+        let server = fskv_gateway::serve(c, proto, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?;
+        let (stop, tasks) = background(&kv, maint);
+        tracing::info!(consul = %server.addr, role = %cfg.role, root = %cfg.root_path, "KV gateway serving the Consul API only");
+        return Ok(KvHandle { addr: server.addr, consul_addr: Some(server.addr), kv, metrics, server, consul: None, stop, tasks });
+    }
+    let server_cfg = server_config(&cfg, cfg.listen, cfg.writer_endpoint.clone());
+    let server = fskv_gateway::serve(server_cfg, Arc::new(KvHttp { kv: kv.clone() }), Arc::clone(&auth), Arc::clone(&metrics))
+        .await
+        .map_err(|e| e.to_string())?;
+    let consul = match cfg.consul_listen {
+        Some(listen) => {
+            let c = server_config(&cfg, listen, cfg.consul_writer_endpoint.clone());
+            let proto = Arc::new(crate::consul::ConsulHttp { kv: kv.clone() });
+            Some(fskv_gateway::serve(c, proto, auth, Arc::clone(&metrics)).await.map_err(|e| e.to_string())?)
+        }
+        None => None,
+    };
+    let (stop, tasks) = background(&kv, maint);
     tracing::info!(addr = %server.addr, consul = ?consul.as_ref().map(|c| c.addr), role = %cfg.role, root = %cfg.root_path, "KV gateway serving");
     Ok(KvHandle { addr: server.addr, consul_addr: consul.as_ref().map(|c| c.addr), kv, metrics, server, consul, stop, tasks })
+}
+
+/// Opens the store and serves the native API on `listener` (whose address
+/// is `addr`), without the Consul API: the gateway host of the
+/// deterministic simulation (`core-fs/sim`), whose network is not the OS's.
+pub async fn start_on<L: fskv_gateway::Listener>(cfg: KvConfig, fs: FsClient, listener: L, addr: SocketAddr) -> Result<KvHandle, String> {
+    if cfg.consul_only || cfg.consul_listen.is_some() {
+        return Err("start_on serves the native API only (no Consul API)".into());
+    }
+    let Opened { kv, maint, auth, metrics } = open(&cfg, fs).await?;
+    let server_cfg = server_config(&cfg, addr, cfg.writer_endpoint.clone());
+    let server = fskv_gateway::serve_listener(listener, addr, server_cfg, Arc::new(KvHttp { kv: kv.clone() }), auth, Arc::clone(&metrics))
+        .map_err(|e| e.to_string())?;
+    let (stop, tasks) = background(&kv, maint);
+    tracing::info!(%addr, role = %cfg.role, root = %cfg.root_path, "KV gateway serving");
+    Ok(KvHandle { addr, consul_addr: None, kv, metrics, server, consul: None, stop, tasks })
 }
 
 /// Writes the accesses served since the last flush: one log per namespace.

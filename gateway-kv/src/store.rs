@@ -23,7 +23,8 @@ use fskv_types::{ErrorCode, InodeId};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 pub const SYSTEM_DIR: &str = ".fskv-kv";
 pub const XATTR_NAMESPACE: &str = "user.kv.ns";

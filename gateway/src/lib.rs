@@ -32,4 +32,4 @@ pub use config::{BodyClass, HttpLimits, MetricsEndpoint, Role, ServerConfig, Tls
 pub use error::{AuthError, ErrorReply, GatewayError};
 pub use metrics::Metrics;
 pub use route::{Access, AuthPolicy, Route};
-pub use server::{new_request_id, serve, serve_on, Protocol, RequestContext, ServerHandle};
+pub use server::{new_request_id, serve, serve_listener, serve_on, Listener, Protocol, RequestContext, ServerHandle};

@@ -197,6 +197,8 @@ pub async fn serve<P: Protocol>(
 }
 
 /// Serves on a listener the caller bound (`cfg.listen` is then ignored).
+/// Also serves on the Unix socket named by [`UNIX_SOCKET_ENV`] and reports
+/// readiness on [`READY_FD_ENV`] (a gateway process started by the front).
 pub fn serve_on<P: Protocol>(
     listener: TcpListener,
     cfg: ServerConfig,
@@ -204,9 +206,44 @@ pub fn serve_on<P: Protocol>(
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
 ) -> Result<ServerHandle, GatewayError> {
+    let addr = listener.local_addr().map_err(|e| GatewayError::Setup(format!("listener address: {e}")))?;
+    let unix = match unix_socket_from_env() {
+        None => None,
+        Some(path) => {
+            let l = UnixListener::bind(&path)
+                .map_err(|e| GatewayError::Setup(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
+            Some((UnixAccept(l), UnixSocketFile(path)))
+        }
+    };
+    let handle = start(listener, addr, unix, cfg, protocol, auth, metrics)?;
+    notify_ready(addr, handle.accept_unix.as_ref().map(|(_, f)| f.0.as_path()));
+    Ok(handle)
+}
+
+/// Serves on any [`Listener`] (the deterministic simulation's network):
+/// `addr` is the address it reports. No Unix socket, no readiness report.
+pub fn serve_listener<P: Protocol, L: Listener>(
+    listener: L,
+    addr: SocketAddr,
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
+    start(listener, addr, None, cfg, protocol, auth, metrics)
+}
+
+fn start<P: Protocol, L: Listener>(
+    listener: L,
+    addr: SocketAddr,
+    unix: Option<(UnixAccept, UnixSocketFile)>,
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
     cfg.limits.validate().map_err(GatewayError::Setup)?;
     let tls = cfg.tls.as_ref().map(crate::tls::acceptor).transpose()?;
-    let addr = listener.local_addr().map_err(|e| GatewayError::Setup(format!("listener address: {e}")))?;
     let max_connections = cfg.limits.max_connections as u32;
     let conns = Arc::new(Semaphore::new(max_connections as usize));
     let (state, state_rx) = watch::channel(RunState::Running);
@@ -233,19 +270,9 @@ pub fn serve_on<P: Protocol>(
         conns: Arc::clone(&conns),
         peers: Arc::default(),
     });
-    let unix = match unix_socket_from_env() {
-        None => None,
-        Some(path) => {
-            let l = UnixListener::bind(&path)
-                .map_err(|e| GatewayError::Setup(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
-            Some((l, UnixSocketFile(path)))
-        }
-    };
     tracing::info!(%addr, unix = ?unix.as_ref().map(|(_, f)| &f.0), protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
-    let accept_unix = unix.map(|(l, file)| (tokio::spawn(accept_loop(UnixAccept(l), Arc::clone(&inner), state_rx.clone())), file));
-    let unix_path = accept_unix.as_ref().map(|(_, f)| f.0.clone());
+    let accept_unix = unix.map(|(l, file)| (tokio::spawn(accept_loop(l, Arc::clone(&inner), state_rx.clone())), file));
     let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
-    notify_ready(addr, unix_path.as_deref());
     Ok(ServerHandle { addr, state, accept, accept_unix, sweep, conns, max_connections, grace })
 }
 
@@ -276,10 +303,17 @@ impl Drop for UnixSocketFile {
     }
 }
 
-/// What the accept loop needs of a listener.
-trait Accept: Send + 'static {
-    type Stream: AsyncRead + AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static;
+/// What the accept loop needs of a listener: TCP and Unix sockets here,
+/// the simulation's network in `core-fs/sim`.
+pub trait Listener: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and its peer's address.
     fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, SocketAddr)>> + Send;
+    /// The stream's socket descriptor, for lingering close ([`linger`]);
+    /// `None`: the connection closes without lingering.
+    fn raw_fd(_stream: &Self::Stream) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 /// How long, and for how many bytes, a connection whose HTTP exchange ended
@@ -299,10 +333,11 @@ const LINGER_MAX_BYTES: usize = 1 << 20;
 struct LingerFd(std::os::fd::OwnedFd);
 
 impl LingerFd {
-    fn of(stream: &impl std::os::fd::AsRawFd) -> Option<LingerFd> {
+    fn of(raw: std::os::fd::RawFd) -> Option<LingerFd> {
         use std::os::fd::FromRawFd;
-        // SAFETY: dup(2) of a descriptor the stream owns; the new one is ours.
-        let fd = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        // SAFETY: dup(2) of a descriptor the stream owns (alive while
+        // the caller holds it); the new one is ours.
+        let fd = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) };
         // SAFETY: fd is a fresh descriptor owned by nothing else.
         (fd >= 0).then(|| LingerFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
     }
@@ -329,12 +364,15 @@ async fn linger(fd: LingerFd) {
     }
 }
 
-impl Accept for TcpListener {
+impl Listener for TcpListener {
     type Stream = TcpStream;
     async fn accept(&self) -> std::io::Result<(TcpStream, SocketAddr)> {
         let (s, peer) = TcpListener::accept(self).await?;
         let _ = s.set_nodelay(true);
         Ok((s, peer))
+    }
+    fn raw_fd(stream: &TcpStream) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(stream))
     }
 }
 
@@ -342,11 +380,14 @@ impl Accept for TcpListener {
 /// directory) count as `127.0.0.1` for the per-peer cap and in logs.
 struct UnixAccept(UnixListener);
 
-impl Accept for UnixAccept {
+impl Listener for UnixAccept {
     type Stream = tokio::net::UnixStream;
     async fn accept(&self) -> std::io::Result<(tokio::net::UnixStream, SocketAddr)> {
         let (s, _) = self.0.accept().await?;
         Ok((s, SocketAddr::from(([127, 0, 0, 1], 0))))
+    }
+    fn raw_fd(stream: &tokio::net::UnixStream) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(stream))
     }
 }
 
@@ -437,7 +478,7 @@ async fn stopping(state: &mut watch::Receiver<RunState>) {
     }
 }
 
-async fn accept_loop<P: Protocol, L: Accept>(listener: L, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
+async fn accept_loop<P: Protocol, L: Listener>(listener: L, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
     let protocol = inner.protocol.name();
     let limits = &inner.cfg.limits;
     loop {
@@ -463,7 +504,8 @@ async fn accept_loop<P: Protocol, L: Accept>(listener: L, inner: Arc<Inner<P>>, 
             continue;
         };
         inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
-        tokio::spawn(serve_connection(Arc::clone(&inner), stream, peer, (permit, slot)));
+        let spare = if inner.tls.is_none() { L::raw_fd(&stream).and_then(LingerFd::of) } else { None };
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot)));
     }
 }
 
@@ -476,9 +518,12 @@ impl Drop for OpenGuard {
     }
 }
 
-async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static>(
+/// `spare`: a second descriptor of the socket for lingering close (plain
+/// TCP and Unix sockets).
+async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     inner: Arc<Inner<P>>,
     stream: S,
+    spare: Option<LingerFd>,
     peer: SocketAddr,
     _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
 ) {
@@ -490,7 +535,6 @@ async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send 
     let _registered = inner.sweeper.register(Arc::clone(&clock));
     match inner.tls.clone() {
         None => {
-            let spare = LingerFd::of(&stream);
             let ended = drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer).await;
             if ended == Ended::ByHttp {
                 if let Some(fd) = spare {

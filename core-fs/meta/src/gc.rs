@@ -42,6 +42,8 @@ pub struct GcStats {
     pub deferred: u64,
 }
 
+/// The system clock (ns since the epoch); meta reads the clock through
+/// [`MetaConfig::now_ns`].
 pub fn now_ns() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
@@ -53,12 +55,12 @@ pub async fn run_once(engine: &Arc<dyn KvEngine>, storage: &dyn StorageBackend, 
         let mut txn = engine.begin().await?;
         txn.snapshot_get_range(&RangeRequest::prefix(PREFIX_GC).limit(GC_ENTRIES_PER_PASS)).await?.kvs
     };
-    let now = now_ns();
+    let now = cfg.now_ns();
     for (k, v) in entries {
         let id = id_from_key(&k)?;
         let entry: GcValue = decode(&k, &v)?;
         match entry.kind {
-            GcKind::Tree => drain_tree(engine, id, &mut stats).await?,
+            GcKind::Tree => drain_tree(engine, cfg, id, &mut stats).await?,
             GcKind::Temp if now.saturating_sub(entry.queued_ns) < cfg.temp_inode_ttl_ms.saturating_mul(1_000_000) => stats.deferred += 1,
             GcKind::Temp => {
                 if claim_temp(engine, cfg, id, now).await? {
@@ -163,7 +165,7 @@ async fn reclaim_file(
             None => None,
         };
         let sessions = txn.snapshot_get_range(&RangeRequest::prefix(&session_prefix(id))).await?;
-        let cutoff = now_ns().saturating_sub(cfg.session_ttl_ms * 1_000_000);
+        let cutoff = cfg.now_ns().saturating_sub(cfg.session_ttl_ms * 1_000_000);
         let mut live = 0;
         for (k, v) in &sessions.kvs {
             let s: SessionValue = decode(k, v)?;
@@ -214,9 +216,9 @@ async fn reclaim_file(
     Ok(())
 }
 
-async fn drain_tree(engine: &Arc<dyn KvEngine>, dir: InodeId, stats: &mut GcStats) -> MetaResult<()> {
+async fn drain_tree(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig, dir: InodeId, stats: &mut GcStats) -> MetaResult<()> {
     loop {
-        let now = now_ns();
+        let now = cfg.now_ns();
         let (done, files_deleted) = with_txn(engine, |txn| {
             Box::pin(async move {
                 let prefix = dentry_prefix(dir);

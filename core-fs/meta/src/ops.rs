@@ -47,6 +47,10 @@ pub struct MetaConfig {
     /// and round-robin start, session ids, retry jitter); `None`: from the
     /// OS. A deterministic simulation sets it.
     pub rng_seed: Option<u64>,
+    /// The wall clock (ns since the epoch) of mtimes and ctimes, session
+    /// and temporary-inode expiry and idempotency expiry; `None`: the
+    /// system clock. A deterministic simulation sets its simulated time.
+    pub wall_clock_ns: Option<fn() -> u64>,
 }
 
 impl Default for MetaConfig {
@@ -66,11 +70,17 @@ impl Default for MetaConfig {
             max_batch_ops: 64,
             batch_groups_in_flight: 4,
             rng_seed: None,
+            wall_clock_ns: None,
         }
     }
 }
 
 impl MetaConfig {
+    /// Now on [`MetaConfig::wall_clock_ns`].
+    pub fn now_ns(&self) -> u64 {
+        self.wall_clock_ns.map_or_else(crate::gc::now_ns, |clock| clock())
+    }
+
     /// The defaults, with new files striped over mgmtd's chain table
     /// `table` (id, version, chains) at the default stripe, or fewer when
     /// the table has fewer chains.

@@ -8,7 +8,7 @@
 
 use crate::alloc::InodeAllocator;
 use crate::error::{MetaError, MetaResult};
-use crate::gc::{self, now_ns, GcStats};
+use crate::gc::{self, GcStats};
 use crate::metrics::MetaMetrics;
 use crate::ops::{self, MetaConfig, OpCtx, Prepared};
 use crate::schema::*;
@@ -408,7 +408,7 @@ async fn ensure_root(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig) -> MetaResult
             if txn.get(&inode_key(InodeId::ROOT)).await?.is_some() {
                 return Ok(false);
             }
-            ops::save_inode(&mut *txn, &ops::root_inode(cfg, now_ns()))?;
+            ops::save_inode(&mut *txn, &ops::root_inode(cfg, cfg.now_ns()))?;
             txn.atomic_add(KEY_INODE_COUNT, 1)?;
             txn.commit().await?;
             Ok(true)
@@ -432,7 +432,7 @@ async fn ensure_root(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig) -> MetaResult
 
 impl Inner {
     async fn prepare(&self, req: &MetaRequest) -> MetaResult<Prepared> {
-        let mut p = Prepared { now_ns: now_ns(), ..Prepared::default() };
+        let mut p = Prepared { now_ns: self.cfg.now_ns(), ..Prepared::default() };
         if creates_inode(&req.op) {
             p.new_id = Some(self.alloc.allocate().await?);
             p.seed = self.rng.lock().gen();

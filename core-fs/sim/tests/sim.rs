@@ -105,6 +105,19 @@ const FILE_CHUNK_BYTES: u32 = 64 << 10;
 const FILE_SIZES: [usize; 3] = [700, 9_000, 100_000];
 const TICK_MS: u64 = 5;
 const MAX_LATENCY_MS: u64 = 5 * TICK_MS;
+/// The KV gateway's host (a writer gateway over meta and storage, as
+/// `fskv kv-gateway`), its port, and the client host that speaks its
+/// native HTTP API.
+const KV_GATEWAY_HOST: &str = "kvgw";
+const KV_PORT: u16 = 9300;
+const KV_CLIENT_HOST: &str = "kvclient";
+const KV_NAMESPACE: &str = "sim";
+const KV_TOKEN: &str = "sim-kv-bearer-token-0001";
+/// Keys the KV client writes and deletes (values of [`FILE_SIZES`]: inline
+/// in the inode, or a file written through storage and published).
+const KV_KEYS: u64 = 10;
+/// A KV client call gives up after this (connect, request, response).
+const KV_CALL_TIMEOUT_MS: u64 = 3_000;
 
 // ---------------------------------------------------------------- KV engine
 
@@ -356,6 +369,10 @@ struct Shared {
     acked: u64,
     failed: u64,
     exits: Vec<String>,
+    /// Per storage node: when its service last decided to exit (from then
+    /// on it answers new requests `ShuttingDown`; in-flight ones finish,
+    /// up to the forward timeout, before its engines close).
+    exited_at: BTreeMap<NodeId, u64>,
     /// Simulated ms at which every chain was all serving after the heal.
     all_serving_at_ms: Option<u64>,
     /// mgmtd's status the last time the checker found it unhealthy.
@@ -393,6 +410,16 @@ struct Shared {
     /// What the file checker found: files read back, files skipped (their
     /// last operation failed, so any outcome of it is allowed), fsck's inode count.
     file_check: Option<(u64, u64, u64)>,
+    /// Key → every put (content) or delete (`None`) through the KV gateway,
+    /// in issue order.
+    kv_ops: BTreeMap<String, Vec<FileOp>>,
+    /// KV puts and deletes acknowledged / failed.
+    kv_counts: (u64, u64),
+    /// KV reads during the run checked / failed (5xx, timeout).
+    kv_reads: (u64, u64),
+    /// What the KV checker found: keys read back as their last acknowledged
+    /// operation left them, keys holding the outcome of a failed one.
+    kv_check: Option<(u64, u64)>,
 }
 
 /// One operation on a file through meta and storage: content written (a
@@ -430,6 +457,14 @@ struct Ctx {
     meta_generation: Arc<AtomicU64>,
     /// File clients whose last operation has returned.
     file_clients_done: Arc<AtomicU64>,
+    /// Starts of the KV gateway (each gets new client ids).
+    kv_generation: Arc<AtomicU64>,
+    /// Set once the KV client's last operation has returned.
+    kv_client_done: Arc<AtomicBool>,
+    /// Checkers (cluster, files, KV) that have finished.
+    checkers_done: Arc<AtomicU64>,
+    /// Set by [`run_quiesce`]: the driver stops meta and the KV gateway.
+    quiesce: Arc<AtomicBool>,
 }
 
 impl Ctx {
@@ -639,7 +674,11 @@ async fn run_storage(ctx: Ctx, node: NodeId) {
     let address = format!("storage{}:{STORAGE_PORT}", node.0);
     let reason = mgmtd_link::run_heartbeats(running.service.clone(), source.clone(), address, link).await;
     ctx.trace(format!("{who} exits: {reason}"));
-    ctx.shared.lock().unwrap().exits.push(format!("{} {who}: {reason}", now_ms()));
+    {
+        let mut s = ctx.shared.lock().unwrap();
+        s.exits.push(format!("{} {who}: {reason}", now_ms()));
+        s.exited_at.insert(node, now_ms());
+    }
     source.stop();
     running.shutdown().await;
 }
@@ -829,6 +868,8 @@ async fn run_meta(ctx: Ctx) -> turmoil::Result {
         },
         gc_interval_ms: 500,
         rng_seed: Some(ctx.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(generation)),
+        // mtimes and every expiry on simulated time.
+        wall_clock_ns: Some(|| (SIM_CLOCK_BASE_MS + now_ms()) * 1_000_000),
         ..base
     };
     let storage = StorageClient::new(
@@ -1011,6 +1052,331 @@ async fn run_file_checker(ctx: Ctx) -> turmoil::Result {
     Ok(())
 }
 
+// ---------------------------------------------------------------- KV gateway
+
+/// turmoil's TCP listener as the gateway layer's [`fskv_gateway::Listener`].
+struct SimListener(turmoil::net::TcpListener);
+
+impl fskv_gateway::Listener for SimListener {
+    type Stream = turmoil::net::TcpStream;
+    async fn accept(&self) -> std::io::Result<(turmoil::net::TcpStream, std::net::SocketAddr)> {
+        self.0.accept().await
+    }
+}
+
+/// One start of the KV gateway, like `fskv kv-gateway --role writer`: the
+/// native API on the shared HTTP layer (connection limits, timeouts,
+/// bearer-token authentication) over an [`FsClient`] of its own; its
+/// maintenance loop runs. Runs until its host crashes.
+async fn run_kv_gateway(ctx: Ctx) -> turmoil::Result {
+    let generation = ctx.kv_generation.fetch_add(1, Ordering::SeqCst);
+    // Ids apart from the file clients' (0..=FILE_CLIENTS).
+    let (fs, source) = file_client(0x100 + generation).await?;
+    let key = fskv_gateway::AccessKey { bearer_token: Some(KV_TOKEN.into()), ..fskv_gateway::AccessKey::new("SIMKV", "sim-kv-secret") };
+    let keys = Arc::new(fskv_gateway::KeyStore::new(vec![key])?);
+    let addr = std::net::SocketAddr::from(([0, 0, 0, 0], KV_PORT));
+    let listener = SimListener(turmoil::net::TcpListener::bind(addr).await?);
+    let cfg = fskv_gateway_kv::KvConfig::new(addr, fskv_gateway::Role::Writer, keys);
+    // Opening the store needs meta: a start during meta's crash waits for it.
+    let mut listener = Some(listener);
+    let _handle = loop {
+        let l = listener.take().ok_or("the listener was consumed")?;
+        match fskv_gateway_kv::start_on(cfg.clone(), fs.clone(), l, addr).await {
+            Ok(h) => break h,
+            Err(e) => {
+                ctx.trace(format!("kv gateway cannot start: {e}; again"));
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                listener = Some(SimListener(turmoil::net::TcpListener::bind(addr).await?));
+            }
+        }
+    };
+    ctx.trace(format!("kv gateway serving (generation {generation})"));
+    let _source = source;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// One HTTP/1.1 exchange with the KV gateway on a new connection (bearer
+/// token), bounded by [`KV_CALL_TIMEOUT_MS`]: the status and the body.
+async fn kv_call(method: http::Method, path: &str, body: Bytes) -> Result<(http::StatusCode, Bytes), String> {
+    use http_body_util::BodyExt;
+    let exchange = async {
+        let stream = turmoil::net::TcpStream::connect((KV_GATEWAY_HOST, KV_PORT)).await.map_err(|e| format!("connect: {e}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.map_err(|e| format!("handshake: {e}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, KV_GATEWAY_HOST)
+            .header(http::header::AUTHORIZATION, format!("Bearer {KV_TOKEN}"))
+            .body(http_body_util::Full::new(body))
+            .map_err(|e| format!("request: {e}"))?;
+        let resp = sender.send_request(req).await.map_err(|e| format!("send: {e}"))?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.map_err(|e| format!("response body: {e}"))?.to_bytes();
+        Ok((status, bytes))
+    };
+    tokio::time::timeout(Duration::from_millis(KV_CALL_TIMEOUT_MS), exchange).await.map_err(|_| "timed out".to_string())?
+}
+
+/// The gateway's error code from a JSON error body (not its message, which
+/// carries a request id).
+fn kv_error_code(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body).ok().and_then(|v| v["error"]["code"].as_str().map(str::to_string)).unwrap_or_default()
+}
+
+/// Puts, deletes and reads [`KV_KEYS`] keys of one namespace through the
+/// KV gateway until the faults end. Each put and delete is recorded with
+/// whether it was acknowledged (2xx; a delete of an absent key, 404, too);
+/// each read that answers (200 or 404) must see what [`kv_allowed`]
+/// allows at that moment (through the gateway's `FsClient` and storage
+/// client's read path, under the faults).
+async fn run_kv_client(ctx: Ctx) -> turmoil::Result {
+    let who = KV_CLIENT_HOST;
+    let mut rng = StdRng::seed_from_u64(ctx.seed.wrapping_mul(3_000_017).wrapping_add(7));
+    // The namespace, before the first key (a put into a missing namespace is 404).
+    loop {
+        match kv_call(http::Method::PUT, &format!("/v1/ns/{KV_NAMESPACE}"), Bytes::new()).await {
+            Ok((st, _)) if st.is_success() => break,
+            Ok((st, body)) => ctx.trace(format!("{who}: namespace: HTTP {} {}", st.as_u16(), kv_error_code(&body))),
+            Err(e) => ctx.trace(format!("{who}: namespace: {e}")),
+        }
+        if now_ms() >= FAULT_END_MS {
+            ctx.kv_client_done.store(true, Ordering::SeqCst);
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ctx.trace(format!("{who}: namespace {KV_NAMESPACE} made"));
+    let mut seq = 0u64;
+    while now_ms() < FAULT_END_MS {
+        seq += 1;
+        let key = format!("k{}", rng.gen_range(0..KV_KEYS));
+        let pick = rng.gen_range(0..10);
+        if pick < 3 {
+            kv_read_during_faults(&ctx, &key, seq).await;
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(10..60))).await;
+            continue;
+        }
+        let content = if pick < 9 { Some(file_content(KV_CLIENT_SALT, seq, FILE_SIZES[rng.gen_range(0..FILE_SIZES.len())])) } else { None };
+        let path = format!("/v1/kv/{KV_NAMESPACE}/{key}");
+        let (what, r) = match &content {
+            Some(d) => (format!("put {seq} of {} bytes to {key}", d.len()), kv_call(http::Method::PUT, &path, d.clone()).await),
+            None => (format!("delete {seq} of {key}"), kv_call(http::Method::DELETE, &path, Bytes::new()).await),
+        };
+        let acked = match &r {
+            Ok((st, _)) => st.is_success() || (content.is_none() && *st == http::StatusCode::NOT_FOUND),
+            Err(_) => false,
+        };
+        match &r {
+            Ok((st, body)) => ctx.trace(format!(
+                "{who} {what}: HTTP {}{}",
+                st.as_u16(),
+                if st.is_success() { String::new() } else { format!(" {}", kv_error_code(body)) }
+            )),
+            Err(e) => ctx.trace(format!("{who} {what} failed: {e}")),
+        }
+        {
+            let mut s = ctx.shared.lock().unwrap();
+            s.kv_ops.entry(key).or_default().push(FileOp { seq, content, acked });
+            if acked {
+                s.kv_counts.0 += 1;
+            } else {
+                s.kv_counts.1 += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(10..60))).await;
+    }
+    ctx.kv_client_done.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Whether a read of a key may see `got` (`None`: absent) after the
+/// operations `ops` (all returned: the client is sequential): what the
+/// last acknowledged one left, or what any failed one left (it may take
+/// effect at any time after it was issued); before any acknowledged
+/// operation, absent too.
+fn kv_allowed(ops: &[FileOp], got: &Option<Bytes>) -> bool {
+    let last_acked = ops.iter().rposition(|o| o.acked);
+    let as_last = match last_acked {
+        Some(i) => ops[i].content == *got,
+        None => got.is_none(),
+    };
+    as_last || ops.iter().any(|o| !o.acked && o.content == *got)
+}
+
+/// One GET of `key` during the run, checked against the key's history:
+/// an answer the history does not allow (a stale or torn value) is a
+/// violation; a failed read (5xx, timeout) is only counted.
+async fn kv_read_during_faults(ctx: &Ctx, key: &str, seq: u64) {
+    let r = kv_call(http::Method::GET, &format!("/v1/kv/{KV_NAMESPACE}/{key}"), Bytes::new()).await;
+    let got = match r {
+        Ok((st, body)) if st == http::StatusCode::OK => Some(body),
+        Ok((st, _)) if st == http::StatusCode::NOT_FOUND => None,
+        Ok((st, body)) => {
+            ctx.trace(format!("{KV_CLIENT_HOST} get {seq} of {key}: HTTP {} {}", st.as_u16(), kv_error_code(&body)));
+            ctx.shared.lock().unwrap().kv_reads.1 += 1;
+            return;
+        }
+        Err(e) => {
+            ctx.trace(format!("{KV_CLIENT_HOST} get {seq} of {key} failed: {e}"));
+            ctx.shared.lock().unwrap().kv_reads.1 += 1;
+            return;
+        }
+    };
+    ctx.trace(format!(
+        "{KV_CLIENT_HOST} get {seq} of {key}: {}",
+        got.as_ref().map_or_else(|| "absent".to_string(), |b| format!("{} bytes", b.len()))
+    ));
+    let mut s = ctx.shared.lock().unwrap();
+    s.kv_reads.0 += 1;
+    let ops = s.kv_ops.get(key).cloned().unwrap_or_default();
+    if !kv_allowed(&ops, &got) {
+        s.violations.push(format!(
+            "kv key {key}: get {seq} at {} ms read {} after operations {:?} (seq, acked, bytes)",
+            now_ms(),
+            got.as_ref().map_or_else(|| "absent".to_string(), |b| format!("{} bytes", b.len())),
+            ops.iter().map(|o| (o.seq, o.acked, o.content.as_ref().map(|b| b.len()))).collect::<Vec<_>>()
+        ));
+    }
+}
+
+/// Salt of the KV client's values in [`file_content`] (apart from the file clients').
+const KV_CLIENT_SALT: u64 = 0x4b56;
+
+/// After the heal, once the cluster is healthy and the KV client is done:
+/// every key reads back through the gateway as its last acknowledged
+/// operation left it (its bytes, or 404 after a delete), or as an
+/// operation that failed left it ([`kv_allowed`]: a call that timed out or
+/// failed may still take effect after the client gave up, even after a
+/// later acknowledged one).
+async fn run_kv_checker(ctx: Ctx) -> turmoil::Result {
+    let healed_at = now_ms();
+    loop {
+        let healthy = ctx.shared.lock().unwrap().all_serving_at_ms.is_some();
+        if healthy && ctx.kv_client_done.load(Ordering::SeqCst) {
+            break;
+        }
+        if now_ms() > healed_at + SERVING_BOUND_MS + 5_000 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ops = ctx.shared.lock().unwrap().kv_ops.clone();
+    let (mut exact, mut late) = (0u64, 0u64);
+    let mut problems = Vec::new();
+    for (key, ops) in &ops {
+        let path = format!("/v1/kv/{KV_NAMESPACE}/{key}");
+        let mut attempt = 0;
+        let got: Result<Option<Bytes>, String> = loop {
+            attempt += 1;
+            let r = match kv_call(http::Method::GET, &path, Bytes::new()).await {
+                Ok((st, body)) if st == http::StatusCode::OK => Ok(Some(body)),
+                Ok((st, _)) if st == http::StatusCode::NOT_FOUND => Ok(None),
+                Ok((st, body)) => Err(format!("HTTP {} {}", st.as_u16(), kv_error_code(&body))),
+                Err(e) => Err(e),
+            };
+            match r {
+                Err(e) if attempt < 20 => {
+                    ctx.trace(format!("kv checker: {key}: {e}; again"));
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                other => break other,
+            }
+        };
+        let got = match got {
+            Ok(g) => g,
+            Err(e) => {
+                problems.push(format!("kv key {key}: unreadable through the gateway after the heal: {e}"));
+                continue;
+            }
+        };
+        let last_acked = ops.iter().rposition(|o| o.acked);
+        let matches_last = match last_acked {
+            Some(i) => ops[i].content == got,
+            None => got.is_none(),
+        };
+        if matches_last {
+            exact += 1;
+            continue;
+        }
+        if kv_allowed(ops, &got) {
+            late += 1;
+            continue;
+        }
+        let describe = |c: &Option<Bytes>| c.as_ref().map_or_else(|| "absent".to_string(), |b| format!("{} bytes", b.len()));
+        problems.push(format!(
+            "kv key {key}: reads as {} but its last acknowledged operation {} left {} (operations {:?})",
+            describe(&got),
+            last_acked.map_or(0, |i| ops[i].seq),
+            last_acked.map_or_else(|| "absent".to_string(), |i| describe(&ops[i].content)),
+            ops.iter().map(|o| (o.seq, o.acked, o.content.as_ref().map(|b| b.len()))).collect::<Vec<_>>()
+        ));
+    }
+    ctx.trace(format!("kv checker: {exact} keys as last acknowledged, {late} as a failed operation left them"));
+    let mut s = ctx.shared.lock().unwrap();
+    s.kv_check = Some((exact, late));
+    s.violations.extend(problems);
+    Ok(())
+}
+
+/// Bound on storage settling what meta and the KV gateway left in flight
+/// when they stop at the end of a run ([`run_quiesce`]).
+const QUIESCE_BOUND_MS: u64 = 10_000;
+
+/// Runs `checker` and counts it in [`Ctx::checkers_done`] when it returns.
+async fn counted(ctx: Ctx, checker: impl std::future::Future<Output = turmoil::Result>) -> turmoil::Result {
+    let r = checker.await;
+    ctx.checkers_done.fetch_add(1, Ordering::SeqCst);
+    r
+}
+
+/// The end of a run: once the three checkers are done, meta and the KV
+/// gateway stop (the driver crashes them: meta's garbage collection may be
+/// removing chunks, the gateway writing access logs), and storage must
+/// settle what that cut off — an update its head was forwarding when its
+/// client's connection closed — within [`QUIESCE_BOUND_MS`]. Without this
+/// the run ended with such an update half-forwarded (the successors
+/// committed a removal the head still held pending), and the replica check
+/// after the run compared storage in motion.
+async fn run_quiesce(ctx: Ctx) -> turmoil::Result {
+    while ctx.checkers_done.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ctx.quiesce.store(true, Ordering::SeqCst);
+    let stopped_at = now_ms();
+    ctx.trace("quiesce: meta and the KV gateway stop".to_string());
+    // A handler cut off mid-forward is queued for settling once its
+    // forward returns (at most the RPC deadline).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut quiet_since: Option<u64> = None;
+    loop {
+        let settled = ctx.shared.lock().unwrap().unsettled.values().all(|(n, at)| *n == 0 || *at + 200 < now_ms());
+        if settled {
+            let since = *quiet_since.get_or_insert(now_ms());
+            if now_ms() >= since + 500 {
+                ctx.trace(format!("quiesce: storage settled {} ms after meta stopped", now_ms() - stopped_at));
+                return Ok(());
+            }
+        } else {
+            quiet_since = None;
+        }
+        if now_ms() > stopped_at + QUIESCE_BOUND_MS {
+            ctx.shared
+                .lock()
+                .unwrap()
+                .violations
+                .push(format!("storage still settling {QUIESCE_BOUND_MS} ms after meta and the KV gateway stopped"));
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// After the heal: waits (bounded) until every writer's last write has
 /// returned, no storage service has a chunk waiting to be settled, and
 /// mgmtd shows every node alive and heartbeating and every target serving
@@ -1125,6 +1491,12 @@ enum Fault {
     /// Crash the meta service and restart it after the duration (its state
     /// is in its KV engine; file clients retry against the new process).
     CrashMeta,
+    /// Crash the KV gateway and restart it after the duration (it keeps no
+    /// state of its own: a new process opens the store).
+    CrashKvGateway,
+    /// Cut every link of the KV gateway (to its client, meta and storage)
+    /// for the duration.
+    IsolateKvGateway,
 }
 
 impl Fault {
@@ -1146,6 +1518,7 @@ const DISK_FAULT_STREAM: u64 = 0xd15c_fa17;
 const POWER_CUT_STREAM: u64 = 0x9_0e11_c0ff;
 const CLOCK_JUMP_STREAM: u64 = 0xc10c_0a55;
 const META_CRASH_STREAM: u64 = 0x3e7a_c7a5;
+const KV_GATEWAY_STREAM: u64 = 0x4b76_6777;
 /// How long before a power cut its engines' crash points are armed.
 const POWER_CUT_ARM_MS: u64 = 400;
 /// The crash points a power cut is armed at: any.
@@ -1209,6 +1582,14 @@ fn schedule(rng: &mut StdRng, nodes: u32, seed: u64, targets_per_node: u32) -> V
         let at_ms = meta.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
         let duration_ms = meta.gen_range(100..HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
         events.push(Event { at_ms, duration_ms, fault: Fault::CrashMeta });
+    }
+    // Half of the seeds: the KV gateway crashes and restarts (2 in 3) or is cut off.
+    let mut kv = StdRng::seed_from_u64(seed ^ KV_GATEWAY_STREAM);
+    if kv.gen_bool(0.5) {
+        let fault = if kv.gen_bool(2.0 / 3.0) { Fault::CrashKvGateway } else { Fault::IsolateKvGateway };
+        let at_ms = kv.gen_range(FAULT_START_MS..FAULT_END_MS - 1_000);
+        let duration_ms = kv.gen_range(100..HEARTBEAT_TIMEOUT_MS).min(FAULT_END_MS - at_ms);
+        events.push(Event { at_ms, duration_ms, fault });
     }
     events.sort_by_key(|e| e.at_ms);
     events
@@ -1331,13 +1712,17 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         meta_kv: Arc::new(fskv_kv::MemoryEngine::deterministic(Arc::new(now_ms))),
         meta_generation: Arc::new(AtomicU64::new(1)),
         file_clients_done: Arc::new(AtomicU64::new(0)),
+        kv_generation: Arc::new(AtomicU64::new(1)),
+        kv_client_done: Arc::new(AtomicBool::new(false)),
+        checkers_done: Arc::new(AtomicU64::new(0)),
+        quiesce: Arc::new(AtomicBool::new(false)),
     };
     // The KV layer's retry delays (meta's inode allocator) from the seed.
     fskv_kv::seed_retry_jitter(seed);
     let events = schedule(&mut rng, nodes, seed, layout.targets_per_node);
 
     let mut sim = turmoil::Builder::new()
-        .simulation_duration(Duration::from_millis(FAULT_END_MS + SERVING_BOUND_MS + 20_000))
+        .simulation_duration(Duration::from_millis(FAULT_END_MS + SERVING_BOUND_MS + 20_000 + QUIESCE_BOUND_MS))
         .tick_duration(Duration::from_millis(TICK_MS))
         .min_message_latency(Duration::from_micros(100))
         .max_message_latency(Duration::from_millis(MAX_LATENCY_MS))
@@ -1371,11 +1756,19 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         let c = ctx.clone();
         sim.client(format!("files{f}"), run_files(c, f));
     }
+    {
+        let c = ctx.clone();
+        sim.host(KV_GATEWAY_HOST, move || run_kv_gateway(c.clone()));
+        let c = ctx.clone();
+        sim.client(KV_CLIENT_HOST, run_kv_client(c));
+    }
     let mut all_hosts: Vec<String> = (1..=MGMTD_INSTANCES).map(mgmtd_host).collect();
     all_hosts.extend((1..=nodes).map(storage_host));
     all_hosts.extend((0..WRITERS).map(|w| format!("writer{w}")));
     all_hosts.push(META_HOST.to_string());
     all_hosts.extend((0..FILE_CLIENTS).map(|f| format!("files{f}")));
+    all_hosts.push(KV_GATEWAY_HOST.to_string());
+    all_hosts.push(KV_CLIENT_HOST.to_string());
     // (The checker host only exists after the heal.)
 
     // Driver state.
@@ -1386,6 +1779,8 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
     let mut crashed: BTreeMap<String, u64> = BTreeMap::new();
     let mut exited_since: BTreeMap<u32, u64> = BTreeMap::new();
     let mut checker_started = false;
+    // Meta and the KV gateway stopped for the end of the run (run_quiesce).
+    let mut quiesced = false;
     let mut elapsed_ms = 0u64;
     // (deposed instance, fault time): a standby must take the lease within
     // TAKEOVER_BOUND_MS while the deposed one stays dead to the lease.
@@ -1446,6 +1841,17 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                         sim.crash(META_HOST);
                     }
                     crashed.insert(META_HOST.to_string(), end);
+                }
+                Fault::CrashKvGateway => {
+                    if sim.is_host_running(KV_GATEWAY_HOST) {
+                        sim.crash(KV_GATEWAY_HOST);
+                    }
+                    crashed.insert(KV_GATEWAY_HOST.to_string(), end);
+                }
+                Fault::IsolateKvGateway => {
+                    for o in others(KV_GATEWAY_HOST) {
+                        sim.partition(KV_GATEWAY_HOST, o.as_str());
+                    }
                 }
                 Fault::PartitionStorage(n) => {
                     for o in others(&storage_host(*n)) {
@@ -1514,7 +1920,12 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
             }
             if !matches!(
                 e.fault,
-                Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::CrashMeta | Fault::ArmPowerCut(_) | Fault::PowerCut(_)
+                Fault::CrashStorage(_)
+                    | Fault::CrashMgmtd
+                    | Fault::CrashMeta
+                    | Fault::CrashKvGateway
+                    | Fault::ArmPowerCut(_)
+                    | Fault::PowerCut(_)
             ) {
                 undo.push((end, e.fault.clone(), target));
             }
@@ -1574,7 +1985,17 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                     Fault::ClockJump { instance, .. } => {
                         ctx.clock_offset_ms[(instance - 1) as usize].store(0, Ordering::SeqCst);
                     }
-                    Fault::CrashStorage(_) | Fault::CrashMgmtd | Fault::CrashMeta | Fault::ArmPowerCut(_) | Fault::PowerCut(_) => {}
+                    Fault::IsolateKvGateway => {
+                        for o in others(KV_GATEWAY_HOST) {
+                            sim.repair(KV_GATEWAY_HOST, o.as_str());
+                        }
+                    }
+                    Fault::CrashStorage(_)
+                    | Fault::CrashMgmtd
+                    | Fault::CrashMeta
+                    | Fault::CrashKvGateway
+                    | Fault::ArmPowerCut(_)
+                    | Fault::PowerCut(_) => {}
                 }
             } else {
                 i += 1;
@@ -1641,6 +2062,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
             let mut measured = Vec::new();
             let mut late = Vec::new();
             let watched: Vec<TargetId> = s.disk_faults.keys().copied().collect();
+            let s_exited_at = s.exited_at.clone();
             let mut exited = Vec::new();
             // Storage nodes cut off from mgmtd now (partitioned or paused):
             // a failed target there cannot report itself, and mgmtd takes
@@ -1667,8 +2089,12 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                 // The failed engine is gone before mgmtd took the target out:
                 // its service exited (another fault, or its mgmtd lease ran
                 // out), which stops the target too, and a restart opens the
-                // engine on a working disk. Nothing left to measure.
-                if entry.1.is_some() && entry.2.is_none() && !failed_now {
+                // engine on a working disk. Nothing left to measure. The
+                // service stops serving when it decides to exit, before its
+                // in-flight requests finish and its engines close (seed
+                // 2484 of the first soak with the KV gateway: 2.3 s).
+                let node_exited = s_exited_at.get(&fskv_mgmtd::layout::node_of(t)).is_some_and(|at| *at >= entry.0);
+                if entry.1.is_some() && entry.2.is_none() && (!failed_now || node_exited) {
                     exited.push(t);
                 }
             }
@@ -1720,6 +2146,14 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
                 sim.bounce(h.as_str());
             }
         }
+        if ctx.quiesce.load(Ordering::SeqCst) && !quiesced {
+            quiesced = true;
+            for h in [META_HOST, KV_GATEWAY_HOST] {
+                if sim.is_host_running(h) {
+                    sim.crash(h);
+                }
+            }
+        }
         if heal_all {
             // Full heal: repair every link (also ones cut by overlapping faults).
             for a in &all_hosts {
@@ -1739,9 +2173,13 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
             takeover_watch = None;
             ctx.healed.store(true, Ordering::SeqCst);
             let c = ctx.clone();
-            sim.client("checker", run_checker(c));
+            sim.client("checker", counted(c.clone(), run_checker(c)));
             let c = ctx.clone();
-            sim.client("file-checker", run_file_checker(c));
+            sim.client("file-checker", counted(c.clone(), run_file_checker(c)));
+            let c = ctx.clone();
+            sim.client("kv-checker", counted(c.clone(), run_kv_checker(c)));
+            let c = ctx.clone();
+            sim.client("quiesce", run_quiesce(c));
             checker_started = true;
         }
     }
@@ -1765,6 +2203,9 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         Some(t) => {
             if t > healed_at + SERVING_BOUND_MS {
                 problems.push(format!("chains all serving only {} ms after the heal", t - healed_at));
+            }
+            if shared.kv_check.is_none() {
+                problems.push("the KV checker did not run (the KV client never finished)".to_string());
             }
         }
     }
@@ -1845,7 +2286,7 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         h.finish()
     };
     let summary = format!(
-        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, files: {} acked / {} failed operations, checked (read back, skipped, fsck inodes) {:?}, {} exits, all serving {} ms after heal, clock jumps (ms) {:?}, power cuts of nodes {:?}, {} of them inside an update, rolled back {} unsynced sectors (kept {}), stale pending versions {:?}, {:.1} s simulated",
+        "seed {seed}: {nodes} nodes, {chains} chains, {} faults, takeovers after {:?} ms, disk faults (ms to the failed I/O, then out of serving) {:?}, {} acked / {} failed writes, files: {} acked / {} failed operations, checked (read back, skipped, fsck inodes) {:?}, KV: {} acked / {} failed operations, {} reads checked ({} failed), keys (as last acked, as a failed operation left them) {:?}, {} exits, all serving {} ms after heal, clock jumps (ms) {:?}, power cuts of nodes {:?}, {} of them inside an update, rolled back {} unsynced sectors (kept {}), stale pending versions {:?}, {:.1} s simulated",
         events.len(),
         shared.takeovers_ms,
         shared.disk_fault_ms,
@@ -1854,6 +2295,11 @@ fn run_seed_with(seed: u64, trace_out: Option<Arc<Mutex<Vec<String>>>>) -> Resul
         shared.file_ops.0,
         shared.file_ops.1,
         shared.file_check,
+        shared.kv_counts.0,
+        shared.kv_counts.1,
+        shared.kv_reads.0,
+        shared.kv_reads.1,
+        shared.kv_check,
         shared.exits.len(),
         shared.all_serving_at_ms.map_or(-1, |t| t as i64 - healed_at as i64),
         events.iter().filter_map(|e| if let Fault::ClockJump { delta_ms, .. } = e.fault { Some(delta_ms) } else { None }).collect::<Vec<_>>(),
