@@ -3,15 +3,16 @@
 //! writes; one chunk removal and one truncation in [`REMOVE_ONE_IN`]
 //! operations) + the meta service (on the deterministic in-memory KV engine)
 //! and 2 file clients (create/overwrite/unlink whole files through meta and
-//! storage) under
+//! storage) + the KV gateway (its native HTTP API served on turmoil's TCP,
+//! over its own `FsClient`) and a KV client (puts, deletes, reads) under
 //! random crashes, restarts, pauses longer than T and partitions (the
 //! primary mgmtd crashed, isolated and paused too), disk faults (a target's
 //! block-file reads or writes fail with EIO through the chunk engine's
 //! fault-injection seam, until its node restarts), power cuts of one storage
 //! node or of all (the chunk engine's power-loss model, landing inside an
 //! update through an armed crash point) and jumps of an mgmtd instance's
-//! clock, crashes of meta. Every seed replays bit-exactly. See docs/mgmtd.md,
-//! "Simulation".
+//! clock, crashes of meta, crashes and isolation of the KV gateway. Every
+//! seed replays bit-exactly. See docs/mgmtd.md, "Simulation".
 //!
 //! * `cargo test -p fskv-sim --test sim` runs `FSKV_SIM_SEEDS` seeds
 //!   (default [`DEFAULT_SEEDS`]) starting at `FSKV_SIM_FIRST_SEED` (default 1),
@@ -23,13 +24,16 @@
 //! Checked after healing: every acknowledged write's latest value is on
 //! every replica, every file whose last operation was acknowledged reads
 //! back as written (or is absent after an unlink) and meta's fsck is clean,
+//! every KV key reads back through the gateway as its history allows, and,
+//! once meta and the gateway are stopped and storage has settled,
 //! replicas are byte-identical, every chain is back to all
 //! serving within [`SERVING_BOUND_MS`], and no two observers ever saw
 //! different contents (hence heads) for one chain version. During the run:
 //! a standby takes over within [`TAKEOVER_BOUND_MS`] of the primary's fault,
 //! chain versions never go backwards as the routing version grows, and a
 //! target whose disk failed (fail-stop) is out of serving in the routing
-//! within [`DISK_FAULT_OFFLINE_BOUND_MS`] of the failed I/O.
+//! within [`DISK_FAULT_OFFLINE_BOUND_MS`] of the failed I/O, and every
+//! read through the KV gateway sees no stale or torn value.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -113,7 +117,7 @@ const KV_PORT: u16 = 9300;
 const KV_CLIENT_HOST: &str = "kvclient";
 const KV_NAMESPACE: &str = "sim";
 const KV_TOKEN: &str = "sim-kv-bearer-token-0001";
-/// Keys the KV client writes and deletes (values of [`FILE_SIZES`]: inline
+/// Keys the KV client writes, deletes and reads (values of [`FILE_SIZES`]: inline
 /// in the inode, or a file written through storage and published).
 const KV_KEYS: u64 = 10;
 /// A KV client call gives up after this (connect, request, response).
