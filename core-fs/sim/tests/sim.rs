@@ -971,22 +971,30 @@ async fn run_files(ctx: Ctx, client: u64) -> turmoil::Result {
     Ok(())
 }
 
+/// Waits (bounded) until the checker found the cluster healthy and `done`
+/// holds; false if that did not happen within the serving bound (the
+/// cluster is then reported unhealthy).
+async fn healthy_and(ctx: &Ctx, done: impl Fn() -> bool) -> bool {
+    let healed_at = now_ms();
+    loop {
+        let healthy = ctx.shared.lock().unwrap().all_serving_at_ms.is_some();
+        if healthy && done() {
+            return true;
+        }
+        if now_ms() > healed_at + SERVING_BOUND_MS + 5_000 {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// After the heal, once the cluster is healthy (the checker says so) and
 /// every file client is done: every file whose last operation was
 /// acknowledged reads back as that operation left it (its bytes, or absent
 /// after an unlink), and meta's fsck finds no problem.
 async fn run_file_checker(ctx: Ctx) -> turmoil::Result {
-    let healed_at = now_ms();
-    loop {
-        let healthy = ctx.shared.lock().unwrap().all_serving_at_ms.is_some();
-        if healthy && ctx.file_clients_done.load(Ordering::SeqCst) == FILE_CLIENTS {
-            break;
-        }
-        if now_ms() > healed_at + SERVING_BOUND_MS + 5_000 {
-            // The cluster never became healthy: reported as such.
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if !healthy_and(&ctx, || ctx.file_clients_done.load(Ordering::SeqCst) == FILE_CLIENTS).await {
+        return Ok(());
     }
     let (fs, source) = file_client(FILE_CLIENTS).await?;
     let files = ctx.shared.lock().unwrap().files.clone();
@@ -1079,18 +1087,16 @@ async fn run_kv_gateway(ctx: Ctx) -> turmoil::Result {
     let key = fskv_gateway::AccessKey { bearer_token: Some(KV_TOKEN.into()), ..fskv_gateway::AccessKey::new("SIMKV", "sim-kv-secret") };
     let keys = Arc::new(fskv_gateway::KeyStore::new(vec![key])?);
     let addr = std::net::SocketAddr::from(([0, 0, 0, 0], KV_PORT));
-    let listener = SimListener(turmoil::net::TcpListener::bind(addr).await?);
     let cfg = fskv_gateway_kv::KvConfig::new(addr, fskv_gateway::Role::Writer, keys);
-    // Opening the store needs meta: a start during meta's crash waits for it.
-    let mut listener = Some(listener);
+    // Opening the store needs meta: a start during meta's crash waits for
+    // it (a failed start drops its listener; the next binds again).
     let _handle = loop {
-        let l = listener.take().ok_or("the listener was consumed")?;
-        match fskv_gateway_kv::start_on(cfg.clone(), fs.clone(), l, addr).await {
+        let listener = SimListener(turmoil::net::TcpListener::bind(addr).await?);
+        match fskv_gateway_kv::start_on(cfg.clone(), fs.clone(), listener, addr).await {
             Ok(h) => break h,
             Err(e) => {
                 ctx.trace(format!("kv gateway cannot start: {e}; again"));
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                listener = Some(SimListener(turmoil::net::TcpListener::bind(addr).await?));
             }
         }
     };
@@ -1125,6 +1131,17 @@ async fn kv_call(method: http::Method, path: &str, body: Bytes) -> Result<(http:
         Ok((status, bytes))
     };
     tokio::time::timeout(Duration::from_millis(KV_CALL_TIMEOUT_MS), exchange).await.map_err(|_| "timed out".to_string())?
+}
+
+/// GET of a key through the gateway: its bytes, `None` on 404, or why the
+/// read did not answer (another status with its error code, a transport
+/// failure, a timeout).
+async fn kv_get(key: &str) -> Result<Option<Bytes>, String> {
+    match kv_call(http::Method::GET, &format!("/v1/kv/{KV_NAMESPACE}/{key}"), Bytes::new()).await? {
+        (st, body) if st == http::StatusCode::OK => Ok(Some(body)),
+        (st, _) if st == http::StatusCode::NOT_FOUND => Ok(None),
+        (st, body) => Err(format!("HTTP {} {}", st.as_u16(), kv_error_code(&body))),
+    }
 }
 
 /// The gateway's error code from a JSON error body (not its message, which
@@ -1217,15 +1234,8 @@ fn kv_allowed(ops: &[FileOp], got: &Option<Bytes>) -> bool {
 /// an answer the history does not allow (a stale or torn value) is a
 /// violation; a failed read (5xx, timeout) is only counted.
 async fn kv_read_during_faults(ctx: &Ctx, key: &str, seq: u64) {
-    let r = kv_call(http::Method::GET, &format!("/v1/kv/{KV_NAMESPACE}/{key}"), Bytes::new()).await;
-    let got = match r {
-        Ok((st, body)) if st == http::StatusCode::OK => Some(body),
-        Ok((st, _)) if st == http::StatusCode::NOT_FOUND => None,
-        Ok((st, body)) => {
-            ctx.trace(format!("{KV_CLIENT_HOST} get {seq} of {key}: HTTP {} {}", st.as_u16(), kv_error_code(&body)));
-            ctx.shared.lock().unwrap().kv_reads.1 += 1;
-            return;
-        }
+    let got = match kv_get(key).await {
+        Ok(got) => got,
         Err(e) => {
             ctx.trace(format!("{KV_CLIENT_HOST} get {seq} of {key} failed: {e}"));
             ctx.shared.lock().unwrap().kv_reads.1 += 1;
@@ -1259,32 +1269,17 @@ const KV_CLIENT_SALT: u64 = 0x4b56;
 /// failed may still take effect after the client gave up, even after a
 /// later acknowledged one).
 async fn run_kv_checker(ctx: Ctx) -> turmoil::Result {
-    let healed_at = now_ms();
-    loop {
-        let healthy = ctx.shared.lock().unwrap().all_serving_at_ms.is_some();
-        if healthy && ctx.kv_client_done.load(Ordering::SeqCst) {
-            break;
-        }
-        if now_ms() > healed_at + SERVING_BOUND_MS + 5_000 {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if !healthy_and(&ctx, || ctx.kv_client_done.load(Ordering::SeqCst)).await {
+        return Ok(());
     }
     let ops = ctx.shared.lock().unwrap().kv_ops.clone();
     let (mut exact, mut late) = (0u64, 0u64);
     let mut problems = Vec::new();
     for (key, ops) in &ops {
-        let path = format!("/v1/kv/{KV_NAMESPACE}/{key}");
         let mut attempt = 0;
         let got: Result<Option<Bytes>, String> = loop {
             attempt += 1;
-            let r = match kv_call(http::Method::GET, &path, Bytes::new()).await {
-                Ok((st, body)) if st == http::StatusCode::OK => Ok(Some(body)),
-                Ok((st, _)) if st == http::StatusCode::NOT_FOUND => Ok(None),
-                Ok((st, body)) => Err(format!("HTTP {} {}", st.as_u16(), kv_error_code(&body))),
-                Err(e) => Err(e),
-            };
-            match r {
+            match kv_get(key).await {
                 Err(e) if attempt < 20 => {
                     ctx.trace(format!("kv checker: {key}: {e}; again"));
                     tokio::time::sleep(Duration::from_millis(300)).await;
