@@ -9,7 +9,7 @@ use bytes::Bytes;
 use common::{free_base_port, start_up, start_up_with, stop_up};
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
-use fskv_client::{MetaClient, MetaClientConfig};
+use fskv_client::{CloseEnd, MetaClient, MetaClientConfig};
 use fskv_proto::meta::chain_for_chunk;
 use fskv_rpc::{ClientConfig, RpcClient, TcpTransport};
 use fskv_types::{ChunkId, InodeId};
@@ -45,7 +45,9 @@ async fn write_file(c: &Clients, name: &str, seed: u64, len: usize) -> InodeId {
         let chain = chain_for_chunk(&layout, index as u64).expect("layout has chains");
         c.storage.write(chain, ChunkId::new(inode.id, index as u64), 0, Bytes::copy_from_slice(piece)).await.expect("write chunk");
     }
-    let closed = c.meta.close(inode.id, session, Default::default()).await.expect("close");
+    // Written, not settled: meta measures the length on storage.
+    let end = CloseEnd { wrote: true, ..Default::default() };
+    let closed = c.meta.close(inode.id, session, end).await.expect("close");
     assert_eq!(closed.size_bytes(), len as u64, "{name}: exact length computed by meta from the storage service");
     inode.id
 }

@@ -651,8 +651,12 @@ struct LengthState {
     truncate_version: u64,
     /// Inline bytes are in the inode (no chunks).
     inline: bool,
-    /// Data was written through this handle (close moves mtime only then).
+    /// A write was attempted through this handle (close moves mtime only
+    /// then).
     wrote: bool,
+    /// A write through this handle failed: it may have changed chunks past
+    /// `written_end`, so close lets meta measure the length from storage.
+    write_failed: bool,
 }
 
 struct Shared {
@@ -766,6 +770,7 @@ impl FileHandle {
             truncate_version: file.truncate_version,
             inline: file.inline.is_some(),
             wrote: false,
+            write_failed: false,
         };
         let shared = Arc::new(Shared {
             client,
@@ -983,8 +988,15 @@ impl FileHandle {
         let end =
             offset.checked_add(data.len() as u64).ok_or_else(|| FileError::InvalidArgument(format!("write at {offset} overflows")))?;
         let _writing = self.shared.writes.read().await;
+        // Before the write: one that fails part way may have changed
+        // chunks, and a close that did not write skips measuring the
+        // length from storage (docs/meta.md, "File length").
+        self.shared.state.lock().wrote = true;
         let span = tracing::debug_span!("write_at", inode = %self.shared.inode, offset, len = data.len());
-        self.write_chunks(offset, data).instrument(span).await?;
+        if let Err(e) = self.write_chunks(offset, data).instrument(span).await {
+            self.shared.state.lock().write_failed = true;
+            return Err(e);
+        }
         self.note_written(end);
         Ok(())
     }
@@ -1219,7 +1231,12 @@ impl FileHandle {
         report_length(&self.shared).await?;
         let end = {
             let st = self.shared.state.lock();
-            CloseEnd { length_hint: Some(st.written_end), truncate_version: st.truncate_version, wrote: st.wrote }
+            CloseEnd {
+                length_hint: Some(st.written_end),
+                truncate_version: st.truncate_version,
+                wrote: st.wrote,
+                writes_settled: st.wrote && !st.write_failed,
+            }
         };
         let inode =
             self.shared.client.meta.close(self.shared.inode, self.shared.session, end).await.map_err(|e| self.meta_err("close", e))?;

@@ -18,15 +18,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a closing write handle reports (see [`MetaOp::Close`]).
+/// What a closing write handle reports (see [`MetaOp::Close`]). A caller
+/// that wrote chunks itself must say so (`wrote`): with `wrote` false and
+/// no other writer open, meta keeps the stored length without looking at
+/// storage.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CloseEnd {
     /// The furthest byte written through the handle.
     pub length_hint: Option<u64>,
     /// The file's truncate version the handle last saw.
     pub truncate_version: u64,
-    /// Whether the handle wrote data.
+    /// Whether the handle attempted a write.
     pub wrote: bool,
+    /// Whether every write of the handle succeeded (`length_hint` is then
+    /// exactly where they end).
+    pub writes_settled: bool,
 }
 
 /// The client's single error type.
@@ -316,7 +322,14 @@ impl MetaClient {
 
     /// Ends write session `session` (see [`MetaOp::Close`]).
     pub async fn close(&self, inode: InodeId, session: u64, end: CloseEnd) -> Result<Inode> {
-        let op = MetaOp::Close { inode, session, length_hint: end.length_hint, truncate_version: end.truncate_version, wrote: end.wrote };
+        let op = MetaOp::Close {
+            inode,
+            session,
+            length_hint: end.length_hint,
+            truncate_version: end.truncate_version,
+            wrote: end.wrote,
+            writes_settled: end.writes_settled,
+        };
         self.inode(op, "close").await
     }
 

@@ -437,7 +437,7 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         MetaOp::Stat { inode } => load_inode(txn, *inode).await.map(MetaReply::Inode),
         MetaOp::Create { parent, name, mode, exclusive, write } => create(txn, ctx, *parent, name, *mode, *exclusive, *write).await,
         MetaOp::Open { inode, write } => open(txn, ctx, *inode, *write).await,
-        MetaOp::Close { inode, session, length_hint, truncate_version, wrote } => {
+        MetaOp::Close { inode, session, length_hint, truncate_version, wrote, .. } => {
             let args = CloseArgs { session: *session, length_hint: *length_hint, truncate_version: *truncate_version, wrote: *wrote };
             close(txn, ctx, *inode, args).await
         }

@@ -33,6 +33,8 @@ pub const MAX_TXN_ATTEMPTS: u32 = 100;
 pub const MAX_PREPARE_ATTEMPTS: u32 = 8;
 /// Capacity of each per-shard batch queue.
 pub const BATCH_QUEUE_CAPACITY: usize = 4096;
+/// Last-chunk queries one close sends to storage at once (exact length).
+pub const LAST_CHUNK_QUERIES_IN_FLIGHT: usize = 16;
 
 struct BatchItem {
     req: MetaRequest,
@@ -440,7 +442,11 @@ impl Inner {
         }
         match &req.op {
             MetaOp::Create { write: true, .. } | MetaOp::Open { write: true, .. } => p.session = self.rng.lock().gen::<u64>() | 1,
-            MetaOp::Close { inode, .. } => p.exact_length = self.exact_length(*inode).await?,
+            MetaOp::Close { inode, session, wrote, writes_settled, truncate_version, .. } => {
+                let known = !*wrote || (*writes_settled && self.at_truncate_version(*inode, *truncate_version).await?);
+                p.exact_length =
+                    if known && self.no_other_session(*inode, *session).await? { None } else { self.exact_length(*inode).await? };
+            }
             MetaOp::Truncate { inode, length, session } => self.cut_chunks_first(req, &p, *inode, *length, *session).await?,
             MetaOp::StatFs => p.capacity = self.storage.capacity_bytes().await,
             _ => {}
@@ -460,6 +466,34 @@ impl Inner {
             self.storage.truncate_chunks(id, &layout, length).await?;
         }
         Ok(())
+    }
+
+    /// Whether `inode` has no open write session but `session`. A close
+    /// whose own writes are known (none, or all settled: the hint is their
+    /// end) then needs no exact length from storage: every other handle
+    /// that wrote either closed (and set the exact length then) or still
+    /// holds a session (its close will). Read outside the transaction, like
+    /// the exact length: a writer that opens meanwhile sets the length at
+    /// its own close, and a close without an exact length takes the larger
+    /// of the stored length and the hint only at the handle's truncate
+    /// version (a truncate since cut what the handle wrote before it).
+    async fn no_other_session(&self, id: InodeId, session: u64) -> MetaResult<bool> {
+        let mut txn = self.engine.begin().await?;
+        let mut range = fskv_kv::RangeRequest::prefix(&session_prefix(id));
+        range.limit = 2;
+        let found = txn.snapshot_get_range(&range).await?;
+        let own = session_key(id, session);
+        Ok(found.kvs.iter().all(|(k, _)| k[..] == own[..]))
+    }
+
+    /// Whether the file's truncate version is still `version` (a handle
+    /// whose writes straddle a truncate by someone else must be measured).
+    async fn at_truncate_version(&self, id: InodeId, version: u64) -> MetaResult<bool> {
+        let mut txn = self.engine.begin().await?;
+        let key = inode_key(id);
+        let Some(raw) = txn.snapshot_get(&key).await? else { return Ok(false) };
+        let inode: Inode = decode(&key, &raw)?;
+        Ok(inode.file().is_some_and(|f| f.truncate_version == version))
     }
 
     /// The exact length of a chunked file from storage: the last chunk on
@@ -491,9 +525,15 @@ impl Inner {
         let mut length = 0u64;
         let mut max_index: Option<u64> = None;
         loop {
-            for chain in shuffled.get(asked..upto).unwrap_or(&[]) {
-                let last = self.storage.last_chunk(id, *chain).await?;
-                if let Some(lc) = last {
+            // The chains of one round are asked at once (at most
+            // `LAST_CHUNK_QUERIES_IN_FLIGHT`): a close waits for one
+            // storage round trip per round, not one per chain.
+            for group in shuffled.get(asked..upto).unwrap_or(&[]).chunks(LAST_CHUNK_QUERIES_IN_FLIGHT) {
+                let mut queries = Vec::with_capacity(group.len());
+                for chain in group {
+                    queries.push(self.storage.last_chunk(id, *chain));
+                }
+                for lc in futures::future::try_join_all(queries).await?.into_iter().flatten() {
                     length = length.max(lc.index * chunk + u64::from(lc.len_bytes));
                     max_index = Some(max_index.map_or(lc.index, |m| m.max(lc.index)));
                 }

@@ -54,7 +54,10 @@ async fn lengths_truncate_and_gc_go_through_the_storage_service() {
         storage_client.write(chain, ChunkId::new(file.id, index), 0, Bytes::from(vec![7u8; len as usize])).await.unwrap();
         off += len;
     }
-    let closed = fs.inode(MetaOp::Close { inode: file.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
+    let closed = fs
+        .inode(MetaOp::Close { inode: file.id, session, length_hint: None, truncate_version: 0, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!(closed.size_bytes(), length, "exact length from the storage service on close");
 
     // Truncate inside chunk 1: chunks 2 and 3 go, chunk 1 keeps 904 bytes, on every replica.

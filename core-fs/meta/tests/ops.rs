@@ -486,7 +486,10 @@ async fn lengths_sessions_truncate_versions() {
     assert_eq!(stale.size_bytes(), 100);
     // Close asks storage for the exact length (beyond the first 16 chains).
     fs.storage.write_file(f.id, &layout, 20 * chunk + 7);
-    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
+    let closed = fs
+        .inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!(closed.size_bytes(), 20 * chunk + 7);
     // Unlink with the file closed: GC removes its chunks.
     fs.op(MetaOp::Unlink { parent: ROOT, name: "f".into() }).await.unwrap();
@@ -508,7 +511,9 @@ async fn open_session_defers_gc_of_unlinked_file() {
     let s = fs.svc.run_gc_once().await.unwrap();
     assert_eq!(s.deferred, 1);
     assert_eq!(fs.storage.chunk_count(f.id), 1);
-    fs.op(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
+    fs.op(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     fs.svc.run_gc_until_idle().await.unwrap();
     assert_eq!(fs.storage.chunk_count(f.id), 0);
     fs.fsck_clean().await;
@@ -546,9 +551,60 @@ async fn exact_length_on_close_widens_the_dynamic_stripe() {
     assert_eq!((data.layout.stripe_size(), data.dyn_stripe), (64, 16));
     // 40 chunks written, no length report: chains 17..40 (shuffled order) are beyond the hint.
     fs.storage.write_file(f.id, &data.layout, 40 * 4096 - 100);
-    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true }).await.unwrap();
+    let closed = fs
+        .inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!(closed.size_bytes(), 40 * 4096 - 100);
     assert_eq!(closed.file().unwrap().dyn_stripe, 64);
+}
+
+/// A close that wrote nothing, or whose writes all settled, asks storage
+/// for the length only while another write session is open on the inode
+/// (that writer's data counts) or a truncate came since the handle's
+/// truncate version; otherwise storage is not asked, so bytes that appear
+/// on storage without a session are not picked up.
+#[tokio::test]
+async fn a_close_with_known_writes_measures_the_length_only_while_another_writer_is_open() {
+    let mut cfg = common::test_config();
+    cfg.root_layout.chunk_size_bytes = 4096;
+    let fs = Fs::with(std::sync::Arc::new(fskv_kv::MemoryEngine::new()), cfg).await;
+    let (f, s1) =
+        opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
+    let layout = f.file().unwrap().layout.clone();
+    let (_, s2) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    // The second writer's data, not reported yet.
+    fs.storage.write_file(f.id, &layout, 10_000);
+    let close =
+        |session, wrote| MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote, writes_settled: false };
+    let closed = fs.inode(close(s1, false)).await.unwrap();
+    assert_eq!(closed.size_bytes(), 10_000, "another writer is open: its data is measured");
+    assert_eq!(fs.inode(close(s2, true)).await.unwrap().size_bytes(), 10_000);
+    // No other writer: a close without writes keeps the stored length.
+    let (_, s3) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    fs.storage.write_file(f.id, &layout, 20_000);
+    assert_eq!(fs.inode(close(s3, false)).await.unwrap().size_bytes(), 10_000);
+    // A close that wrote measures it.
+    let (_, s4) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    assert_eq!(fs.inode(close(s4, true)).await.unwrap().size_bytes(), 20_000);
+    // Writes that all succeeded: their end is the hint, storage is not asked.
+    let settled = |session, hint, truncate_version| MetaOp::Close {
+        inode: f.id,
+        session,
+        length_hint: Some(hint),
+        truncate_version,
+        wrote: true,
+        writes_settled: true,
+    };
+    let (_, s5) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    fs.storage.write_file(f.id, &layout, 30_000);
+    assert_eq!(fs.inode(settled(s5, 25_000, 0)).await.unwrap().size_bytes(), 25_000);
+    // A truncate by someone else since the handle's truncate version: measured.
+    let (_, s6) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
+    let truncated = fs.inode(MetaOp::Truncate { inode: f.id, length: 5_000, session: 0 }).await.unwrap();
+    assert_eq!(truncated.file().unwrap().truncate_version, 1);
+    fs.storage.write_file(f.id, &layout, 12_000);
+    assert_eq!(fs.inode(settled(s6, 25_000, 0)).await.unwrap().size_bytes(), 12_000);
 }
 
 #[tokio::test]
@@ -674,7 +730,10 @@ async fn close_without_writes_keeps_times_and_stale_hints_are_ignored() {
     let (f, session) =
         opened(fs.op(MetaOp::Create { parent: ROOT, name: "f".into(), mode: 0o644, exclusive: true, write: true }).await.unwrap());
     tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    let closed = fs.inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: false }).await.unwrap();
+    let closed = fs
+        .inode(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 0, wrote: false, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!((closed.ctime_ns, closed.mtime_ns), (f.ctime_ns, f.mtime_ns), "a close with no writes changes no time");
 
     fs.storage.write_file(f.id, &f.file().unwrap().layout, 100);
@@ -683,9 +742,15 @@ async fn close_without_writes_keeps_times_and_stale_hints_are_ignored() {
     let t = fs.inode(MetaOp::Truncate { inode: f.id, length: 5, session: s3 }).await.unwrap();
     assert_eq!(t.file().unwrap().truncate_version, 1);
     // s2 last saw truncate version 0: its hint of 1000 predates the truncate.
-    let c2 = fs.inode(MetaOp::Close { inode: f.id, session: s2, length_hint: Some(1000), truncate_version: 0, wrote: true }).await.unwrap();
+    let c2 = fs
+        .inode(MetaOp::Close { inode: f.id, session: s2, length_hint: Some(1000), truncate_version: 0, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!(c2.size_bytes(), 5);
-    let c3 = fs.inode(MetaOp::Close { inode: f.id, session: s3, length_hint: Some(9), truncate_version: 1, wrote: true }).await.unwrap();
+    let c3 = fs
+        .inode(MetaOp::Close { inode: f.id, session: s3, length_hint: Some(9), truncate_version: 1, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     assert!(c3.mtime_ns > closed.mtime_ns);
 }
 
@@ -705,7 +770,10 @@ async fn truncate_through_an_open_write_session_skips_the_mode_check() {
     assert_eq!(t.size_bytes(), 3);
     let bob = fs.as_user(1001, 1001);
     assert_eq!(code(bob.op(MetaOp::Truncate { inode: f.id, length: 1, session }).await), ErrorCode::PermissionDenied);
-    alice.op(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 1, wrote: false }).await.unwrap();
+    alice
+        .op(MetaOp::Close { inode: f.id, session, length_hint: None, truncate_version: 1, wrote: false, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!(code(alice.op(MetaOp::Truncate { inode: f.id, length: 1, session }).await), ErrorCode::PermissionDenied);
 }
 
@@ -720,8 +788,10 @@ async fn truncate_cuts_storage_before_the_length_commits() {
     fs.storage.write_file(f.id, &layout, 23_456);
     let (_, s2) = opened(fs.op(MetaOp::Open { inode: f.id, write: true }).await.unwrap());
     fs.op(MetaOp::Truncate { inode: f.id, length: 1, session: s2 }).await.unwrap();
-    let closed =
-        fs.inode(MetaOp::Close { inode: f.id, session, length_hint: Some(23_456), truncate_version: 0, wrote: true }).await.unwrap();
+    let closed = fs
+        .inode(MetaOp::Close { inode: f.id, session, length_hint: Some(23_456), truncate_version: 0, wrote: true, writes_settled: false })
+        .await
+        .unwrap();
     assert_eq!(closed.size_bytes(), 1);
 }
 

@@ -340,14 +340,19 @@ pub enum MetaOp {
     /// Ends a write session and fixes the length: exact from storage when it
     /// knows, else the larger of the stored length and `length_hint` (ignored
     /// when `truncate_version` is older than the file's: a truncate since).
-    /// `wrote`: the handle wrote data (mtime/ctime move only then, or when
-    /// the length changes).
+    /// `wrote`: the handle attempted a write (mtime/ctime move only then, or
+    /// when the length changes). `writes_settled`: every write of the handle
+    /// succeeded, so `length_hint` is exactly where they end. On an inode
+    /// with no other open write session, a close that did not write, or
+    /// whose writes settled at the file's current truncate version, takes
+    /// the larger of the stored length and the hint without asking storage.
     Close {
         inode: InodeId,
         session: u64,
         length_hint: Option<u64>,
         truncate_version: u64,
         wrote: bool,
+        writes_settled: bool,
     },
     /// A directory, with `xattrs` (at most [`MAX_PUBLISH_XATTRS`], each
     /// within the SetXattr limits) set in the same transaction: a directory
