@@ -43,6 +43,9 @@ pub(crate) struct Shared {
     pub notifier: std::sync::OnceLock<fuser::Notifier>,
     /// Files known to lack the xattrs the kernel and `ls -l` probe (see `PROBED_XATTRS`).
     pub absent_xattrs: crate::handles::AbsentXattrCache,
+    /// Directories' attributes for the kernel's GETATTR after each change
+    /// of their entries (see `DirAttrCache`).
+    pub dir_attrs: crate::handles::DirAttrCache,
     /// Open files with buffered writes (reads and truncates look only when
     /// it is non-zero).
     pub dirty_files: Arc<std::sync::atomic::AtomicUsize>,
@@ -217,6 +220,18 @@ impl Ctx {
             }
         }
         to_attr(inode, open_end)
+    }
+
+    /// After a create, mknod, symlink, link or unlink in `dir`: its cached
+    /// attributes get the change's times, or are dropped if it failed
+    /// (it may have committed).
+    fn entries_changed(&self, dir: InodeId, ok: bool) {
+        if ok {
+            let now_ns = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+            self.shared.dir_attrs.touched(dir, now_ns);
+        } else {
+            self.shared.dir_attrs.forget(dir);
+        }
     }
 
     fn reply_entry(&self, reply: ReplyEntry, r: FsResult<Inode>) {
@@ -632,9 +647,16 @@ impl Filesystem for FskvFs {
                 Err(e) => reply.error(e),
             };
         }
+        if let Some((inode, ttl)) = self.shared.dir_attrs.get(ino(i)) {
+            return reply.attr(&ttl, &to_attr(&inode, 0));
+        }
         let ctx = self.ctx(req);
         self.spawn("getattr", tracing::debug_span!("getattr", inode = i.0), async move {
+            let epoch = ctx.shared.dir_attrs.epoch();
             let r = ctx.meta().stat(ino(i)).await.map_err(FsError::from);
+            if let Ok(inode) = &r {
+                ctx.shared.dir_attrs.note(inode, epoch);
+            }
             ctx.reply_attr(reply, r);
         });
     }
@@ -665,6 +687,8 @@ impl Filesystem for FskvFs {
             SetAttrArgs { mode, uid, gid, size, atime_ns: atime.map(to_time_ns), mtime_ns: mtime.map(to_time_ns), fh: fh.map(|f| f.0) };
         self.spawn("setattr", tracing::debug_span!("setattr", inode = i.0), async move {
             let r = ctx.setattr(ino(i), args).await;
+            // After the change: a getattr that read before it is not kept.
+            ctx.shared.dir_attrs.forget(ino(i));
             ctx.reply_attr(reply, r);
         });
     }
@@ -700,6 +724,7 @@ impl Filesystem for FskvFs {
                 (Ok(n), Some(kind)) => ctx.meta().mknod(ino(parent), &n, perm, kind, u64::from(rdev)).await.map_err(FsError::from),
                 (Err(e), _) => Err(e),
             };
+            ctx.entries_changed(ino(parent), r.is_ok());
             ctx.reply_entry(reply, r);
         });
     }
@@ -714,6 +739,7 @@ impl Filesystem for FskvFs {
                 Ok(n) => ctx.meta().mkdir(ino(parent), &n, mode & !umask & 0o7777).await.map_err(FsError::from),
                 Err(e) => Err(e),
             };
+            ctx.shared.dir_attrs.clear();
             ctx.reply_entry(reply, r);
         });
     }
@@ -731,6 +757,7 @@ impl Filesystem for FskvFs {
                 Ok(n) => ctx.meta().unlink(ino(parent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
             };
+            ctx.entries_changed(ino(parent), r.is_ok());
             reply_empty(reply, r);
         });
     }
@@ -745,6 +772,7 @@ impl Filesystem for FskvFs {
                 Ok(n) => ctx.meta().rmdir(ino(parent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
             };
+            ctx.shared.dir_attrs.clear();
             reply_empty(reply, r);
         });
     }
@@ -763,6 +791,7 @@ impl Filesystem for FskvFs {
                 (Ok(n), Ok(t)) => ctx.meta().symlink(ino(parent), &n, &t).await.map_err(FsError::from),
                 (Err(e), _) | (_, Err(e)) => Err(e),
             };
+            ctx.entries_changed(ino(parent), r.is_ok());
             ctx.reply_entry(reply, r);
         });
     }
@@ -786,6 +815,7 @@ impl Filesystem for FskvFs {
                 (Ok(n), Ok(nn)) => ctx.rename(ino(parent), &n, ino(newparent), &nn, flags).await,
                 (Err(e), _) | (_, Err(e)) => Err(e),
             };
+            ctx.shared.dir_attrs.clear();
             reply_empty(reply, r);
         });
     }
@@ -800,6 +830,7 @@ impl Filesystem for FskvFs {
                 Ok(n) => ctx.meta().link(ino(i), ino(newparent), &n).await.map_err(FsError::from),
                 Err(e) => Err(e),
             };
+            ctx.entries_changed(ino(newparent), r.is_ok());
             ctx.reply_entry(reply, r);
         });
     }
@@ -969,12 +1000,14 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EOPNOTSUPP);
         }
         self.shared.absent_xattrs.forget(ino(i));
+        self.shared.dir_attrs.forget(ino(i));
         let (ctx, name, value) = (self.ctx(req), name_str(name), value.to_vec());
         self.spawn("setxattr", tracing::debug_span!("setxattr", inode = i.0), async move {
             let r = match name {
                 Ok(n) => ctx.setxattr(ino(i), &n, value, flags).await,
                 Err(e) => Err(e),
             };
+            ctx.shared.dir_attrs.forget(ino(i));
             reply_empty(reply, r);
         });
     }
@@ -1026,12 +1059,14 @@ impl Filesystem for FskvFs {
             return reply.error(Errno::EPERM);
         }
         self.shared.absent_xattrs.forget(ino(i));
+        self.shared.dir_attrs.forget(ino(i));
         let (ctx, name) = (self.ctx(req), name_str(name));
         self.spawn("removexattr", tracing::debug_span!("removexattr", inode = i.0), async move {
             let r = match name {
                 Ok(n) => ctx.meta().remove_xattr(ino(i), &n).await.map_err(|e| FsError::from(e).for_xattr()),
                 Err(e) => Err(e),
             };
+            ctx.shared.dir_attrs.forget(ino(i));
             reply_empty(reply, r);
         });
     }
@@ -1090,6 +1125,7 @@ impl Filesystem for FskvFs {
                 Ok(n) => ctx.create(ino(parent), &n, mode & !umask, flags).await,
                 Err(e) => Err(e),
             };
+            ctx.entries_changed(ino(parent), r.is_ok());
             match r {
                 Ok((inode, fh)) => reply.created(&ctx.entry_ttl(), &ctx.attr_of(&inode), Generation(0), Fh(fh), FopenFlags::empty()),
                 Err(e) => reply.error(e.0),

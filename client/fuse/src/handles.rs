@@ -186,6 +186,104 @@ impl AbsentXattrCache {
     }
 }
 
+/// Attributes of directories as meta last gave them to this mount, kept
+/// for the attribute TTL. The kernel drops a directory's attributes
+/// whenever an entry in it is made or removed, and the next path walk
+/// through it asks for them again (its permission check): without this
+/// cache every create in a directory cost a `stat` round trip to meta.
+///
+/// | event in this mount | cached attributes of the directory |
+/// |---|---|
+/// | meta answered a `getattr` of it | kept, unless the cache changed while it was asked (an epoch, as the kernel's attribute version) |
+/// | create, mknod, symlink, link or unlink in it succeeded | mtime and ctime move to now |
+/// | mkdir, rmdir or rename anywhere, or a failed change in it | every entry dropped (link counts, moved parents) |
+/// | setattr, setxattr or removexattr on it | dropped |
+/// | older than the TTL | dropped; a reply's TTL is what is left of it |
+///
+/// So what the kernel sees is never older than one attribute TTL, as with
+/// its own cache; a change by another client shows within that bound.
+pub struct DirAttrCache {
+    dirs: Mutex<HashMap<InodeId, (fskv_proto::meta::Inode, std::time::Instant)>>,
+    /// Moved by every change: an answer asked for before one is not kept.
+    epoch: AtomicU64,
+    ttl: std::time::Duration,
+    max_entries: usize,
+}
+
+impl DirAttrCache {
+    pub fn new(ttl_ms: u64, max_entries: usize) -> Self {
+        DirAttrCache {
+            dirs: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(0),
+            ttl: std::time::Duration::from_millis(ttl_ms),
+            max_entries: max_entries.max(1),
+        }
+    }
+
+    /// The cached attributes of directory `id` and how long they stay valid.
+    pub fn get(&self, id: InodeId) -> Option<(fskv_proto::meta::Inode, std::time::Duration)> {
+        let mut dirs = self.dirs.lock();
+        let (inode, at) = dirs.get(&id)?;
+        match self.ttl.checked_sub(at.elapsed()) {
+            Some(left) if !left.is_zero() => Some((inode.clone(), left)),
+            _ => {
+                dirs.remove(&id);
+                None
+            }
+        }
+    }
+
+    /// Taken before asking meta; given back to [`DirAttrCache::note`].
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Meta's answer for `inode`, asked for at `epoch` (ignored unless a
+    /// directory, or if anything changed since).
+    pub fn note(&self, inode: &fskv_proto::meta::Inode, epoch: u64) {
+        if inode.dir().is_none() || self.ttl.is_zero() {
+            return;
+        }
+        let mut dirs = self.dirs.lock();
+        if self.epoch.load(Ordering::Acquire) != epoch {
+            return;
+        }
+        if dirs.len() >= self.max_entries && !dirs.contains_key(&inode.id) {
+            dirs.clear();
+        }
+        let mut fresh = inode.clone();
+        if let Some((old, _)) = dirs.get(&inode.id) {
+            // An answer read before a change this mount made must not
+            // take the change's times back.
+            fresh.mtime_ns = fresh.mtime_ns.max(old.mtime_ns);
+            fresh.ctime_ns = fresh.ctime_ns.max(old.ctime_ns);
+        }
+        dirs.insert(inode.id, (fresh, std::time::Instant::now()));
+    }
+
+    /// An entry of `dir` was made or removed at `now_ns`.
+    pub fn touched(&self, dir: InodeId, now_ns: u64) {
+        let mut dirs = self.dirs.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        if let Some((inode, _)) = dirs.get_mut(&dir) {
+            inode.mtime_ns = inode.mtime_ns.max(now_ns);
+            inode.ctime_ns = inode.ctime_ns.max(now_ns);
+        }
+    }
+
+    pub fn forget(&self, id: InodeId) {
+        let mut dirs = self.dirs.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        dirs.remove(&id);
+    }
+
+    pub fn clear(&self) {
+        let mut dirs = self.dirs.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        dirs.clear();
+    }
+}
+
 enum Slot {
     File(Arc<OpenFile>),
     Dir(Arc<OpenDir>),
@@ -277,5 +375,72 @@ impl HandleTable {
                 _ => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fskv_proto::meta::{Acl, DirData, Inode, InodeData, LayoutPolicy};
+
+    fn dir(id: u64, mode: u32, mtime_ns: u64) -> Inode {
+        let layout = LayoutPolicy { table_id: 1, table_version: 1, chunk_size_bytes: 4096, stripe_size: 1 };
+        Inode {
+            id: InodeId(id),
+            data: InodeData::Directory(DirData { parent: InodeId(1), name: format!("d{id}"), layout }),
+            acl: Acl { uid: 0, gid: 0, mode },
+            nlink: 2,
+            atime_ns: mtime_ns,
+            mtime_ns,
+            ctime_ns: mtime_ns,
+            version: 1,
+        }
+    }
+
+    #[test]
+    fn directory_attributes_follow_this_mounts_changes_and_refuse_answers_read_before_one() {
+        let cache = DirAttrCache::new(60_000, 16);
+        let d = dir(7, 0o755, 100);
+        assert!(cache.get(d.id).is_none());
+        cache.note(&d, cache.epoch());
+        let (got, ttl) = cache.get(d.id).expect("cached");
+        assert_eq!((got.mtime_ns, got.acl.mode), (100, 0o755));
+        assert!(ttl <= std::time::Duration::from_millis(60_000) && !ttl.is_zero());
+        // A create in it: the times move, never back.
+        cache.touched(d.id, 500);
+        cache.touched(d.id, 400);
+        let (got, _) = cache.get(d.id).unwrap();
+        assert_eq!((got.mtime_ns, got.ctime_ns), (500, 500));
+        // A later answer with older times keeps the change's times.
+        cache.note(&dir(7, 0o700, 300), cache.epoch());
+        let (got, _) = cache.get(d.id).unwrap();
+        assert_eq!((got.mtime_ns, got.acl.mode), (500, 0o700));
+        // An answer asked for before a change is not kept.
+        let before = cache.epoch();
+        cache.forget(d.id);
+        cache.note(&dir(7, 0o777, 900), before);
+        assert!(cache.get(d.id).is_none());
+        let before = cache.epoch();
+        cache.touched(InodeId(8), 1000);
+        cache.note(&dir(7, 0o777, 900), before);
+        assert!(cache.get(d.id).is_none());
+        // clear drops everything.
+        cache.note(&dir(7, 0o755, 100), cache.epoch());
+        cache.note(&dir(9, 0o755, 100), cache.epoch());
+        cache.clear();
+        assert!(cache.get(InodeId(7)).is_none() && cache.get(InodeId(9)).is_none());
+    }
+
+    #[test]
+    fn directory_attributes_expire_and_stay_bounded() {
+        let cache = DirAttrCache::new(0, 16);
+        cache.note(&dir(7, 0o755, 100), cache.epoch());
+        assert!(cache.get(InodeId(7)).is_none(), "a zero TTL keeps nothing");
+        let cache = DirAttrCache::new(60_000, 2);
+        for id in 1..=3 {
+            cache.note(&dir(id, 0o755, 100), cache.epoch());
+        }
+        assert!(cache.dirs.lock().len() <= 2);
+        assert!(cache.get(InodeId(3)).is_some());
     }
 }

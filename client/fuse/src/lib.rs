@@ -131,6 +131,7 @@ where
         handles: handles::HandleTable::new(cfg.max_open_handles),
         cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),
         absent_xattrs: handles::AbsentXattrCache::new(cfg.attr_ttl_ms, cfg.max_cache_stamps),
+        dir_attrs: handles::DirAttrCache::new(cfg.attr_ttl_ms, cfg.max_cache_stamps),
         cfg: cfg.clone(),
         usrbio: std::sync::OnceLock::new(),
         notifier: std::sync::OnceLock::new(),
