@@ -1127,7 +1127,12 @@ impl Filesystem for FskvFs {
             };
             ctx.entries_changed(ino(parent), r.is_ok());
             match r {
-                Ok((inode, fh)) => reply.created(&ctx.entry_ttl(), &ctx.attr_of(&inode), Generation(0), Fh(fh), FopenFlags::empty()),
+                Ok((inode, fh)) => {
+                    // A file this mount just made has no xattrs: the
+                    // capability probe before its first write is answered here.
+                    ctx.shared.absent_xattrs.note_new_inode(inode.id);
+                    reply.created(&ctx.entry_ttl(), &ctx.attr_of(&inode), Generation(0), Fh(fh), FopenFlags::empty())
+                }
                 Err(e) => reply.error(e.0),
             }
         });

@@ -178,6 +178,13 @@ impl AbsentXattrCache {
         seen.insert((inode, which), std::time::Instant::now());
     }
 
+    /// An inode this mount just created (it has no xattrs at all).
+    pub fn note_new_inode(&self, inode: InodeId) {
+        for which in 0..PROBED_XATTRS.len() {
+            self.note_absent(inode, which);
+        }
+    }
+
     pub fn forget(&self, inode: InodeId) {
         let mut seen = self.seen.lock();
         for which in 0..PROBED_XATTRS.len() {
