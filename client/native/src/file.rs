@@ -988,17 +988,23 @@ impl FileHandle {
         let end =
             offset.checked_add(data.len() as u64).ok_or_else(|| FileError::InvalidArgument(format!("write at {offset} overflows")))?;
         let _writing = self.shared.writes.read().await;
-        // Before the write: one that fails part way may have changed
-        // chunks, and a close that did not write skips measuring the
-        // length from storage (docs/meta.md, "File length").
-        self.shared.state.lock().wrote = true;
         let span = tracing::debug_span!("write_at", inode = %self.shared.inode, offset, len = data.len());
-        if let Err(e) = self.write_chunks(offset, data).instrument(span).await {
-            self.shared.state.lock().write_failed = true;
-            return Err(e);
-        }
+        self.tracked_write(self.write_chunks(offset, data).instrument(span)).await?;
         self.note_written(end);
         Ok(())
+    }
+
+    /// Runs a write of chunks, noting it for close: it counts as a write
+    /// before it is sent, and a failure (it may have changed chunks past
+    /// the written end) makes meta measure the length from storage at
+    /// close (docs/meta.md, "File length").
+    async fn tracked_write(&self, write: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+        self.shared.state.lock().wrote = true;
+        let r = write.await;
+        if r.is_err() {
+            self.shared.state.lock().write_failed = true;
+        }
+        r
     }
 
     /// Data up to `end` is written through this handle: the length and the
@@ -1079,7 +1085,7 @@ impl FileHandle {
         let _writing = self.shared.writes.read().await;
         let span =
             tracing::debug_span!("copy_from", inode = %self.shared.inode, src_inode = %src.shared.inode, src_offset, dst_offset, len);
-        self.copy_chunks(src, src_offset, dst_offset, len).instrument(span).await?;
+        self.tracked_write(self.copy_chunks(src, src_offset, dst_offset, len).instrument(span)).await?;
         self.note_written(dst_end);
         Ok(())
     }
