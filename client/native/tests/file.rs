@@ -310,6 +310,28 @@ async fn close_finds_a_chunk_past_the_initial_dynamic_stripe() {
     env.stop().await;
 }
 
+/// A write that fails part way may leave chunks past the handle's written
+/// end: its close must not claim that its writes settled, so meta measures
+/// the length on storage and the chunk that did land counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_close_after_a_failed_write_measures_the_length_on_storage() {
+    let env = Env::start_layout(FsClientConfig::default(), false, STRIPE, 1).await;
+    let h = env.fs.open("/half", OpenFlags::create_new()).await.expect("create");
+    // Chunk 0's chain loses its only target; chunk 1's chain is fine.
+    let chain0 = fskv_proto::meta::chain_for_chunk(h.layout(), 0).expect("chain of chunk 0");
+    let chain1 = fskv_proto::meta::chain_for_chunk(h.layout(), 1).expect("chain of chunk 1");
+    assert_ne!(chain0, chain1);
+    let target0 = TargetId(u64::from(chain0.0) * 10 + 1);
+    env.cluster.set_state(target0, PublicTargetState::Offline);
+    let data = pattern(3, CHUNK as usize + 100);
+    h.write_at(0, Bytes::from(data.clone())).await.expect_err("chunk 0 has no serving target");
+    let engine1 = env.cluster.engine(TargetId(u64::from(chain1.0) * 10 + 1)).expect("chunk 1's engine");
+    assert!(engine1.dump().expect("dump").iter().any(|(id, _)| id.inode == h.inode()), "chunk 1 landed");
+    env.cluster.set_state(target0, PublicTargetState::Serving);
+    assert_eq!(h.close().await.expect("close"), CHUNK + 100, "meta measured chunk 1 on storage");
+    env.stop().await;
+}
+
 /// `read_many_into`: many reads of several files in one call, into caller
 /// buffers — against `read_at` and a model: unaligned ranges across chunk
 /// boundaries, past EOF, entirely past EOF, holes as zeros and as errors
