@@ -227,8 +227,7 @@ impl Ctx {
     /// (it may have committed).
     fn entries_changed(&self, dir: InodeId, ok: bool) {
         if ok {
-            let now_ns = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-            self.shared.dir_attrs.touched(dir, now_ns);
+            self.shared.dir_attrs.touched(dir, ns_of(SystemTime::now()));
         } else {
             self.shared.dir_attrs.forget(dir);
         }

@@ -36,6 +36,15 @@ pub const BATCH_QUEUE_CAPACITY: usize = 4096;
 /// Last-chunk queries one close sends to storage at once (exact length).
 pub const LAST_CHUNK_QUERIES_IN_FLIGHT: usize = 16;
 
+/// What a closing handle says of its own writes (`MetaOp::Close`).
+#[derive(Clone, Copy)]
+struct OwnWrites {
+    session: u64,
+    wrote: bool,
+    settled: bool,
+    truncate_version: u64,
+}
+
 struct BatchItem {
     req: MetaRequest,
     prep: Prepared,
@@ -443,9 +452,8 @@ impl Inner {
         match &req.op {
             MetaOp::Create { write: true, .. } | MetaOp::Open { write: true, .. } => p.session = self.rng.lock().gen::<u64>() | 1,
             MetaOp::Close { inode, session, wrote, writes_settled, truncate_version, .. } => {
-                let known = !*wrote || (*writes_settled && self.at_truncate_version(*inode, *truncate_version).await?);
-                p.exact_length =
-                    if known && self.no_other_session(*inode, *session).await? { None } else { self.exact_length(*inode).await? };
+                let own = OwnWrites { session: *session, wrote: *wrote, settled: *writes_settled, truncate_version: *truncate_version };
+                p.exact_length = self.exact_length(*inode, own).await?;
             }
             MetaOp::Truncate { inode, length, session } => self.cut_chunks_first(req, &p, *inode, *length, *session).await?,
             MetaOp::StatFs => p.capacity = self.storage.capacity_bytes().await,
@@ -468,55 +476,40 @@ impl Inner {
         Ok(())
     }
 
-    /// Whether `inode` has no open write session but `session`. A close
-    /// whose own writes are known (none, or all settled: the hint is their
-    /// end) then needs no exact length from storage: every other handle
-    /// that wrote either closed (and set the exact length then) or still
-    /// holds a session (its close will). Read outside the transaction, like
-    /// the exact length: a writer that opens meanwhile sets the length at
-    /// its own close, and a close without an exact length takes the larger
-    /// of the stored length and the hint only at the handle's truncate
-    /// version (a truncate since cut what the handle wrote before it).
-    async fn no_other_session(&self, id: InodeId, session: u64) -> MetaResult<bool> {
-        let mut txn = self.engine.begin().await?;
-        let mut range = fskv_kv::RangeRequest::prefix(&session_prefix(id));
-        range.limit = 2;
-        let found = txn.snapshot_get_range(&range).await?;
-        let own = session_key(id, session);
-        Ok(found.kvs.iter().all(|(k, _)| k[..] == own[..]))
-    }
-
-    /// Whether the file's truncate version is still `version` (a handle
-    /// whose writes straddle a truncate by someone else must be measured).
-    async fn at_truncate_version(&self, id: InodeId, version: u64) -> MetaResult<bool> {
-        let mut txn = self.engine.begin().await?;
-        let key = inode_key(id);
-        let Some(raw) = txn.snapshot_get(&key).await? else { return Ok(false) };
-        let inode: Inode = decode(&key, &raw)?;
-        Ok(inode.file().is_some_and(|f| f.truncate_version == version))
-    }
-
-    /// The exact length of a chunked file from storage: the last chunk on
-    /// each of the first `dyn_stripe` chains (in shuffled order), doubling the
-    /// number of chains asked while the file may extend beyond them. Returned
-    /// with the truncate version it was measured at (Close refuses it when a
-    /// truncate committed since).
-    async fn exact_length(&self, id: InodeId) -> MetaResult<Option<(u64, u64)>> {
+    /// The exact length of a chunked file from storage, for a Close: the
+    /// last chunk on each of the first `dyn_stripe` chains (in shuffled
+    /// order), doubling the number of chains asked while the file may extend
+    /// beyond them. Returned with the truncate version it was measured at
+    /// (Close refuses it when a truncate committed since).
+    ///
+    /// `None` (Close keeps max(stored length, hint)) also when the closing
+    /// handle's own writes are known — none, or all settled at the file's
+    /// current truncate version — and no other write session is open: every
+    /// other handle that wrote either closed (setting the exact length then)
+    /// or still holds a session (its close will). Read outside the
+    /// transaction: a writer that opens meanwhile sets the length at its own
+    /// close, and a truncate since makes Close drop the hint.
+    async fn exact_length(&self, id: InodeId, own: OwnWrites) -> MetaResult<Option<(u64, u64)>> {
         if !self.storage.knows_lengths() {
             return Ok(None);
         }
-        let inode: Inode = {
-            let mut txn = self.engine.begin().await?;
-            let key = inode_key(id);
-            match txn.snapshot_get(&key).await? {
-                Some(raw) => decode(&key, &raw)?,
-                None => return Ok(None),
-            }
-        };
+        let mut txn = self.engine.begin().await?;
+        let key = inode_key(id);
+        let Some(raw) = txn.snapshot_get(&key).await? else { return Ok(None) };
+        let inode: Inode = decode(&key, &raw)?;
         let Some(f) = inode.file() else { return Ok(None) };
         if f.inline.is_some() {
             return Ok(None);
         }
+        if !own.wrote || (own.settled && f.truncate_version == own.truncate_version) {
+            let mut sessions = fskv_kv::RangeRequest::prefix(&session_prefix(id));
+            sessions.limit = 2;
+            let own_key = session_key(id, own.session);
+            if txn.snapshot_get_range(&sessions).await?.kvs.iter().all(|(k, _)| k[..] == own_key[..]) {
+                return Ok(None);
+            }
+        }
+        drop(txn);
         let shuffled = f.layout.shuffled_chains();
         let stripe = shuffled.len();
         let chunk = u64::from(f.layout.chunk_size_bytes);
