@@ -96,6 +96,14 @@ pub struct FrontConfig {
     /// Reach the gateway processes the front starts over Unix sockets (in a
     /// private temporary directory) rather than loopback TCP.
     pub unix_sockets: bool,
+    /// Hand accepted client connections on the routed listeners to the
+    /// gateway process their first request goes to (needs `unix_sockets`;
+    /// not with HTTPS): the front leaves that connection's data path.
+    pub hand_over_connections: bool,
+    /// A handed connection this old is closed after its next response
+    /// (`Connection: close`), so that clients that keep connections open
+    /// spread over the processes a pool has by then.
+    pub handed_connection_max_age_ms: u64,
     /// Threads of the front's async runtime (0: a quarter of the CPUs, at
     /// least 1). The front's work per request is small; on a machine whose
     /// cores the gateways and storage need, fewer threads hand work between
@@ -129,6 +137,8 @@ impl Default for FrontConfig {
             max_idle_connections_per_process: 64,
             max_retries: 1,
             unix_sockets: true,
+            hand_over_connections: true,
+            handed_connection_max_age_ms: fskv_gateway::handover::DEFAULT_HANDED_MAX_AGE_MS,
             worker_threads: 0,
             s3: ProtocolPools::default(),
             // One KV writer: each writer runs the maintenance (eviction, TTL,
@@ -211,6 +221,7 @@ impl FrontConfig {
             ("upstream_connect_timeout_ms", self.upstream_connect_timeout_ms),
             ("upstream_response_timeout_ms", self.upstream_response_timeout_ms),
             ("upstream_idle_timeout_ms", self.upstream_idle_timeout_ms),
+            ("handed_connection_max_age_ms", self.handed_connection_max_age_ms),
         ] {
             if v == 0 {
                 return Err(format!("front.{name} must be at least 1"));

@@ -90,6 +90,8 @@ pub struct FrontHandle {
     pub listeners: Vec<(&'static str, ListenMode, ServerHandle)>,
     pub admin: Option<ServerHandle>,
     pub pools: Vec<Arc<Pool>>,
+    /// The return sockets (Unix) of handed connections, stopped after the pools.
+    return_listeners: Vec<ServerHandle>,
     stop_grace: Duration,
     /// The gateway processes' Unix sockets (removed after the pools stop).
     _socket_dir: Option<tempfile::TempDir>,
@@ -110,6 +112,9 @@ impl FrontHandle {
         let bound = self.stop_grace + Duration::from_secs(2);
         let stops = self.pools.iter().map(|p| p.shutdown(bound));
         futures_join_all(stops).await;
+        for s in self.return_listeners {
+            s.stop().await;
+        }
         if let Some(a) = self.admin {
             a.stop().await;
         }
@@ -234,6 +239,11 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
             protocols.push(l.protocol);
         }
     }
+    // Connection handover (proxy::FrontProtocol's Handoff) needs the Unix
+    // socket directory for the return sockets; not over HTTPS (the TLS
+    // session is the front's).
+    let hand_over = cfg.hand_over_connections && opts.tls.is_none() && socket_dir.is_some();
+    let return_socket = |protocol: &str| socket_dir.as_ref().filter(|_| hand_over).map(|d| d.join(format!("{protocol}-front.sock")));
     let mut pools: Vec<Arc<Pool>> = Vec::new();
     let mut by_protocol: Vec<(&'static str, Arc<Pool>, Arc<Pool>)> = Vec::new();
     for spec in &protocols {
@@ -253,6 +263,10 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
                     args: gateway_args(&opts.launch, spec, role, writer_endpoint.as_deref()),
                     log_file,
                     socket_dir: socket_dir.clone(),
+                    handover: hand_over,
+                    return_socket: return_socket(spec.name),
+                    idle_timeout_ms: cfg.idle_timeout_ms,
+                    handed_max_age_ms: cfg.handed_connection_max_age_ms,
                 })
             } else {
                 Source::Static(upstreams.to_vec())
@@ -290,14 +304,38 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
         }
         Err(e)
     };
+    let auth_for = |spec: &ProtocolSpec| {
+        let services: Vec<&str> = if spec.sigv4_services.is_empty() { vec!["none"] } else { spec.sigv4_services.to_vec() };
+        Arc::new(Authenticator::new(Arc::clone(&keys), opts.launch.region.clone(), &services, true))
+    };
+    // The return sockets: requests of the other kind on a handed connection
+    // (a mutation on a connection handed to a reader) come back here and
+    // are routed as on the public listener.
+    let mut return_listeners = Vec::new();
+    for (name, readers, writers) in &by_protocol {
+        let (Some(path), Some(spec)) = (return_socket(name), protocols.iter().find(|p| p.name == *name)) else { continue };
+        let proto =
+            Arc::new(FrontProtocol::new(spec, ListenMode::Route, Arc::clone(readers), Arc::clone(writers), client.clone(), upstream));
+        let server_cfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), Role::Writer);
+        let server_cfg = ServerConfig { limits: opts.http.clone(), ..server_cfg };
+        match fskv_gateway::serve_unix(&path, server_cfg, proto, auth_for(spec), Arc::clone(&metrics)) {
+            Ok(h) => return_listeners.push((*name, ListenMode::Route, h)),
+            Err(e) => return fail(return_listeners, pools, FrontError::Setup(e.to_string())).await,
+        }
+    }
     for l in &opts.listeners {
         let Some((_, readers, writers)) = by_protocol.iter().find(|(n, _, _)| *n == l.protocol.name) else { continue };
         let proto = Arc::new(FrontProtocol::new(l.protocol, l.mode, Arc::clone(readers), Arc::clone(writers), client.clone(), upstream));
-        let services: Vec<&str> = if l.protocol.sigv4_services.is_empty() { vec!["none"] } else { l.protocol.sigv4_services.to_vec() };
-        let auth = Arc::new(Authenticator::new(Arc::clone(&keys), opts.launch.region.clone(), &services, true));
+        let auth = auth_for(l.protocol);
         let server_cfg =
             ServerConfig { listen: l.addr, role: Role::Writer, writer_endpoint: None, tls: opts.tls.clone(), limits: opts.http.clone() };
-        match fskv_gateway::serve(server_cfg, proto, auth, Arc::clone(&metrics)).await {
+        let served = if hand_over && l.mode == ListenMode::Route {
+            let handoff: Arc<dyn fskv_gateway::Handoff> = Arc::clone(&proto) as Arc<dyn fskv_gateway::Handoff>;
+            fskv_gateway::serve_with_handoff(server_cfg, proto, auth, Arc::clone(&metrics), handoff).await
+        } else {
+            fskv_gateway::serve(server_cfg, proto, auth, Arc::clone(&metrics)).await
+        };
+        match served {
             Ok(h) => {
                 tracing::info!(protocol = l.protocol.name, mode = l.mode.as_str(), addr = %h.addr, "front listening");
                 listener_status.push(admin::ListenerStatus {
@@ -307,7 +345,10 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
                 });
                 listeners.push((l.protocol.name, l.mode, h));
             }
-            Err(e) => return fail(listeners, pools, FrontError::Setup(e.to_string())).await,
+            Err(e) => {
+                listeners.extend(return_listeners);
+                return fail(listeners, pools, FrontError::Setup(e.to_string())).await;
+            }
         }
     }
     let admin = match opts.admin {
@@ -318,11 +359,22 @@ pub async fn start(opts: FrontOptions) -> Result<FrontHandle, FrontError> {
             let server_cfg = ServerConfig { listen: addr, role: Role::Writer, writer_endpoint: None, tls: None, limits: opts.http.clone() };
             match fskv_gateway::serve(server_cfg, proto, auth, Arc::clone(&metrics)).await {
                 Ok(h) => Some(h),
-                Err(e) => return fail(listeners, pools, FrontError::Setup(e.to_string())).await,
+                Err(e) => {
+                    listeners.extend(return_listeners);
+                    return fail(listeners, pools, FrontError::Setup(e.to_string())).await;
+                }
             }
         }
     };
-    Ok(FrontHandle { listeners, admin, pools, stop_grace: Duration::from_millis(cfg.stop_grace_ms), _socket_dir: temp_socket_dir })
+    let return_listeners = return_listeners.into_iter().map(|(_, _, h)| h).collect();
+    Ok(FrontHandle {
+        listeners,
+        return_listeners,
+        admin,
+        pools,
+        stop_grace: Duration::from_millis(cfg.stop_grace_ms),
+        _socket_dir: temp_socket_dir,
+    })
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 //! | rule | what |
 //! |---|---|
 //! | dispatch | the `Ready` process with the lowest id whose in-flight count is below `scale_up_in_flight`; else the least loaded `Ready` process below `max_in_flight_per_process` (load packs onto the oldest processes, so the newest go idle first when load falls) |
+//! | request that must not wait (`request_now`: a connection to hand over) | dispatched by the rule above when no request is held and a process has room; otherwise nothing changes (no hold, start or rejection) and the front proxies the connection instead |
 //! | hold | no `Ready` process can take it: the request waits in the FIFO queue (at most `max_queue`, each at most `queue_timeout_ms`); past either bound it is rejected (503 with `Retry-After`) |
 //! | reject at once | the pool may have no process (`max == 0`); a static pool with every upstream down; the front is shutting down |
 //! | scale up | `load` = requests in flight + queued; `wanted` = ⌈load / `scale_up_in_flight`⌉ clamped to `min..=max`; `active` = processes `Starting`, `Ready` or `Suspect`. With `active == 0` a process starts at once (cold start); otherwise an overload episode starts when `wanted > active`; once it is `scale_up_after_ms` old and the load wanted more for at least half of it, `wanted − active` start together. Dips (requests finishing before the next arrive) do not restart the wait; the episode ends after `scale_up_after_ms` without overload |
@@ -398,6 +399,20 @@ impl PoolMachine {
         }
         self.scale(now);
         admission
+    }
+
+    /// A request that must not wait (a client connection to hand over):
+    /// dispatched as [`PoolMachine::request`] would if a process can take it
+    /// now; otherwise nothing changes (no hold, no start, no rejection
+    /// counted) and the caller serves it another way.
+    pub fn request_now(&mut self, now: Instant) -> Option<ProcId> {
+        if self.shutting_down || !self.queue.is_empty() {
+            return None;
+        }
+        let id = self.pick()?;
+        self.dispatch_to(id);
+        self.scale(now);
+        Some(id)
     }
 
     /// A held request is no longer waiting (its client went away).
@@ -916,6 +931,32 @@ mod tests {
         let mut t = T::new(PoolSettings { max_processes: 0, min_processes: 0, ..settings() });
         assert_eq!(t.m.request(1, t.at(0)), Admission::Rejected(Reject::NoProcess));
         assert!(t.actions().is_empty());
+    }
+
+    #[test]
+    fn a_request_that_must_not_wait_is_dispatched_only_when_a_process_has_room() {
+        let mut t = T::new(settings());
+        assert_eq!(t.m.request_now(t.at(0)), None, "an empty pool: nothing to hand it to");
+        assert!(t.actions().is_empty(), "and nothing started for it");
+        assert_eq!((t.m.counters().queued, t.m.counters().rejected, t.m.counters().dispatched), (0, 0, 0));
+        warm(&mut t);
+        assert_eq!(t.m.request_now(t.at(30)), Some(0));
+        assert_eq!(t.m.requests_in_flight(), 1, "it holds its place like a request");
+        // Up to the hard cap (4 here); then none, and nothing is queued.
+        for _ in 0..3 {
+            assert_eq!(t.m.request_now(t.at(31)), Some(0));
+        }
+        assert_eq!(t.m.request_now(t.at(32)), None);
+        assert_eq!((t.m.queued(), t.m.counters().rejected), (0, 0));
+        // It counts as load: held past scale_up_after_ms, the pool grows.
+        t.m.tick(t.at(300));
+        assert_eq!(t.actions(), vec![Action::Start(1)]);
+        // Held requests come first.
+        assert_eq!(t.m.request(50, t.at(310)), Admission::Queued);
+        t.m.finished(0, t.at(320));
+        t.actions();
+        assert_eq!(t.m.request(51, t.at(330)), Admission::Queued);
+        assert_eq!(t.m.request_now(t.at(330)), None, "a held request is waiting");
     }
 
     fn warm(t: &mut T) {

@@ -14,6 +14,7 @@
 //! | `fskv_gateway_front_rejected_total` | counter | protocol, role (503s of the pool) |
 //! | `fskv_gateway_front_retries_total` | counter | protocol, role (idempotent reads sent again) |
 //! | `fskv_gateway_front_upstream_errors_total` | counter | protocol, role (a process failed a request before its response head) |
+//! | `fskv_gateway_front_handed_over_total` | counter | protocol, role (client connections passed to a process of the pool) |
 //! | `fskv_gateway_front_cold_start_seconds` | histogram 1 ms … 16 s | protocol, role (spawn to serving) |
 //! | `fskv_gateway_front_hold_seconds` | histogram 0.1 ms … 13 s | protocol, role (how long a request waited for a process; 0 when one was free) |
 
@@ -59,6 +60,7 @@ pub struct FrontMetrics {
     rejected: Family<PoolLabels, Counter>,
     retries: Family<PoolLabels, Counter>,
     upstream_errors: Family<PoolLabels, Counter>,
+    handed_over: Family<PoolLabels, Counter>,
     cold_start: Family<PoolLabels, Histogram, fn() -> Histogram>,
     hold: Family<PoolLabels, Histogram, fn() -> Histogram>,
 }
@@ -77,6 +79,7 @@ impl FrontMetrics {
             rejected: Family::default(),
             retries: Family::default(),
             upstream_errors: Family::default(),
+            handed_over: Family::default(),
             cold_start: Family::new_with_constructor(cold_start_histogram as fn() -> Histogram),
             hold: Family::new_with_constructor(hold_histogram as fn() -> Histogram),
         };
@@ -91,6 +94,7 @@ impl FrontMetrics {
         r.register("front_rejected", "Requests refused by a pool (503)", m.rejected.clone());
         r.register("front_retries", "Idempotent reads sent again after their process failed", m.retries.clone());
         r.register("front_upstream_errors", "Requests a gateway process failed before its response head", m.upstream_errors.clone());
+        r.register("front_handed_over", "Client connections handed over to a process of the pool", m.handed_over.clone());
         r.register("front_cold_start_seconds", "From spawning a gateway process to its serving", m.cold_start.clone());
         r.register("front_hold_seconds", "How long a request waited for a process", m.hold.clone());
         m
@@ -113,6 +117,7 @@ impl FrontMetrics {
             rejected: self.rejected.get_or_create_owned(&l),
             retries: self.retries.get_or_create_owned(&l),
             upstream_errors: self.upstream_errors.get_or_create_owned(&l),
+            handed_over: self.handed_over.get_or_create_owned(&l),
             cold_start: self.cold_start.get_or_create_owned(&l),
             hold: self.hold.get_or_create_owned(&l),
             synced: Counters::default(),
@@ -132,6 +137,7 @@ pub struct PoolMetrics {
     rejected: Counter,
     pub retries: Counter,
     pub upstream_errors: Counter,
+    pub handed_over: Counter,
     pub cold_start: Histogram,
     pub hold: Histogram,
     synced: Counters,

@@ -41,6 +41,17 @@ pub struct Launch {
     /// with `FSKV_GATEWAY_UNIX_SOCKET` = `DIR/<protocol>-<role>-<proc>.sock`
     /// and the front sends its requests there (None: over TCP to `--listen`).
     pub socket_dir: Option<PathBuf>,
+    /// Give each process a handover channel (`FSKV_GATEWAY_HANDOVER_FD`):
+    /// the front may pass it accepted client connections
+    /// ([`fskv_gateway::handover`]).
+    pub handover: bool,
+    /// The front's return socket for this protocol (`FSKV_GATEWAY_RETURN_SOCKET`).
+    pub return_socket: Option<PathBuf>,
+    /// The pool's idle timeout, passed as handed connections' idle timeout
+    /// (`FSKV_GATEWAY_HANDED_IDLE_MS`).
+    pub idle_timeout_ms: u64,
+    /// `handed_connection_max_age_ms` (`FSKV_GATEWAY_HANDED_MAX_AGE_MS`).
+    pub handed_max_age_ms: u64,
 }
 
 /// Where a pool's processes come from.
@@ -80,6 +91,8 @@ struct ProcEntry {
     tcp: Option<std::net::SocketAddr>,
     pid: Option<u32>,
     ctl: Option<watch::Sender<Ctl>>,
+    /// The front's end of the process's handover channel.
+    handover: Option<Arc<OwnedFd>>,
 }
 
 struct Inner {
@@ -135,7 +148,10 @@ impl Pool {
                 }
                 for (i, u) in upstreams.iter().enumerate() {
                     let authority: Authority = u.parse().map_err(|e| err(format!("upstream {u:?}: {e}")))?;
-                    procs.insert(i as ProcId, ProcEntry { authority: Some(authority), unix: None, tcp: None, pid: None, ctl: None });
+                    procs.insert(
+                        i as ProcId,
+                        ProcEntry { authority: Some(authority), unix: None, tcp: None, pid: None, ctl: None, handover: None },
+                    );
                 }
                 PoolKind::Static { upstreams: upstreams.len() }
             }
@@ -191,7 +207,7 @@ impl Pool {
             match a {
                 Action::Start(p) => {
                     let (tx, rx) = watch::channel(Ctl::Run);
-                    inner.procs.insert(p, ProcEntry { authority: None, unix: None, tcp: None, pid: None, ctl: Some(tx) });
+                    inner.procs.insert(p, ProcEntry { authority: None, unix: None, tcp: None, pid: None, ctl: Some(tx), handover: None });
                     tokio::spawn(Arc::clone(self).run_process(p, rx));
                 }
                 Action::Stop(p) | Action::Kill(p) => {
@@ -236,6 +252,32 @@ impl Pool {
                 }
             }
         }
+    }
+
+    /// A process for one request if one can take it at once, with its
+    /// handover channel; `None` otherwise, with nothing held, started or
+    /// counted (the connection is then proxied, and its first request held
+    /// and counted as usual). A handed connection holds the
+    /// ticket while it is open.
+    pub fn try_acquire_now(self: &Arc<Self>) -> Option<(Ticket, Arc<OwnedFd>)> {
+        let now = Instant::now();
+        let got = {
+            let mut inner = self.inner.lock();
+            let got = match inner.m.request_now(now) {
+                Some(p) => match inner.procs.get(&p).and_then(|e| Some((e.authority.clone()?, e.handover.clone()?))) {
+                    Some((authority, channel)) => Some((Target { proc: p, authority }, channel)),
+                    None => {
+                        inner.m.finished(p, now);
+                        None
+                    }
+                },
+                None => None,
+            };
+            self.after_event(&mut inner, now);
+            got
+        };
+        // The ticket is made outside the lock (its drop takes it).
+        got.map(|(target, channel)| (Ticket { pool: Arc::clone(self), target }, channel))
     }
 
     /// A process for one request: at once, or after being held; or why not.
@@ -328,7 +370,7 @@ impl Pool {
     async fn run_process(self: Arc<Self>, p: ProcId, mut ctl: watch::Receiver<Ctl>) {
         let Source::Managed(launch) = &self.source else { return };
         let socket = launch.socket_dir.as_ref().map(|d| d.join(format!("{}-{}-{p}.sock", self.protocol, self.role.as_str())));
-        let (mut child, mut ready) = match spawn_gateway(launch, socket.as_deref()) {
+        let (mut child, mut ready, channel) = match spawn_gateway(launch, socket.as_deref()) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(protocol = self.protocol, role = %self.role, proc = p, error = %e, program = %launch.program.display(), "cannot start a gateway process");
@@ -339,6 +381,7 @@ impl Pool {
         let pid = child.id();
         if let Some(e) = self.inner.lock().procs.get_mut(&p) {
             e.pid = pid;
+            e.handover = channel.map(Arc::new);
         }
         tracing::info!(protocol = self.protocol, role = %self.role, proc = p, pid, "gateway process started");
         // Until it serves (or exits, or is stopped first).
@@ -525,6 +568,10 @@ impl Pool {
     pub(crate) fn count_upstream_error(&self) {
         self.inner.lock().metrics.upstream_errors.inc();
     }
+
+    pub(crate) fn count_handed_over(&self) {
+        self.inner.lock().metrics.handed_over.inc();
+    }
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
@@ -634,6 +681,7 @@ pub struct ProcStatus {
 
 /// The environment variable through which a gateway started by the front
 /// reports its address (see `fskv_gateway::server::READY_FD_ENV`).
+pub use fskv_gateway::handover::{HANDED_IDLE_ENV, HANDED_MAX_AGE_ENV, HANDOVER_FD_ENV, RETURN_SOCKET_ENV};
 pub use fskv_gateway::server::{READY_FD_ENV, UNIX_SOCKET_ENV};
 
 /// A gateway's ready line: its TCP address, then `unix:PATH` when it also
@@ -674,11 +722,13 @@ impl UnixRoutes {
 }
 
 /// Spawns one gateway process with the write end of a pipe in
-/// [`READY_FD_ENV`]; returns the child and the read end.
+/// [`READY_FD_ENV`] (and, with `launch.handover`, one end of a handover
+/// channel in [`HANDOVER_FD_ENV`]); returns the child, the pipe's read end
+/// and the channel's other end.
 fn spawn_gateway(
     launch: &Launch,
     socket: Option<&std::path::Path>,
-) -> std::io::Result<(tokio::process::Child, tokio::net::unix::pipe::Receiver)> {
+) -> std::io::Result<(tokio::process::Child, tokio::net::unix::pipe::Receiver, Option<OwnedFd>)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -689,6 +739,18 @@ fn spawn_gateway(
     let wfd = write_end.as_raw_fd();
     let mut cmd = tokio::process::Command::new(&launch.program);
     cmd.args(&launch.args).env(READY_FD_ENV, wfd.to_string()).stdin(Stdio::null()).kill_on_drop(true);
+    let channel = if launch.handover { Some(fskv_gateway::handover::channel_pair()?) } else { None };
+    let child_channel_fd = channel.as_ref().map(|(_, theirs)| theirs.as_raw_fd());
+    match child_channel_fd {
+        Some(fd) => cmd.env(HANDOVER_FD_ENV, fd.to_string()),
+        None => cmd.env_remove(HANDOVER_FD_ENV),
+    };
+    match &launch.return_socket {
+        Some(path) => cmd.env(RETURN_SOCKET_ENV, path),
+        None => cmd.env_remove(RETURN_SOCKET_ENV),
+    };
+    cmd.env(HANDED_IDLE_ENV, launch.idle_timeout_ms.to_string());
+    cmd.env(HANDED_MAX_AGE_ENV, launch.handed_max_age_ms.to_string());
     match socket {
         Some(path) => cmd.env(UNIX_SOCKET_ENV, path),
         None => cmd.env_remove(UNIX_SOCKET_ENV),
@@ -709,6 +771,12 @@ fn spawn_gateway(
             if libc::fcntl(wfd, libc::F_SETFD, 0) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
+            // So does the gateway's end of the handover channel.
+            if let Some(fd) = child_channel_fd {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             // Die with the front.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
             Ok(())
@@ -717,7 +785,8 @@ fn spawn_gateway(
     let child = cmd.spawn()?;
     drop(write_end);
     let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read_end)?;
-    Ok((child, rx))
+    // The gateway's end is closed here (the child has its copy).
+    Ok((child, rx, channel.map(|(mine, _theirs)| mine)))
 }
 
 /// Reads the gateway's `ADDRESS[ unix:PATH]\n` (at most 1 KiB).

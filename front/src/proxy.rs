@@ -319,6 +319,56 @@ impl FrontProtocol {
     }
 }
 
+/// The front's side of connection handover ([`fskv_gateway::handover`]):
+/// a `Route` listener passes a connection to a process of the pool its
+/// first request goes to, when one can take it at once and has a handover
+/// channel; the connection holds that request's place on the process
+/// (counted in flight, so the pool scales by open connections and does not
+/// stop the process) until the process closes it. Anything else (a
+/// `Readers` listener, a pool of static upstreams, a cold or full pool, a
+/// channel that cannot take it now) is given back and proxied per request.
+impl fskv_gateway::Handoff for FrontProtocol {
+    fn offer<'a>(
+        &'a self,
+        head: &'a Parts,
+        stream: tokio::net::TcpStream,
+    ) -> Pin<Box<dyn Future<Output = Option<tokio::net::TcpStream>> + Send + 'a>> {
+        Box::pin(async move {
+            if self.mode != ListenMode::Route {
+                return Some(stream);
+            }
+            let pool = self.pool_for((self.spec.classify)(head).access);
+            let Some((ticket, channel)) = pool.try_acquire_now() else { return Some(stream) };
+            let (mut mine, theirs) =
+                match tokio::net::UnixStream::pair().and_then(|(m, t)| Ok((m, std::os::fd::OwnedFd::from(t.into_std()?)))) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no liveness socket pair for a handover; proxying the connection");
+                        return Some(stream);
+                    }
+                };
+            use std::os::fd::AsFd;
+            if let Err(e) = fskv_gateway::handover::send_connection(channel.as_fd(), stream.as_fd(), theirs.as_fd()) {
+                if e.kind() != std::io::ErrorKind::WouldBlock {
+                    tracing::warn!(upstream = %ticket.target.authority, error = %e, "handing a connection over failed; proxying it");
+                    ticket.connect_failed();
+                }
+                return Some(stream);
+            }
+            pool.count_handed_over();
+            drop((stream, theirs));
+            tokio::spawn(async move {
+                // Ends when the process closed its end: the connection is over
+                // (or the process is gone).
+                let mut one = [0u8; 1];
+                let _ = tokio::io::AsyncReadExt::read(&mut mine, &mut one).await;
+                drop(ticket);
+            });
+            None
+        })
+    }
+}
+
 /// Headers that belong to one connection, not to the request.
 const HOP_BY_HOP: [&str; 4] = ["connection", "keep-alive", "proxy-connection", "upgrade"];
 

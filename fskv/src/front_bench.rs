@@ -17,6 +17,10 @@
 //! `UNSIGNED-PAYLOAD`; service `s3` or `kv`) by this process for both sides; failed requests are
 //! counted (the goal is zero). Pools keep their processes for the whole run
 //! (`idle_timeout_ms` 10 min), so cold starts are not in the throughput.
+//! Every measurement opens its own connections, so through the front each is
+//! handed over (`[front] hand_over_connections`, the default) to a process
+//! of the pool its first request goes to; the report gives the connections
+//! the front handed over and proxied.
 
 use anyhow::{bail, Context};
 use aws_sigv4::http_request::{sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings};
@@ -79,6 +83,11 @@ pub struct FrontBenchArgs {
     /// Throughput workloads to run: put4k, get4k, get-large (S3), kvget1k (KV native API).
     #[arg(long, value_delimiter = ',', default_value = "put4k,get4k,get-large,kvget1k")]
     workloads: Vec<String>,
+    /// Run the `fskv up` front without connection handover
+    /// (`[front] hand_over_connections = false`: every request proxied), the
+    /// baseline of what handover changes.
+    #[arg(long)]
+    proxy_only: bool,
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -145,6 +154,9 @@ pub struct FrontBenchReport {
     pub summary: Vec<Summary>,
     pub cold_starts: Vec<ColdStart>,
     pub load_steps: Vec<LoadStep>,
+    /// Client connections the `fskv up` front handed over to its gateway
+    /// processes during the throughput runs (its `/metrics`).
+    pub handed_over_connections: f64,
     pub errors: Vec<String>,
 }
 
@@ -195,6 +207,7 @@ impl fmt::Display for FrontBenchReport {
         }
         let errors: u64 = self.throughput.iter().map(|t| t.errors).sum();
         writeln!(f, "failed requests in the throughput runs: {errors}")?;
+        writeln!(f, "client connections the front handed over to its gateway processes: {}", self.handed_over_connections)?;
         if !self.cold_starts.is_empty() {
             self.fmt_cold_starts(f)?;
         }
@@ -262,6 +275,14 @@ impl S3 {
         conn.set_nodelay(true);
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(1024).build(conn);
         S3 { ak: ak.to_string(), sk: sk.to_string(), service: "s3", client }
+    }
+
+    /// The same keys and service with a client of its own (no pooled connection).
+    fn fresh(&self) -> S3 {
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(1024).build(conn);
+        S3 { client, ..self.clone() }
     }
 
     /// The same client signing for another service (`kv`).
@@ -552,7 +573,9 @@ async fn measure(
     errors: &mut Vec<String>,
 ) -> Throughput {
     let dur = Duration::from_secs_f64(args.seconds);
-    let (s3c, h) = (s3.clone(), host.to_string());
+    // New connections per measurement: through the front, each is handed
+    // over to a process of the pool its first request (this workload's) goes to.
+    let (s3c, h) = (s3.fresh(), host.to_string());
     let small = Bytes::from(vec![0x5au8; 4096]);
     let tag = format!("{target}{round}");
     let (ops, bytes, errs, elapsed, first) = match w {
@@ -684,7 +707,12 @@ pub async fn run(args: FrontBenchArgs) -> anyhow::Result<()> {
 
 async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result<FrontBenchReport> {
     let (up_cfg, scale_cfg) = (work.join("up.toml"), work.join("scale.toml"));
-    std::fs::write(&up_cfg, UP_CONFIG)?;
+    let up_config = if args.proxy_only {
+        UP_CONFIG.replacen("[front]\n", "[front]\nhand_over_connections = false\n", 1)
+    } else {
+        UP_CONFIG.to_string()
+    };
+    std::fs::write(&up_cfg, up_config)?;
     std::fs::write(&scale_cfg, SCALE_CONFIG)?;
     let data = work.join("data");
     let base = free_base(args.base_port);
@@ -769,6 +797,8 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
             }
         }
     }
+    let handed_over_connections = handed_over(&s3, &front).await;
+    eprintln!("bench front: the front handed {handed_over_connections} client connections over to its gateway processes");
     let mut summary = Vec::new();
     for &w in &workloads {
         let name = w.name(args.large_mib);
@@ -822,6 +852,21 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
         summary,
         cold_starts,
         load_steps,
+        handed_over_connections,
         errors,
     })
+}
+
+/// `fskv_gateway_front_handed_over_total`, summed over the pools, from the
+/// front listener's `/metrics` (0 when it cannot be read).
+async fn handed_over(s3: &S3, host: &str) -> f64 {
+    let Ok(uri) = format!("http://{host}/metrics").parse::<http::Uri>() else { return 0.0 };
+    let Ok(Ok(resp)) = tokio::time::timeout(REQUEST_TIMEOUT, s3.client.get(uri)).await else { return 0.0 };
+    let Ok(body) = resp.into_body().collect().await else { return 0.0 };
+    let name = "fskv_gateway_front_handed_over_total{";
+    String::from_utf8_lossy(&body.to_bytes())
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b)
 }

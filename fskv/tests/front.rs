@@ -1,9 +1,10 @@
 //! The front through `fskv up` (real processes: the cluster, the front, the
 //! gateway processes it starts): a request to an empty pool succeeds; a
 //! burst of reads scales the reader pool up and, after the idle timeout,
-//! back to zero, with no request failing on the way up or down; writes
-//! never reach a reader (the front's per-pool counts and the reader
-//! processes' own metrics); SigV4 verifies through the front (header and
+//! back to zero, with no request failing on the way up or down; client
+//! connections are handed over to the gateway processes, and writes never
+//! reach a reader (the reader processes' own metrics: a write on a
+//! connection handed to a reader goes back through the front); SigV4 verifies through the front (header and
 //! presigned; a wrong secret is refused by the gateway behind it); the
 //! read-only endpoint refuses writes; a reader killed with SIGKILL in the
 //! middle of a response or of a stream of requests gives clean errors or
@@ -35,6 +36,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONFIG: &str = r#"
 [front]
 idle_timeout_ms = 1500
+# Handed connections are not recycled during the test, so that which reader
+# a client's connection lands on stays put while the pools scale down.
+handed_connection_max_age_ms = 60000
 scale_up_in_flight = 2
 scale_up_after_ms = 50
 queue_timeout_ms = 20000
@@ -315,12 +319,17 @@ async fn scenario(data: &Path, base: u16) {
     println!("burst: {reads} reads, {writes} writes; at most {most_readers} reader processes");
     assert!(most_readers >= 2, "the reader pool did not grow under {reads} reads from 10 clients (scale_up_in_flight 2)");
 
-    // ---- Writes never reach a reader: the front's counts, and the readers' own metrics.
+    // ---- Writes never reach a reader: the readers' own metrics. The burst's
+    // connections were handed over to the processes (the pools count them,
+    // not their requests); a mutation on a connection handed to a reader
+    // went back through the front to the writers (`forwarded_to_writers`).
     let after = status(&admin).await;
     let (r, w) = (pool(&after, "reader"), pool(&after, "writer"));
-    assert_eq!(r.requests - pool(&before, "reader").requests, reads, "every read, and only reads, went to the reader pool");
-    assert_eq!(w.requests - pool(&before, "writer").requests, writes, "every write, and only writes, went to the writer pool");
-    let mut scraped = 0;
+    assert!(r.requests > pool(&before, "reader").requests && w.requests > pool(&before, "writer").requests, "{after:#?}");
+    let front_text = scrape(&host).await.expect("front /metrics");
+    let handed = metric_sum(&front_text, "fskv_gateway_front_handed_over_total", &[("protocol", "s3")]);
+    assert!(handed >= 1.0, "no connection of the burst was handed over: {front_text}");
+    let (mut scraped, mut served_gets, mut forwarded) = (0, 0.0, 0.0);
     for addr in &reader_addrs {
         // A reader stopped meanwhile has nothing to scrape; the live ones must show no mutation.
         let Some(text) = scrape(addr).await else { continue };
@@ -334,15 +343,55 @@ async fn scenario(data: &Path, base: u16) {
             0.0,
             "a write reached reader {addr}"
         );
-        assert!(metric_sum(&text, "fskv_gateway_requests_total", &[("route", "GetObject")]) > 0.0, "reader {addr} served no GET");
+        served_gets += metric_sum(&text, "fskv_gateway_requests_total", &[("route", "GetObject")]);
+        forwarded += metric_sum(&text, "fskv_gateway_requests_total", &[("route", "forwarded_to_writers")]);
     }
     assert!(scraped >= 1, "no reader process to scrape among {reader_addrs:?}");
+    assert!(served_gets > 0.0, "the readers served no GET");
+    println!("burst: {handed} connections handed over; readers served {served_gets} GETs and sent {forwarded} writes back to the writers");
+
+    // ---- One client connection whose first request (a GET) had it handed to
+    // a reader, then a PUT on it: the reader sends the PUT back through the
+    // front to the writers (SigV4 still verifies there); the GET after it sees it.
+    let sent_back_before = sent_back_by_reader(&admin).await;
+    let stream = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let (mut one, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mixed = pattern(10_000, 3);
+    for (method, target, body, want) in [
+        (Method::GET, "/frontb/small", Bytes::new(), Some(small.clone())),
+        (Method::PUT, "/frontb/mixed", mixed.clone(), None),
+        (Method::GET, "/frontb/mixed", Bytes::new(), Some(mixed.clone())),
+        (Method::DELETE, "/frontb/mixed", Bytes::new(), None),
+    ] {
+        one.ready().await.expect("the one connection is still open");
+        let resp = tokio::time::timeout(REQUEST_TIMEOUT, one.send_request(s3.signed(&method, target, body, &s3.sk)))
+            .await
+            .expect("a response on the one connection")
+            .unwrap();
+        let status = resp.status();
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(status.is_success(), "{method} {target} on the one connection: {status} {}", String::from_utf8_lossy(&got));
+        if let Some(want) = want {
+            assert_eq!(got, want, "{method} {target}");
+        }
+    }
+    drop(one);
+    let _ = conn.await;
+    let (s, _) = s3.send(Method::GET, "/frontb/mixed", Bytes::new()).await.unwrap();
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let sent_back = sent_back_by_reader(&admin).await;
+    let most = sent_back.iter().map(|(a, n)| n - sent_back_before.get(a).copied().unwrap_or(0.0)).fold(0.0, f64::max);
+    assert!(most >= 2.0, "the PUT and the DELETE on the handed connection went back to the writers: {sent_back_before:?} → {sent_back:?}");
 
     // ---- Scale down under a trickle of reads: the extra readers drain and stop, no read fails.
+    // A client of its own, so that its connection is handed to a reader by
+    // its first request (the burst's pooled connections may be a writer's).
+    let trickler = S3::new(&host, &s3.ak, &s3.sk);
     let trickle_end = Instant::now() + Duration::from_millis(IDLE_MS * 2 + 1_500);
     let mut trickled = 0;
     while Instant::now() < trickle_end {
-        assert_eq!(s3.ok(Method::GET, "/frontb/small", Bytes::new()).await, small);
+        assert_eq!(trickler.ok(Method::GET, "/frontb/small", Bytes::new()).await, small);
         trickled += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -376,6 +425,21 @@ async fn scenario(data: &Path, base: u16) {
     assert!(metric_sum(&text, "fskv_gateway_front_crashes_total", &[("role", "reader")]) >= 1.0);
     assert!(text.contains("fskv_gateway_front_cold_start_seconds_count"));
     println!("reads retried on another process after a failure: {}", metric_sum(&text, "fskv_gateway_front_retries_total", &[]));
+}
+
+/// Per live reader process: the requests it sent back through the front
+/// (`forwarded_to_writers`); asserts it served no mutation itself.
+async fn sent_back_by_reader(admin: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for p in &pool(&status(admin).await, "reader").processes {
+        let Some(addr) = &p.address else { continue };
+        let Some(text) = scrape(addr).await else { continue };
+        for route in MUTATIONS {
+            assert_eq!(metric_sum(&text, "fskv_gateway_requests_total", &[("route", route)]), 0.0, "reader {addr} served a {route}");
+        }
+        out.insert(addr.clone(), metric_sum(&text, "fskv_gateway_requests_total", &[("route", "forwarded_to_writers")]));
+    }
+    out
 }
 
 fn kill9(pid: u32) {

@@ -9,6 +9,7 @@
 //! | writes never reach a reader | after the writes, the reader pools have served no request and have no process; receives (state changes) went to the MQ writer pool |
 //! | the read-only ports refuse writes as a direct reader does | a PUT to P+6 (KV) and P+8 (Consul) gets the status, code and message of the same PUT sent straight to the reader process |
 //! | `fskv admin status --front` shows the pools | its output names the `kv`, `consul` and `mq` pools |
+//! | a connection handed over to a gateway process is recycled | keep-alive GETs on one raw connection to P+1: after `handed_connection_max_age_ms` (1 s here) a response carries `Connection: close` and the process closes the connection; the front counts the handover |
 //!
 //! `fskv/tests/kv_gateway.rs` and deploy/{kv,mq}-conformance.sh run their
 //! whole suites through the same front.
@@ -31,6 +32,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const CONFIG: &str = r#"
 [front]
 queue_timeout_ms = 30000
+handed_connection_max_age_ms = 1000
 
 [front.kv]
 reader = { min = 0, max = 2 }
@@ -99,6 +101,56 @@ impl Http {
     }
 }
 
+/// Keep-alive GETs on one raw connection to the routed KV port (handed to
+/// the KV reader by its first request): within a bound after the 1 s max
+/// age, a response says `Connection: close` and the connection ends; every
+/// response before it was a whole, correct value.
+async fn handed_connection_is_recycled(kv: &str, bearer: &str, value: &Bytes) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(kv).await.unwrap();
+    let req = format!("GET /v1/kv/front/k1 HTTP/1.1\r\nHost: {kv}\r\nAuthorization: {bearer}\r\n\r\n");
+    let start = std::time::Instant::now();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut responses = 0;
+    loop {
+        assert!(start.elapsed() < Duration::from_secs(5), "no `Connection: close` within 5 s ({responses} responses)");
+        s.write_all(req.as_bytes()).await.unwrap();
+        // One response: the head, then Content-Length bytes.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(REQUEST_TIMEOUT, s.read(&mut chunk)).await.expect("a response").unwrap();
+            assert!(n > 0, "the connection closed before a response head ({responses} responses)");
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        let len: usize =
+            head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).expect("Content-Length");
+        while buf.len() < head_end + len {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(REQUEST_TIMEOUT, s.read(&mut chunk)).await.expect("a body").unwrap();
+            assert!(n > 0, "the body was cut");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        assert_eq!(&buf[head_end..head_end + len], &value[..]);
+        buf.drain(..head_end + len);
+        responses += 1;
+        if head.lines().any(|l| l.trim() == "connection: close") {
+            let took = start.elapsed();
+            assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the 1 s max age");
+            let mut rest = [0u8; 16];
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut rest)).await.expect("the connection stays open").unwrap_or(0);
+            assert_eq!(n, 0, "bytes after `Connection: close`");
+            println!("handed connection recycled after {took:?} and {responses} responses");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn pool<'a>(st: &'a FrontStatus, protocol: &str, role: &str) -> &'a PoolStatus {
     st.pools.iter().find(|p| p.protocol == protocol && p.role == role).unwrap_or_else(|| panic!("no {protocol} {role} pool: {st:#?}"))
 }
@@ -129,8 +181,12 @@ async fn scenario(data: &Path, base: u16) {
     let admin = port(10);
     let token = e["bearer_token"].as_str().unwrap().to_string();
     let bearer = format!("Bearer {token}");
+    // A connection per request: through the front a connection is handed
+    // over to the pool of its first request, and every later request on it
+    // goes where it went; with one request each, the pools' counts are the
+    // requests' routing.
     let h = Http {
-        client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new()),
+        client: Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(0).build(HttpConnector::new()),
         ak: e["access_key"].as_str().unwrap().to_string(),
         sk: e["secret_key"].as_str().unwrap().to_string(),
     };
@@ -232,6 +288,18 @@ async fn scenario(data: &Path, base: u16) {
     // A receive on the read-only port is refused by the reader (it would change the queue).
     let (s, v) = h.sqs(&port(7), "ReceiveMessage", serde_json::json!({"QueueUrl": url}), &sk).await;
     assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+
+    // ---- A connection handed over to the KV reader is recycled after its max age.
+    handed_connection_is_recycled(&kv, &bearer, &value).await;
+    let front_metrics = h.ok(Http::plain(Method::GET, &kv, "/metrics", &[], Bytes::new())).await;
+    let handed: f64 = String::from_utf8_lossy(&front_metrics)
+        .lines()
+        .filter(|l| {
+            l.starts_with("fskv_gateway_front_handed_over_total{") && l.contains("protocol=\"kv\"") && l.contains("role=\"reader\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(0.0, |a, b| a + b);
+    assert!(handed >= 1.0, "the raw connection was handed to the KV reader pool: {}", String::from_utf8_lossy(&front_metrics));
 
     // ---- `fskv admin status --front` shows the new pools.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fskv")).args(["admin", "status", "--front", &admin]).output().unwrap();

@@ -226,6 +226,7 @@ pin_project! {
     enum Kind<B> {
         Handler { #[pin] body: B },
         Full { data: Option<Bytes> },
+        Forwarded { #[pin] body: hyper::body::Incoming },
     }
 }
 
@@ -244,6 +245,12 @@ impl<B> ResponseBody<B> {
     pub(crate) fn handler(body: B, finish: Finish) -> Self {
         let bytes_out = finish.metrics.body_bytes_out.get_or_create_owned(&RouteLabels { protocol: finish.protocol, route: finish.route });
         ResponseBody { kind: Kind::Handler { body }, bytes_out: Some(bytes_out), finish: Some(finish) }
+    }
+
+    /// The front's response to a request sent back through its return socket.
+    pub(crate) fn forwarded(body: hyper::body::Incoming, finish: Finish) -> Self {
+        let bytes_out = finish.metrics.body_bytes_out.get_or_create_owned(&RouteLabels { protocol: finish.protocol, route: finish.route });
+        ResponseBody { kind: Kind::Forwarded { body }, bytes_out: Some(bytes_out), finish: Some(finish) }
     }
 
     pub(crate) fn full(data: Bytes, finish: Finish) -> Self {
@@ -270,6 +277,12 @@ where
                 Poll::Pending => Poll::Pending,
             },
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Forwarded { body } => match body.poll_frame(cx) {
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e) as BoxError))),
+                Poll::Ready(Some(Ok(f))) => Poll::Ready(Some(Ok(f))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
         };
         match &r {
             Poll::Ready(Some(Ok(f))) => {
@@ -290,6 +303,7 @@ where
         match &self.kind {
             Kind::Handler { body } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
+            Kind::Forwarded { body } => body.is_end_stream(),
         }
     }
 
@@ -297,6 +311,7 @@ where
         match &self.kind {
             Kind::Handler { body } => body.size_hint(),
             Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Forwarded { body } => body.size_hint(),
         }
     }
 }

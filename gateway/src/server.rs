@@ -22,6 +22,7 @@ use crate::body::{BoxError, Finish, RequestBody, ResponseBody};
 use crate::config::{HttpLimits, MetricsEndpoint, Role, ServerConfig};
 use crate::conn::{ConnClock, Signal, Sweeper, TimedIo, Timeouts};
 use crate::error::{AuthError, GatewayError};
+use crate::handover::Handoff;
 use crate::metrics::{self, Metrics, ProtocolLabels, ReasonLabels, RouteLabels};
 use crate::route::{guard, AuthPolicy, Route};
 use bytes::Bytes;
@@ -35,6 +36,8 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -141,6 +144,17 @@ struct Inner<P> {
     id_header: HeaderName,
     sweeper: Arc<Sweeper>,
     timeouts: Timeouts,
+    /// The front's hook for handing accepted TCP connections to gateway
+    /// processes ([`crate::handover`]); `None` in gateways.
+    handoff: Option<Arc<dyn Handoff>>,
+    /// The front's return socket, for requests of the other role on handed
+    /// connections (a gateway process started by the front).
+    return_socket: Option<PathBuf>,
+    /// The idle timeout of handed connections (the front's pool idle
+    /// timeout: an idle client connection must not keep the process alive).
+    handed_idle: Option<Duration>,
+    /// A handed connection this old is closed after its next response.
+    handed_max_age: Duration,
 }
 
 /// A running server. [`ServerHandle::stop`] stops it gracefully; dropping
@@ -155,15 +169,21 @@ pub struct ServerHandle {
     conns: Arc<Semaphore>,
     max_connections: u32,
     grace: Duration,
+    /// The loop receiving handed connections ([`crate::handover`]), if any.
+    handover: Option<tokio::task::JoinHandle<()>>,
+    _file: Option<UnixSocketFile>,
 }
 
 impl ServerHandle {
     /// Stops accepting, lets requests in flight finish (idle connections
     /// close at once) for up to `shutdown_grace_ms`, then closes the rest.
     pub async fn stop(self) {
-        let ServerHandle { state, accept, accept_unix, sweep, conns, max_connections, grace, .. } = self;
+        let ServerHandle { state, accept, accept_unix, sweep, conns, max_connections, grace, handover, .. } = self;
         let _ = state.send(RunState::Draining);
         let _ = accept.await;
+        if let Some(h) = handover {
+            let _ = h.await;
+        }
         if let Some((a, _file)) = accept_unix {
             let _ = a.await;
         }
@@ -196,6 +216,55 @@ pub async fn serve<P: Protocol>(
     serve_on(listener, cfg, protocol, auth, metrics)
 }
 
+/// Binds `cfg.listen` and serves `protocol`, offering each plain-TCP
+/// connection's first request head to `handoff` first (the front: see
+/// [`crate::handover`]); a connection it gives back is served here.
+pub async fn serve_with_handoff<P: Protocol>(
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+    handoff: Arc<dyn Handoff>,
+) -> Result<ServerHandle, GatewayError> {
+    let listener = TcpListener::bind(cfg.listen).await.map_err(|e| GatewayError::Setup(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    let addr = listener.local_addr().map_err(|e| GatewayError::Setup(format!("listener address: {e}")))?;
+    start(listener, addr, None, cfg, protocol, auth, metrics, Extras { handoff: Some(handoff), ..Extras::default() })
+}
+
+/// Serves `protocol` on a Unix socket at `path` only (it must not exist;
+/// removed when the server stops). The front's return socket.
+pub fn serve_unix<P: Protocol>(
+    path: &std::path::Path,
+    cfg: ServerConfig,
+    protocol: Arc<P>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+) -> Result<ServerHandle, GatewayError> {
+    let l =
+        UnixListener::bind(path).map_err(|e| GatewayError::Setup(format!("cannot listen on the Unix socket {}: {e}", path.display())))?;
+    let file = UnixSocketFile(path.to_path_buf());
+    start(
+        UnixAccept(l),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        cfg,
+        protocol,
+        auth,
+        metrics,
+        Extras { file: Some(file), ..Extras::default() },
+    )
+}
+
+/// What some servers have besides a listener.
+#[derive(Default)]
+struct Extras {
+    handoff: Option<Arc<dyn Handoff>>,
+    /// A gateway process's handover channel and the front's return socket.
+    channel: Option<(OwnedFd, Option<PathBuf>)>,
+    /// The Unix socket file of a server that listens only there.
+    file: Option<UnixSocketFile>,
+}
+
 /// Serves on a listener the caller bound (`cfg.listen` is then ignored).
 /// Also serves on the Unix socket named by [`UNIX_SOCKET_ENV`] and reports
 /// readiness on [`READY_FD_ENV`] (a gateway process started by the front).
@@ -215,7 +284,8 @@ pub fn serve_on<P: Protocol>(
             Some((UnixAccept(l), UnixSocketFile(path)))
         }
     };
-    let handle = start(listener, addr, unix, cfg, protocol, auth, metrics)?;
+    let channel = crate::handover::channel_from_env().map(|fd| (fd, crate::handover::return_socket_from_env()));
+    let handle = start(listener, addr, unix, cfg, protocol, auth, metrics, Extras { channel, ..Extras::default() })?;
     notify_ready(addr, handle.accept_unix.as_ref().map(|(_, f)| f.0.as_path()));
     Ok(handle)
 }
@@ -230,9 +300,10 @@ pub fn serve_listener<P: Protocol, L: Listener>(
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
 ) -> Result<ServerHandle, GatewayError> {
-    start(listener, addr, None, cfg, protocol, auth, metrics)
+    start(listener, addr, None, cfg, protocol, auth, metrics, Extras::default())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn start<P: Protocol, L: Listener>(
     listener: L,
     addr: SocketAddr,
@@ -241,8 +312,18 @@ fn start<P: Protocol, L: Listener>(
     protocol: Arc<P>,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
+    extras: Extras,
 ) -> Result<ServerHandle, GatewayError> {
     cfg.limits.validate().map_err(GatewayError::Setup)?;
+    let Extras { handoff, channel, file } = extras;
+    let (channel, return_socket, handed_idle) = match channel {
+        Some((fd, ret)) => (
+            Some(crate::handover::Channel::new(fd).map_err(|e| GatewayError::Setup(format!("handover channel: {e}")))?),
+            ret,
+            crate::handover::handed_idle_from_env(),
+        ),
+        None => (None, None, None),
+    };
     let tls = cfg.tls.as_ref().map(crate::tls::acceptor).transpose()?;
     let max_connections = cfg.limits.max_connections as u32;
     let conns = Arc::new(Semaphore::new(max_connections as usize));
@@ -269,11 +350,16 @@ fn start<P: Protocol, L: Listener>(
         tls,
         conns: Arc::clone(&conns),
         peers: Arc::default(),
+        handoff,
+        return_socket,
+        handed_idle,
+        handed_max_age: crate::handover::handed_max_age_from_env(),
     });
     tracing::info!(%addr, unix = ?unix.as_ref().map(|(_, f)| &f.0), protocol = inner.protocol.name(), role = %inner.cfg.role, https = inner.tls.is_some(), "gateway serving");
     let accept_unix = unix.map(|(l, file)| (tokio::spawn(accept_loop(l, Arc::clone(&inner), state_rx.clone())), file));
+    let handover = channel.map(|c| tokio::spawn(handover_loop(c, Arc::clone(&inner), state_rx.clone())));
     let accept = tokio::spawn(accept_loop(listener, inner, state_rx));
-    Ok(ServerHandle { addr, state, accept, accept_unix, sweep, conns, max_connections, grace })
+    Ok(ServerHandle { addr, state, accept, accept_unix, sweep, conns, max_connections, grace, handover, _file: file })
 }
 
 /// The environment variable naming a Unix socket path on which a gateway
@@ -313,6 +399,11 @@ pub trait Listener: Send + 'static {
     /// `None`: the connection closes without lingering.
     fn raw_fd(_stream: &Self::Stream) -> Option<std::os::fd::RawFd> {
         None
+    }
+    /// The stream as a TCP stream, for a server with a [`Handoff`]; the
+    /// stream back when it is not one.
+    fn into_tcp(stream: Self::Stream) -> Result<TcpStream, Self::Stream> {
+        Err(stream)
     }
 }
 
@@ -373,6 +464,9 @@ impl Listener for TcpListener {
     }
     fn raw_fd(stream: &TcpStream) -> Option<std::os::fd::RawFd> {
         Some(std::os::fd::AsRawFd::as_raw_fd(stream))
+    }
+    fn into_tcp(stream: TcpStream) -> Result<TcpStream, TcpStream> {
+        Ok(stream)
     }
 }
 
@@ -505,8 +599,104 @@ async fn accept_loop<P: Protocol, L: Listener>(listener: L, inner: Arc<Inner<P>>
         };
         inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
         let spare = if inner.tls.is_none() { L::raw_fd(&stream).and_then(LingerFd::of) } else { None };
-        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot)));
+        let stream = if inner.handoff.is_some() && inner.tls.is_none() {
+            match L::into_tcp(stream) {
+                Ok(tcp) => {
+                    tokio::spawn(offer_then_serve(Arc::clone(&inner), tcp, spare, peer, (permit, slot)));
+                    continue;
+                }
+                Err(stream) => stream,
+            }
+        } else {
+            stream
+        };
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot), None, Instant::now()));
     }
+}
+
+/// The front's accept path: the first request head, peeked, is offered to
+/// the [`Handoff`]; a connection it gives back is served here as usual.
+async fn offer_then_serve<P: Protocol>(
+    inner: Arc<Inner<P>>,
+    stream: TcpStream,
+    spare: Option<LingerFd>,
+    peer: SocketAddr,
+    held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
+) {
+    let Some(handoff) = inner.handoff.clone() else { return };
+    let limits = &inner.cfg.limits;
+    let accepted = Instant::now();
+    let deadline = accepted + inner.timeouts.header_read;
+    let stream = match crate::handover::peek_head(&stream, limits.max_header_bytes, limits.max_headers, deadline).await {
+        // The front's own metrics are the front's to answer.
+        Some(head) if is_metrics_request(&head, limits.metrics_endpoint) => stream,
+        Some(head) => match handoff.offer(&head, stream).await {
+            None => return,
+            Some(s) => s,
+        },
+        None => stream,
+    };
+    // The head's time already spent counts against its timeout.
+    serve_connection(inner, stream, spare, peer, held, None, accepted).await;
+}
+
+/// A gateway process's side of [`crate::handover`]: serves every connection
+/// the front hands over, under the same caps as accepted ones, until the
+/// server stops or the front closes the channel.
+async fn handover_loop<P: Protocol>(channel: crate::handover::Channel, inner: Arc<Inner<P>>, mut state: watch::Receiver<RunState>) {
+    let protocol = inner.protocol.name();
+    loop {
+        let got = tokio::select! {
+            r = channel.recv() => r,
+            _ = stopping(&mut state) => return,
+        };
+        let (conn, live) = match got {
+            Ok(Some(pair)) => pair,
+            Ok(None) => {
+                tracing::info!("the front closed the handover channel");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "receiving a handed connection failed; no more handed connections");
+                return;
+            }
+        };
+        let std = std::net::TcpStream::from(conn);
+        let stream = match std.set_nonblocking(true).and_then(|()| TcpStream::from_std(std)) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "a handed connection cannot be served; closed");
+                continue;
+            }
+        };
+        let peer = match stream.peer_addr() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(error = %e, "a handed connection has no peer (already closed)");
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&inner.conns).try_acquire_owned() else {
+            inner.metrics.connections_refused.get_or_create(&ReasonLabels { protocol, reason: "max_connections" }).inc();
+            tracing::debug!(%peer, "connection cap reached; closing a handed connection");
+            continue;
+        };
+        let Some(slot) = inner.peers.try_add(peer.ip(), inner.cfg.limits.max_connections_per_peer) else {
+            inner.metrics.connections_refused.get_or_create(&ReasonLabels { protocol, reason: "per_peer" }).inc();
+            continue;
+        };
+        inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
+        let spare = LingerFd::of(std::os::fd::AsRawFd::as_raw_fd(&stream));
+        let handed = Handed { _live: live, since: Instant::now() };
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot), Some(handed), Instant::now()));
+    }
+}
+
+/// A connection the front handed over: the liveness end (closed when the
+/// connection ends, which the front sees) and when it arrived.
+struct Handed {
+    _live: OwnedFd,
+    since: Instant,
 }
 
 /// Counts the connection as open while alive.
@@ -519,23 +709,31 @@ impl Drop for OpenGuard {
 }
 
 /// `spare`: a second descriptor of the socket for lingering close (plain
-/// TCP and Unix sockets).
+/// TCP and Unix sockets); `handed`: set for a connection the front handed
+/// over; `accepted`: when the header-read timeout started.
 async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     inner: Arc<Inner<P>>,
     stream: S,
     spare: Option<LingerFd>,
     peer: SocketAddr,
     _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
+    handed: Option<Handed>,
+    accepted: Instant,
 ) {
     let protocol = inner.protocol.name();
+    let handed_since = handed.as_ref().map(|h| h.since);
     let open = inner.metrics.connections_open.get_or_create_owned(&ProtocolLabels { protocol });
     open.inc();
     let _open = OpenGuard(open);
-    let clock = Arc::new(ConnClock::new(Instant::now(), inner.timeouts));
+    let mut timeouts = inner.timeouts;
+    if let (Some(_), Some(idle)) = (&handed, inner.handed_idle) {
+        timeouts.idle = timeouts.idle.min(idle);
+    }
+    let clock = Arc::new(ConnClock::new(accepted, timeouts));
     let _registered = inner.sweeper.register(Arc::clone(&clock));
     match inner.tls.clone() {
         None => {
-            let ended = drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer).await;
+            let ended = drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer, handed_since).await;
             if ended == Ended::ByHttp {
                 if let Some(fd) = spare {
                     linger(fd).await;
@@ -546,7 +744,7 @@ async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send 
             let limit = Duration::from_millis(inner.cfg.limits.tls_handshake_timeout_ms);
             match tokio::time::timeout(limit, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
-                    drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer).await;
+                    drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer, None).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => {
@@ -567,7 +765,8 @@ enum Ended {
     Closed,
 }
 
-async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr) -> Ended
+/// `handed_since`: when the front handed this connection over (else `None`).
+async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr, handed_since: Option<Instant>) -> Ended
 where
     P: Protocol,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -580,7 +779,15 @@ where
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let inner = Arc::clone(&inner);
             let clock = Arc::clone(&clock);
-            async move { Ok::<_, Infallible>(handle(inner, clock, peer, req).await) }
+            let inner_age = inner.handed_max_age;
+            async move {
+                let mut resp = handle(inner, clock, peer, req, handed_since.is_some()).await;
+                if handed_since.is_some_and(|t| t.elapsed() >= inner_age) {
+                    // Back through the front next time, to whichever process serves best then.
+                    resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(resp)
+            }
         })
     };
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -634,6 +841,7 @@ async fn handle<P: Protocol>(
     clock: Arc<ConnClock>,
     peer: SocketAddr,
     req: Request<Incoming>,
+    handed: bool,
 ) -> Response<ResponseBody<P::Body>> {
     let protocol = inner.protocol.name();
     let (parts, body) = req.into_parts();
@@ -661,7 +869,37 @@ async fn handle<P: Protocol>(
         principal: None,
         writer_endpoint: inner.writer_endpoint.clone(),
     };
+    if handed && inner.cfg.role == Role::Reader && route.is_some_and(|r| r.access == crate::route::Access::Mutation) {
+        if let Some(path) = inner.return_socket.clone() {
+            return forward(&inner, finish, &cx, path, parts, body).instrument(span).await;
+        }
+    }
     pipeline(inner, clock, finish, cx, parts, body, route).instrument(span).await
+}
+
+/// A mutation on a connection handed to a reader: through the front's
+/// return socket to the writer pool ([`crate::handover`], step 4).
+async fn forward<P: Protocol>(
+    inner: &Inner<P>,
+    mut finish: Finish,
+    cx: &RequestContext,
+    path: PathBuf,
+    parts: Parts,
+    body: Incoming,
+) -> Response<ResponseBody<P::Body>> {
+    // Counted apart: the reader did not serve it.
+    finish.route = "forwarded_to_writers";
+    match crate::handover::forward(&path, Request::from_parts(parts, body)).await {
+        Ok(resp) => {
+            finish.status = resp.status().as_u16();
+            let (head, body) = resp.into_parts();
+            Response::from_parts(head, ResponseBody::forwarded(body, finish))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "a mutation on a handed connection could not be sent to the writers");
+            error_response(inner, finish, cx, &GatewayError::Internal(e))
+        }
+    }
 }
 
 async fn pipeline<P: Protocol>(
