@@ -11,11 +11,11 @@
 //! | 4 | the gateway process | a request of the other pool's kind on a handed connection (a mutation on a reader) is sent back through the front's return socket ([`RETURN_SOCKET_ENV`]) and its response streamed back: writes never run on a reader |
 //! | 5 | the gateway process | a handed connection older than [`HANDED_MAX_AGE_ENV`] (the front's `handed_connection_max_age_ms`) gets `Connection: close` on its next response, so long-lived clients come back through the front and spread over the processes a pool has now; one idle for the pool's idle timeout ([`HANDED_IDLE_ENV`]) is closed, so that idle clients do not keep a process from stopping |
 //!
-//! A connection whose first request is `GET /metrics` (the front's own
-//! metrics) is not handed over. Nothing is consumed before the handover, so the gateway's HTTP parser
-//! reads the connection from its first byte. HTTP/1.0 heads, heads that do
-//! not parse, are too large or do not arrive in time are not handed over:
-//! the front serves them (and answers the error) as before.
+//! Nothing is consumed before the handover, so the gateway's HTTP parser
+//! reads the connection from its first byte. Not handed over, but served
+//! by the front as before (answering the error where there is one): a
+//! first request `GET /metrics` (the front's own metrics), HTTP/1.0 heads,
+//! heads that do not parse, are too large or do not arrive in time.
 
 use http::request::Parts;
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
@@ -157,6 +157,7 @@ impl Channel {
                 Ok(Ok(Received::Malformed)) => {
                     tracing::warn!("a handover message without a connection and a liveness descriptor; ignored");
                 }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => {}
             }
