@@ -212,6 +212,7 @@ impl Http {
         self.stream.read_line(&mut line).await?;
         let status: u16 = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| anyhow!("bad status line {line:?}"))?;
         let mut len = 0usize;
+        let mut close = false;
         loop {
             line.clear();
             if self.stream.read_line(&mut line).await? == 0 {
@@ -224,11 +225,20 @@ impl Http {
             if let Some((k, v)) = l.split_once(':') {
                 if k.eq_ignore_ascii_case("content-length") {
                     len = v.trim().parse()?;
+                } else if k.eq_ignore_ascii_case("connection") && v.trim().eq_ignore_ascii_case("close") {
+                    close = true;
                 }
             }
         }
         let mut out = vec![0; len];
         self.stream.read_exact(&mut out).await?;
+        if close {
+            // The server ends the connection after this response (the front
+            // recycles connections it handed over): the next call uses a new one.
+            let s = TcpStream::connect(&self.host).await.with_context(|| format!("reconnecting to {}", self.host))?;
+            s.set_nodelay(true)?;
+            self.stream = BufReader::new(s);
+        }
         Ok((status, out))
     }
 
