@@ -260,6 +260,11 @@ impl Pool {
     /// and counted as usual). A handed connection holds the
     /// ticket while it is open.
     pub fn try_acquire_now(self: &Arc<Self>) -> Option<(Ticket, Arc<OwnedFd>)> {
+        // Static upstreams and pools launched without a channel never hand
+        // over: asking the machine would count a request that never was.
+        if !matches!(&self.source, Source::Managed(launch) if launch.handover) {
+            return None;
+        }
         let now = Instant::now();
         let got = {
             let mut inner = self.inner.lock();
@@ -826,6 +831,28 @@ mod tests {
         for bad in ["", "nonsense", "127.0.0.1:1 tcp:/x", "127.0.0.1:1 unix:", "127.0.0.1:99999"] {
             assert!(parse_ready_line(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[tokio::test]
+    async fn static_pools_never_hand_over_and_count_nothing_for_asking() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::metrics::FrontMetrics::register(&mut registry).pool("s3", "reader");
+        let timing = ShellTiming { connect_timeout: Duration::from_secs(1), stop_grace: Duration::from_secs(1) };
+        let pool = Pool::start(
+            "s3",
+            Role::Reader,
+            PoolSettings::default(),
+            Source::Static(vec!["127.0.0.1:9".into()]),
+            timing,
+            UnixRoutes::default(),
+            metrics,
+        )
+        .unwrap();
+        for _ in 0..3 {
+            assert!(pool.try_acquire_now().is_none());
+        }
+        let st = pool.status();
+        assert_eq!((st.requests, st.in_flight), (0, 0), "asking counted a request");
     }
 
     #[test]

@@ -271,18 +271,18 @@ struct S3 {
 
 impl S3 {
     fn new(ak: &str, sk: &str) -> S3 {
+        S3 { ak: ak.to_string(), sk: sk.to_string(), service: "s3", client: S3::client() }
+    }
+
+    fn client() -> Client<HttpConnector, Full<Bytes>> {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(1024).build(conn);
-        S3 { ak: ak.to_string(), sk: sk.to_string(), service: "s3", client }
+        Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(1024).build(conn)
     }
 
     /// The same keys and service with a client of its own (no pooled connection).
     fn fresh(&self) -> S3 {
-        let mut conn = HttpConnector::new();
-        conn.set_nodelay(true);
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).pool_max_idle_per_host(1024).build(conn);
-        S3 { client, ..self.clone() }
+        S3 { client: S3::client(), ..self.clone() }
     }
 
     /// The same client signing for another service (`kv`).
@@ -797,7 +797,7 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
             }
         }
     }
-    let handed_over_connections = handed_over(&s3, &front).await;
+    let handed_over_connections = handed_over(&front).await;
     eprintln!("bench front: the front handed {handed_over_connections} client connections over to its gateway processes");
     let mut summary = Vec::new();
     for &w in &workloads {
@@ -859,14 +859,8 @@ async fn bench(args: &FrontBenchArgs, exe: &Path, work: &Path) -> anyhow::Result
 
 /// `fskv_gateway_front_handed_over_total`, summed over the pools, from the
 /// front listener's `/metrics` (0 when it cannot be read).
-async fn handed_over(s3: &S3, host: &str) -> f64 {
-    let Ok(uri) = format!("http://{host}/metrics").parse::<http::Uri>() else { return 0.0 };
-    let Ok(Ok(resp)) = tokio::time::timeout(REQUEST_TIMEOUT, s3.client.get(uri)).await else { return 0.0 };
-    let Ok(body) = resp.into_body().collect().await else { return 0.0 };
+async fn handed_over(host: &str) -> f64 {
+    let Ok(text) = fskv_rpc::http::scrape(host, REQUEST_TIMEOUT).await else { return 0.0 };
     let name = "fskv_gateway_front_handed_over_total{";
-    String::from_utf8_lossy(&body.to_bytes())
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b)
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }

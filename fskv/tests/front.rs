@@ -18,7 +18,7 @@ use aws_sigv4::http_request::{
     sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings,
 };
 use bytes::Bytes;
-use common::{free_base_port, start_up_with, UpGuard};
+use common::{free_base_port, metric_sum, start_up_with, UpGuard};
 use fskv_front::admin::{fetch_status, FrontStatus};
 use fskv_front::pool::PoolStatus;
 use http::{Method, Request, StatusCode};
@@ -174,15 +174,6 @@ async fn wait_for(admin: &str, what: &str, timeout: Duration, cond: impl Fn(&Fro
         assert!(start.elapsed() < timeout, "{what}: not after {timeout:?}: {st:#?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Sum of a counter over the series of `/metrics` whose labels contain every `want` pair.
-fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter(|l| want.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 async fn scrape(addr: &str) -> Option<String> {

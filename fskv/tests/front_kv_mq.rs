@@ -17,7 +17,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{free_base_port, start_up_with, UpGuard};
+use common::{free_base_port, metric_sum, start_up_with, UpGuard};
 use fskv_front::admin::{fetch_status, FrontStatus};
 use fskv_front::pool::PoolStatus;
 use http::{Method, Request, StatusCode};
@@ -292,13 +292,11 @@ async fn scenario(data: &Path, base: u16) {
     // ---- A connection handed over to the KV reader is recycled after its max age.
     handed_connection_is_recycled(&kv, &bearer, &value).await;
     let front_metrics = h.ok(Http::plain(Method::GET, &kv, "/metrics", &[], Bytes::new())).await;
-    let handed: f64 = String::from_utf8_lossy(&front_metrics)
-        .lines()
-        .filter(|l| {
-            l.starts_with("fskv_gateway_front_handed_over_total{") && l.contains("protocol=\"kv\"") && l.contains("role=\"reader\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b);
+    let handed = metric_sum(
+        &String::from_utf8_lossy(&front_metrics),
+        "fskv_gateway_front_handed_over_total",
+        &[("protocol", "kv"), ("role", "reader")],
+    );
     assert!(handed >= 1.0, "the raw connection was handed to the KV reader pool: {}", String::from_utf8_lossy(&front_metrics));
 
     // ---- `fskv admin status --front` shows the new pools.

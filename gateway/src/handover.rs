@@ -22,8 +22,9 @@ use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 use std::future::Future;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
@@ -62,6 +63,8 @@ const RETURN_CONNECT_TIMEOUT_MS: u64 = 5_000;
 /// always arrives in one segment; a slow-loris one costs at most six peeks.
 const PEEK_FIRST_RETRY_MS: u64 = 1;
 const PEEK_RETRIES: u32 = 5;
+/// The first peek's buffer (grown fourfold up to `max_header_bytes` while full).
+const PEEK_FIRST_BYTES: usize = 2048;
 
 /// The front's side of step 2: take the connection (`None`) or give it back
 /// to be served where it was accepted (`Some`).
@@ -74,9 +77,13 @@ pub trait Handoff: Send + Sync + 'static {
 /// and `max_headers` headers by `deadline` and within the retries above, or
 /// the peer closed.
 pub async fn peek_head(stream: &TcpStream, max_bytes: usize, max_headers: usize, deadline: Instant) -> Option<Parts> {
-    let mut buf = vec![0u8; max_bytes.max(1)];
+    let max_bytes = max_bytes.max(1);
+    // Most heads are a few hundred bytes: start small and grow only when a
+    // peek fills the buffer, instead of zeroing the limit per connection.
+    let mut buf = vec![0u8; max_bytes.min(PEEK_FIRST_BYTES)];
     let mut retry = Duration::from_millis(PEEK_FIRST_RETRY_MS);
-    for _ in 0..=PEEK_RETRIES {
+    let mut waits = 0;
+    loop {
         let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await.ok()?.ok()?;
         if n == 0 {
             return None;
@@ -85,7 +92,13 @@ pub async fn peek_head(stream: &TcpStream, max_bytes: usize, max_headers: usize,
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf[..n]) {
             Ok(httparse::Status::Complete(_)) => return parts_of(&req),
-            Ok(httparse::Status::Partial) if n < buf.len() => {
+            // More may already be there: peek again at once with a larger
+            // buffer (at most log4(max_bytes / PEEK_FIRST_BYTES) times).
+            Ok(httparse::Status::Partial) if n == buf.len() && buf.len() < max_bytes => {
+                let len = buf.len().saturating_mul(4).min(max_bytes);
+                buf.resize(len, 0);
+            }
+            Ok(httparse::Status::Partial) if n < buf.len() && waits < PEEK_RETRIES => {
                 // The rest of the head has not arrived: a peek would return
                 // the same bytes at once, so wait a little (bounded by the deadline).
                 if Instant::now() + retry > deadline {
@@ -93,11 +106,11 @@ pub async fn peek_head(stream: &TcpStream, max_bytes: usize, max_headers: usize,
                 }
                 tokio::time::sleep(retry).await;
                 retry *= 2;
+                waits += 1;
             }
             _ => return None,
         }
     }
-    None
 }
 
 fn parts_of(req: &httparse::Request<'_, '_>) -> Option<Parts> {
@@ -244,31 +257,76 @@ pub(crate) fn return_socket_from_env() -> Option<PathBuf> {
     std::env::var_os(RETURN_SOCKET_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
-/// Sends one request through the front's return socket (a connection of
-/// its own: this path is taken by a request of the other kind on a handed
-/// connection, not by the common case) and returns the front's response.
-pub(crate) async fn forward(
-    path: &Path,
-    req: http::Request<hyper::body::Incoming>,
-) -> Result<http::Response<hyper::body::Incoming>, String> {
-    let limit = Duration::from_millis(RETURN_CONNECT_TIMEOUT_MS);
-    let s = tokio::time::timeout(limit, tokio::net::UnixStream::connect(path))
-        .await
-        .map_err(|_| format!("connecting to the front's return socket {} took over {limit:?}", path.display()))?
-        .map_err(|e| format!("cannot connect to the front's return socket {}: {e}", path.display()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
-        .await
-        .map_err(|e| format!("return socket handshake: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "return socket connection ended with an error");
-        }
-    });
-    let mut resp = sender.send_request(req).await.map_err(|e| format!("the front's return socket failed the request: {e}"))?;
-    for h in ["connection", "keep-alive"] {
-        resp.headers_mut().remove(h);
+/// The front's return socket as a gateway process uses it: a small pool of
+/// kept-alive HTTP/1.1 connections (a burst of mutations on handed reader
+/// connections must not cost a Unix connect each).
+pub(crate) struct ReturnSocket<B = hyper::body::Incoming> {
+    path: PathBuf,
+    client: hyper_util::client::legacy::Client<ReturnConnector, B>,
+}
+
+/// Idle connections kept to the return socket, and for how long: below the
+/// front's own idle timeout, so the front rarely closes one under a request.
+const RETURN_MAX_IDLE_CONNECTIONS: usize = 8;
+const RETURN_IDLE_TIMEOUT_MS: u64 = 2_000;
+
+#[derive(Clone)]
+pub(crate) struct ReturnConnector(Arc<PathBuf>);
+
+impl tower_service::Service<http::Uri> for ReturnConnector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
     }
-    Ok(resp)
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let path = Arc::clone(&self.0);
+        Box::pin(async move {
+            let limit = Duration::from_millis(RETURN_CONNECT_TIMEOUT_MS);
+            let s = tokio::time::timeout(limit, tokio::net::UnixStream::connect(path.as_path()))
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting took over {limit:?}")))??;
+            Ok(hyper_util::rt::TokioIo::new(s))
+        })
+    }
+}
+
+impl<B> ReturnSocket<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    pub(crate) fn new(path: PathBuf) -> ReturnSocket<B> {
+        let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_millis(RETURN_IDLE_TIMEOUT_MS))
+            .pool_max_idle_per_host(RETURN_MAX_IDLE_CONNECTIONS)
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            // The client's Host passes unchanged (it may be signed).
+            .set_host(false)
+            .build(ReturnConnector(Arc::new(path.clone())));
+        ReturnSocket { path, client }
+    }
+
+    /// Sends one request through the return socket and returns the
+    /// front's response (the request's target is kept as the client sent it).
+    pub(crate) async fn forward(&self, mut req: http::Request<B>) -> Result<http::Response<hyper::body::Incoming>, String> {
+        // The pool keys connections by scheme and authority: one fixed name
+        // for the socket; the request line keeps only path and query.
+        let pq = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+        *req.uri_mut() = http::Uri::try_from(format!("http://front.return{pq}")).map_err(|e| format!("request target: {e}"))?;
+        let mut resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("the front's return socket {} failed the request: {e}", self.path.display()))?;
+        for h in ["connection", "keep-alive"] {
+            resp.headers_mut().remove(h);
+        }
+        Ok(resp)
+    }
 }
 
 #[cfg(test)]
@@ -301,6 +359,56 @@ mod tests {
         let mut buf = vec![0u8; 256];
         let n = s.try_read(&mut buf).unwrap();
         assert!(buf[..n].starts_with(b"PUT /b/k?x=1 HTTP/1.1\r\n") && buf[..n].ends_with(b"abc"));
+    }
+
+    #[tokio::test]
+    async fn heads_longer_than_the_first_peek_grow_the_buffer_up_to_the_limit() {
+        let long = "v".repeat(PEEK_FIRST_BYTES * 3);
+        let head = format!("GET /k HTTP/1.1\r\nHost: h\r\nX-Long: {long}\r\n\r\n");
+        let (mut c, s) = pair().await;
+        c.write_all(head.as_bytes()).await.unwrap();
+        let parts = peek_head(&s, 64 << 10, 100, Instant::now() + Duration::from_secs(5)).await.unwrap();
+        assert_eq!(parts.headers["x-long"].len(), long.len());
+        let (mut c, s) = pair().await;
+        c.write_all(head.as_bytes()).await.unwrap();
+        let limit = PEEK_FIRST_BYTES * 2;
+        assert!(peek_head(&s, limit, 100, Instant::now() + Duration::from_millis(200)).await.is_none(), "over the limit");
+    }
+
+    #[tokio::test]
+    async fn mutations_sent_back_reuse_kept_alive_return_connections() {
+        use http_body_util::{BodyExt, Full};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s3-front.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let svc = hyper::service::service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let target = req.uri().to_string();
+                    let host = req.headers().get("host").cloned();
+                    let body = req.into_body().collect().await?.to_bytes();
+                    let mut resp = http::Response::new(Full::new(bytes::Bytes::from(format!("{target} {host:?} {}", body.len()))));
+                    resp.headers_mut().insert("connection", http::HeaderValue::from_static("keep-alive"));
+                    Ok::<_, hyper::Error>(resp)
+                });
+                tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(s), svc));
+            }
+        });
+        let ret = ReturnSocket::<Full<bytes::Bytes>>::new(path);
+        for i in 0..20 {
+            let req = http::Request::put(format!("/bkt/k{i}?x=1"))
+                .header("host", "signed.example:9000")
+                .body(Full::new(bytes::Bytes::from(vec![7u8; i])))
+                .unwrap();
+            let resp = ret.forward(req).await.unwrap();
+            assert!(resp.headers().get("connection").is_none(), "hop-by-hop header passed");
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(body, format!("/bkt/k{i}?x=1 Some(\"signed.example:9000\") {i}").as_bytes());
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1, "one kept-alive connection for 20 sequential mutations");
     }
 
     #[tokio::test]

@@ -149,7 +149,7 @@ struct Inner<P> {
     handoff: Option<Arc<dyn Handoff>>,
     /// The front's return socket, for requests of the other role on handed
     /// connections (a gateway process started by the front).
-    return_socket: Option<PathBuf>,
+    return_socket: Option<crate::handover::ReturnSocket>,
     /// The idle timeout of handed connections (the front's pool idle
     /// timeout: an idle client connection must not keep the process alive).
     handed_idle: Option<Duration>,
@@ -351,7 +351,7 @@ fn start<P: Protocol, L: Listener>(
         conns: Arc::clone(&conns),
         peers: Arc::default(),
         handoff,
-        return_socket,
+        return_socket: return_socket.map(crate::handover::ReturnSocket::new),
         handed_idle,
         handed_max_age: crate::handover::handed_max_age_from_env(),
     });
@@ -870,8 +870,8 @@ async fn handle<P: Protocol>(
         writer_endpoint: inner.writer_endpoint.clone(),
     };
     if handed && inner.cfg.role == Role::Reader && route.is_some_and(|r| r.access == crate::route::Access::Mutation) {
-        if let Some(path) = inner.return_socket.clone() {
-            return forward(&inner, finish, &cx, path, parts, body).instrument(span).await;
+        if let Some(ret) = &inner.return_socket {
+            return forward(&inner, finish, &cx, ret, parts, body).instrument(span).await;
         }
     }
     pipeline(inner, clock, finish, cx, parts, body, route).instrument(span).await
@@ -883,13 +883,13 @@ async fn forward<P: Protocol>(
     inner: &Inner<P>,
     mut finish: Finish,
     cx: &RequestContext,
-    path: PathBuf,
+    ret: &crate::handover::ReturnSocket,
     parts: Parts,
     body: Incoming,
 ) -> Response<ResponseBody<P::Body>> {
     // Counted apart: the reader did not serve it.
     finish.route = "forwarded_to_writers";
-    match crate::handover::forward(&path, Request::from_parts(parts, body)).await {
+    match ret.forward(Request::from_parts(parts, body)).await {
         Ok(resp) => {
             finish.status = resp.status().as_u16();
             let (head, body) = resp.into_parts();

@@ -287,3 +287,13 @@ pub fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
     std::fs::write(path, &data).unwrap();
     data
 }
+
+/// Sum of a counter over the series of a `/metrics` text whose labels
+/// contain every `want` pair.
+pub fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter(|l| want.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
