@@ -254,6 +254,16 @@ impl Pool {
         }
     }
 
+    /// `handed_connection_max_age_ms` if the pool's processes take handed
+    /// connections; `None` if it never hands over (static upstreams, or
+    /// launched without a handover channel).
+    pub fn handed_max_age(&self) -> Option<Duration> {
+        match &self.source {
+            Source::Managed(launch) if launch.handover => Some(Duration::from_millis(launch.handed_max_age_ms)),
+            _ => None,
+        }
+    }
+
     /// A process for one request if one can take it at once, with its
     /// handover channel; `None` otherwise, with nothing held, started or
     /// counted (the connection is then proxied, and its first request held
@@ -262,9 +272,7 @@ impl Pool {
     pub fn try_acquire_now(self: &Arc<Self>) -> Option<(Ticket, Arc<OwnedFd>)> {
         // Static upstreams and pools launched without a channel never hand
         // over: asking the machine would count a request that never was.
-        if !matches!(&self.source, Source::Managed(launch) if launch.handover) {
-            return None;
-        }
+        self.handed_max_age()?;
         let now = Instant::now();
         let got = {
             let mut inner = self.inner.lock();

@@ -29,6 +29,7 @@ use crate::error::FrontError;
 use crate::pool::{Pool, Ticket, UnixRoutes};
 use crate::protocols::ProtocolSpec;
 use bytes::Bytes;
+use fskv_gateway::handover::Declined;
 use fskv_gateway::{Access, AuthPolicy, BoxError, GatewayError, Protocol, RequestBody, RequestContext, Route};
 use http::header::{HeaderName, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::request::Parts;
@@ -324,27 +325,30 @@ impl FrontProtocol {
 /// first request goes to, when one can take it at once and has a handover
 /// channel; the connection holds that request's place on the process
 /// (counted in flight, so the pool scales by open connections and does not
-/// stop the process) until the process closes it. Anything else (a
-/// `Readers` listener, a pool of static upstreams, a cold or full pool, a
-/// channel that cannot take it now) is given back and proxied per request.
+/// stop the process) until the process closes it. Anything else is given
+/// back and proxied per request: for its lifetime on a `Readers` listener
+/// or a pool of static upstreams; until `handed_connection_max_age_ms`
+/// when the pool could not take it now (cold, full, a full channel), after
+/// which the front closes it after a response and the client's next
+/// connection is offered again.
 impl fskv_gateway::Handoff for FrontProtocol {
-    fn offer<'a>(
-        &'a self,
-        head: &'a Parts,
-        stream: tokio::net::TcpStream,
-    ) -> Pin<Box<dyn Future<Output = Option<tokio::net::TcpStream>> + Send + 'a>> {
+    fn offer<'a>(&'a self, head: &'a Parts, stream: tokio::net::TcpStream) -> Pin<Box<dyn Future<Output = Option<Declined>> + Send + 'a>> {
         Box::pin(async move {
             if self.mode != ListenMode::Route {
-                return Some(stream);
+                return Declined::keep(stream);
             }
             let pool = self.pool_for((self.spec.classify)(head).access);
-            let Some((ticket, channel)) = pool.try_acquire_now() else { return Some(stream) };
+            let Some(max_age) = pool.handed_max_age() else { return Declined::keep(stream) };
+            // Not now (a cold or busy pool, a full channel): proxied, and
+            // recycled after the age a handed connection would have been.
+            let not_now = |stream| Some(Declined { stream, recycle_after: Some(max_age) });
+            let Some((ticket, channel)) = pool.try_acquire_now() else { return not_now(stream) };
             let (mut mine, theirs) =
                 match tokio::net::UnixStream::pair().and_then(|(m, t)| Ok((m, std::os::fd::OwnedFd::from(t.into_std()?)))) {
                     Ok(p) => p,
                     Err(e) => {
                         tracing::warn!(error = %e, "no liveness socket pair for a handover; proxying the connection");
-                        return Some(stream);
+                        return not_now(stream);
                     }
                 };
             use std::os::fd::AsFd;
@@ -353,7 +357,7 @@ impl fskv_gateway::Handoff for FrontProtocol {
                     tracing::warn!(upstream = %ticket.target.authority, error = %e, "handing a connection over failed; proxying it");
                     ticket.connect_failed();
                 }
-                return Some(stream);
+                return not_now(stream);
             }
             pool.count_handed_over();
             drop((stream, theirs));

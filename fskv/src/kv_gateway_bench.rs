@@ -12,6 +12,7 @@
 //! | KV gateway | `PUT /v1/kv/bench/<key>` (bearer token) | `GET /v1/kv/bench/<key>` |
 //! | Redis | `SET` with `appendonly yes`, `appendfsync always` (every write on disk before the reply, as ours) | `GET` (reads are the same under any fsync policy) |
 //! | etcd | v3 JSON gateway `POST /v3/kv/put` | `POST /v3/kv/range` (linearizable, etcd's default) |
+//! | HTTP floor | the same requests as the KV gateway | answered by a bare hyper HTTP/1.1 server on its own 2-thread runtime with a fixed value: no auth, no routing, no storage — what any HTTP gateway with this client costs on this machine at least |
 //!
 //! Every worker has its own connection (HTTP keep-alive pool / one Redis
 //! socket); a worker issues its next request when the previous answered.
@@ -61,7 +62,10 @@ pub struct KvGatewayBenchArgs {
     /// to tell per-directory contention in meta from the rest.
     #[arg(long, default_value_t = 1)]
     namespaces: usize,
-    /// First loopback port for Redis / etcd.
+    /// Skip the HTTP floor (a bare HTTP server answering the KV requests with a fixed value).
+    #[arg(long)]
+    no_http_floor: bool,
+    /// First loopback port for Redis / etcd (the HTTP floor takes the port 20 above).
     #[arg(long, default_value_t = 36_379)]
     baseline_port: u16,
 }
@@ -209,9 +213,22 @@ async fn etcd_call(http: &Client<HttpConnector, Full<Bytes>>, url: &str, body: S
 /// How to open a connection to a target.
 #[derive(Clone)]
 enum Target {
-    Kv { name: String, url: String, token: String, namespaces: usize },
-    Redis { port: u16 },
-    Etcd { port: u16 },
+    Kv {
+        name: String,
+        url: String,
+        token: String,
+        namespaces: usize,
+    },
+    Redis {
+        port: u16,
+    },
+    Etcd {
+        port: u16,
+    },
+    /// A KV-protocol target that is only an HTTP server ([`start_http_floor`]).
+    Floor {
+        url: String,
+    },
 }
 
 impl Target {
@@ -220,6 +237,7 @@ impl Target {
             Target::Kv { name, .. } => format!("kv-{name}"),
             Target::Redis { .. } => "redis".into(),
             Target::Etcd { .. } => "etcd".into(),
+            Target::Floor { .. } => "http-floor".into(),
         }
     }
 
@@ -228,6 +246,7 @@ impl Target {
             Target::Kv { url, token, namespaces, .. } => {
                 Conn::Kv(KvClient::new(url, Some(token.clone())).with_timeout_ms(30_000), *namespaces)
             }
+            Target::Floor { url } => Conn::Kv(KvClient::new(url, Some("floor".into())).with_timeout_ms(30_000), 1),
             Target::Redis { port } => {
                 let s = TcpStream::connect(("127.0.0.1", *port)).await?;
                 s.set_nodelay(true)?;
@@ -319,6 +338,42 @@ async fn fill(target: &Target, keys: usize, value: &Bytes) -> anyhow::Result<()>
         t.await??;
     }
     Ok(())
+}
+
+/// The HTTP floor: a bare hyper HTTP/1.1 server on `port` with a runtime of
+/// its own (two workers, as a gateway process has on this machine) that
+/// answers every request with `value` and the headers the KV client reads
+/// (`ETag`, `X-Kv-Index`); a request body is read and dropped. It stops
+/// when the bench process exits.
+fn start_http_floor(port: u16, value: Bytes) -> anyhow::Result<String> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).with_context(|| format!("http floor: port {port}"))?;
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("http-floor").enable_all().build()?;
+    std::thread::Builder::new().name("http-floor".into()).spawn(move || {
+        rt.block_on(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+            while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                let value = value.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let value = value.clone();
+                        async move {
+                            req.into_body().collect().await?;
+                            let mut resp = http::Response::new(Full::new(value));
+                            let h = resp.headers_mut();
+                            h.insert(http::header::ETAG, http::HeaderValue::from_static("\"1-1\""));
+                            h.insert("x-kv-index", http::HeaderValue::from_static("1"));
+                            Ok::<_, hyper::Error>(resp)
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(sock);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+                });
+            }
+        })
+    })?;
+    Ok(format!("http://127.0.0.1:{port}"))
 }
 
 /// A child process killed when dropped.
@@ -440,6 +495,12 @@ pub async fn run(args: KvGatewayBenchArgs) -> anyhow::Result<()> {
                 targets.push(Target::Etcd { port: args.baseline_port + 10 });
             }
             Err(e) => notes.push(format!("etcd skipped: {e:#}")),
+        }
+    }
+    if !args.no_http_floor {
+        match start_http_floor(args.baseline_port + 20, value.clone()) {
+            Ok(url) => targets.push(Target::Floor { url }),
+            Err(e) => notes.push(format!("http floor skipped: {e:#}")),
         }
     }
     let mut runs = Vec::new();

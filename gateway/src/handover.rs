@@ -6,7 +6,7 @@
 //! | step | where | what |
 //! |---|---|---|
 //! | 1 | the front's accept loop | [`peek_head`] looks at the first request head **without consuming it** (`MSG_PEEK`), within `header_read_timeout_ms` and `max_header_bytes` |
-//! | 2 | the front's [`Handoff::offer`] | classifies the head, takes a process of the chosen pool that has a handover channel and sends it the connection and one end of a liveness socket pair ([`send_connection`]); or gives the connection back to be proxied as before |
+//! | 2 | the front's [`Handoff::offer`] | classifies the head, takes a process of the chosen pool that has a handover channel and sends it the connection and one end of a liveness socket pair ([`send_connection`]); or gives the connection back to be proxied ([`Declined`]): for good, or — when no process could take it now — until the max age of step 5, so the client's next connection is offered again |
 //! | 3 | the gateway process ([`HANDOVER_FD_ENV`]) | receives both descriptors ([`Channel::recv`]) and serves the connection like one it accepted; the liveness end is closed when the connection ends, which tells the front (its request count on the process drops) |
 //! | 4 | the gateway process | a request of the other pool's kind on a handed connection (a mutation on a reader) is sent back through the front's return socket ([`RETURN_SOCKET_ENV`]) and its response streamed back: writes never run on a reader |
 //! | 5 | the gateway process | a handed connection older than [`HANDED_MAX_AGE_ENV`] (the front's `handed_connection_max_age_ms`) gets `Connection: close` on its next response, so long-lived clients come back through the front and spread over the processes a pool has now; one idle for the pool's idle timeout ([`HANDED_IDLE_ENV`]) is closed, so that idle clients do not keep a process from stopping |
@@ -69,7 +69,25 @@ const PEEK_FIRST_BYTES: usize = 2048;
 /// The front's side of step 2: take the connection (`None`) or give it back
 /// to be served where it was accepted (`Some`).
 pub trait Handoff: Send + Sync + 'static {
-    fn offer<'a>(&'a self, head: &'a Parts, stream: TcpStream) -> Pin<Box<dyn Future<Output = Option<TcpStream>> + Send + 'a>>;
+    fn offer<'a>(&'a self, head: &'a Parts, stream: TcpStream) -> Pin<Box<dyn Future<Output = Option<Declined>> + Send + 'a>>;
+}
+
+/// A connection the front did not hand over, to be served where it was accepted.
+pub struct Declined {
+    pub stream: TcpStream,
+    /// `Some` when no process could take it *now* (a cold or busy pool):
+    /// once this long has passed since the accept, a response closes the
+    /// connection (`Connection: close`), so the client's next connection is
+    /// offered again instead of being proxied for as long as it stays
+    /// open. `None`: it would never be handed (e.g. static upstreams).
+    pub recycle_after: Option<Duration>,
+}
+
+impl Declined {
+    /// Served here for as long as the client keeps it.
+    pub fn keep(stream: TcpStream) -> Option<Declined> {
+        Some(Declined { stream, recycle_after: None })
+    }
 }
 
 /// The first request head on `stream`, without consuming it; `None` when

@@ -22,7 +22,7 @@ use crate::body::{BoxError, Finish, RequestBody, ResponseBody};
 use crate::config::{HttpLimits, MetricsEndpoint, Role, ServerConfig};
 use crate::conn::{ConnClock, Signal, Sweeper, TimedIo, Timeouts};
 use crate::error::{AuthError, GatewayError};
-use crate::handover::Handoff;
+use crate::handover::{Declined, Handoff};
 use crate::metrics::{self, Metrics, ProtocolLabels, ReasonLabels, RouteLabels};
 use crate::route::{guard, AuthPolicy, Route};
 use bytes::Bytes;
@@ -610,7 +610,7 @@ async fn accept_loop<P: Protocol, L: Listener>(listener: L, inner: Arc<Inner<P>>
         } else {
             stream
         };
-        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot), None, Instant::now()));
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot), Origin::Accepted, Instant::now()));
     }
 }
 
@@ -627,17 +627,21 @@ async fn offer_then_serve<P: Protocol>(
     let limits = &inner.cfg.limits;
     let accepted = Instant::now();
     let deadline = accepted + inner.timeouts.header_read;
-    let stream = match crate::handover::peek_head(&stream, limits.max_header_bytes, limits.max_headers, deadline).await {
+    let declined = match crate::handover::peek_head(&stream, limits.max_header_bytes, limits.max_headers, deadline).await {
         // The front's own metrics are the front's to answer.
-        Some(head) if is_metrics_request(&head, limits.metrics_endpoint) => stream,
+        Some(head) if is_metrics_request(&head, limits.metrics_endpoint) => Declined { stream, recycle_after: None },
         Some(head) => match handoff.offer(&head, stream).await {
             None => return,
-            Some(s) => s,
+            Some(d) => d,
         },
-        None => stream,
+        None => Declined { stream, recycle_after: None },
+    };
+    let origin = match declined.recycle_after {
+        Some(after) => Origin::NotHandedYet { recycle_after: after },
+        None => Origin::Accepted,
     };
     // The head's time already spent counts against its timeout.
-    serve_connection(inner, stream, spare, peer, held, None, accepted).await;
+    serve_connection(inner, declined.stream, spare, peer, held, origin, accepted).await;
 }
 
 /// A gateway process's side of [`crate::handover`]: serves every connection
@@ -688,7 +692,7 @@ async fn handover_loop<P: Protocol>(channel: crate::handover::Channel, inner: Ar
         inner.metrics.connections_accepted.get_or_create(&ProtocolLabels { protocol }).inc();
         let spare = LingerFd::of(std::os::fd::AsRawFd::as_raw_fd(&stream));
         let handed = Handed { _live: live, since: Instant::now() };
-        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot), Some(handed), Instant::now()));
+        tokio::spawn(serve_connection(Arc::clone(&inner), stream, spare, peer, (permit, slot), Origin::Handed(handed), Instant::now()));
     }
 }
 
@@ -697,6 +701,18 @@ async fn handover_loop<P: Protocol>(channel: crate::handover::Channel, inner: Ar
 struct Handed {
     _live: OwnedFd,
     since: Instant,
+}
+
+/// Where a served connection came from.
+enum Origin {
+    /// Accepted here, served for as long as the client keeps it.
+    Accepted,
+    /// Handed over by the front (in a gateway process).
+    Handed(Handed),
+    /// Accepted by the front when no process could take it at once: served
+    /// here, closed after a response once `recycle_after` has passed
+    /// since the accept ([`Declined`]).
+    NotHandedYet { recycle_after: Duration },
 }
 
 /// Counts the connection as open while alive.
@@ -717,23 +733,30 @@ async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send 
     spare: Option<LingerFd>,
     peer: SocketAddr,
     _held: (tokio::sync::OwnedSemaphorePermit, PeerSlot),
-    handed: Option<Handed>,
+    origin: Origin,
     accepted: Instant,
 ) {
     let protocol = inner.protocol.name();
-    let handed_since = handed.as_ref().map(|h| h.since);
+    let handed = matches!(origin, Origin::Handed(_));
+    // After this, a response closes the connection (back through the front
+    // next time, to whichever process serves best then).
+    let recycle_at = match &origin {
+        Origin::Accepted => None,
+        Origin::Handed(h) => Some(h.since + inner.handed_max_age),
+        Origin::NotHandedYet { recycle_after } => Some(accepted + *recycle_after),
+    };
     let open = inner.metrics.connections_open.get_or_create_owned(&ProtocolLabels { protocol });
     open.inc();
     let _open = OpenGuard(open);
     let mut timeouts = inner.timeouts;
-    if let (Some(_), Some(idle)) = (&handed, inner.handed_idle) {
+    if let (true, Some(idle)) = (handed, inner.handed_idle) {
         timeouts.idle = timeouts.idle.min(idle);
     }
     let clock = Arc::new(ConnClock::new(accepted, timeouts));
     let _registered = inner.sweeper.register(Arc::clone(&clock));
     match inner.tls.clone() {
         None => {
-            let ended = drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer, handed_since).await;
+            let ended = drive(Arc::clone(&inner), TimedIo::new(stream, Arc::clone(&clock)), clock, peer, handed, recycle_at).await;
             if ended == Ended::ByHttp {
                 if let Some(fd) = spare {
                     linger(fd).await;
@@ -744,7 +767,7 @@ async fn serve_connection<P: Protocol, S: AsyncRead + AsyncWrite + Unpin + Send 
             let limit = Duration::from_millis(inner.cfg.limits.tls_handshake_timeout_ms);
             match tokio::time::timeout(limit, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
-                    drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer, None).await;
+                    drive(Arc::clone(&inner), TimedIo::new(tls, Arc::clone(&clock)), clock, peer, handed, recycle_at).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => {
@@ -765,8 +788,16 @@ enum Ended {
     Closed,
 }
 
-/// `handed_since`: when the front handed this connection over (else `None`).
-async fn drive<P, S>(inner: Arc<Inner<P>>, io: TimedIo<S>, clock: Arc<ConnClock>, peer: SocketAddr, handed_since: Option<Instant>) -> Ended
+/// `handed`: the front handed this connection over; `recycle_at`: from
+/// then on, responses close the connection.
+async fn drive<P, S>(
+    inner: Arc<Inner<P>>,
+    io: TimedIo<S>,
+    clock: Arc<ConnClock>,
+    peer: SocketAddr,
+    handed: bool,
+    recycle_at: Option<Instant>,
+) -> Ended
 where
     P: Protocol,
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -779,11 +810,9 @@ where
         hyper::service::service_fn(move |req: Request<Incoming>| {
             let inner = Arc::clone(&inner);
             let clock = Arc::clone(&clock);
-            let inner_age = inner.handed_max_age;
             async move {
-                let mut resp = handle(inner, clock, peer, req, handed_since.is_some()).await;
-                if handed_since.is_some_and(|t| t.elapsed() >= inner_age) {
-                    // Back through the front next time, to whichever process serves best then.
+                let mut resp = handle(inner, clock, peer, req, handed).await;
+                if recycle_at.is_some_and(|t| Instant::now() >= t) {
                     resp.headers_mut().insert(http::header::CONNECTION, HeaderValue::from_static("close"));
                 }
                 Ok::<_, Infallible>(resp)

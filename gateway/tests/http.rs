@@ -598,3 +598,55 @@ async fn shutdown_grace_bounds_a_stuck_request() {
     assert!(t0.elapsed() < Duration::from_millis(550), "{:?}", t0.elapsed());
     assert!(read_response(&mut busy).await.is_none(), "cut after the grace");
 }
+
+/// Gives back every connection: `/keep*` to be kept, others "not now".
+struct Decline(Duration);
+
+impl fskv_gateway::Handoff for Decline {
+    fn offer<'a>(
+        &'a self,
+        head: &'a Parts,
+        stream: TcpStream,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<fskv_gateway::handover::Declined>> + Send + 'a>> {
+        let recycle_after = if head.uri.path().starts_with("/keep") { None } else { Some(self.0) };
+        Box::pin(async move { Some(fskv_gateway::handover::Declined { stream, recycle_after }) })
+    }
+}
+
+#[tokio::test]
+async fn a_connection_no_process_could_take_is_recycled_after_the_max_age() {
+    let age = Duration::from_millis(300);
+    let cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), Role::Writer);
+    let keys = Arc::new(KeyStore::new(vec![]).unwrap());
+    let auth = Arc::new(Authenticator::new(keys, "us-east-1", &["s3"], false));
+    let handle =
+        fskv_gateway::serve_with_handoff(cfg, Arc::new(Echo), auth, Arc::new(Metrics::new()), Arc::new(Decline(age))).await.unwrap();
+    // Declined "not now": served here, and the first response after the max
+    // age closes the connection.
+    let mut s = TcpStream::connect(handle.addr).await.unwrap();
+    let t0 = Instant::now();
+    let mut served = 0;
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(5), "never recycled");
+        s.write_all(&get("/open/x")).await.unwrap();
+        let r = read_response(&mut s).await.expect("a response");
+        assert_eq!(r.status, 200, "{}", r.text());
+        served += 1;
+        if r.header("connection") == Some("close") {
+            assert!(t0.elapsed() >= age, "closed before the max age");
+            assert!(read_response(&mut s).await.is_none(), "the connection stayed open");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served > 1, "kept alive before the max age");
+    // Declined for good: kept alive past the max age.
+    let mut s = TcpStream::connect(handle.addr).await.unwrap();
+    for _ in 0..2 {
+        s.write_all(&get("/keep")).await.unwrap();
+        let r = read_response(&mut s).await.expect("a response");
+        assert_eq!(r.header("connection"), None);
+        tokio::time::sleep(age + Duration::from_millis(50)).await;
+    }
+    handle.stop().await;
+}
