@@ -118,6 +118,15 @@ pub struct QueueBody {
     pub delay_ms: Option<u64>,
 }
 
+/// How a group file write is made durable (see [`Mq::group_commit_update`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    /// Acknowledged when fsync'ed in meta (joins, heartbeats, leaves).
+    Synced,
+    /// Acknowledged when in meta's log; fsync'ed within meta's relaxed interval (offset commits).
+    Relaxed,
+}
+
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct TopicBody {
@@ -821,16 +830,20 @@ impl Mq {
         extra_topics: &BTreeSet<String>,
         mut f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
     ) -> Result<R> {
-        self.group_update_inner(g, tenant, true, create, extra_topics, |st, parts| f(st, parts), |_| true).await
+        self.group_update_inner(g, tenant, true, create, extra_topics, |st, parts| f(st, parts), |_| true, Durability::Synced).await
     }
 
-    /// [`Mq::group_update`] without the owner check of an existing group:
-    /// for the commit leader, whose closure checks each queued commit's
-    /// tenant on its own (a group it creates is still `tenant`'s).
-    /// `settled` says whether an outcome may stand when it was reached on
-    /// the copy this process last wrote (`written_groups`): one that
-    /// refuses something is made again on a fresh read.
-    async fn group_update_any_owner<R>(
+    /// [`Mq::group_update`] for the commit leader: no owner check of an
+    /// existing group (its closure checks each queued commit's tenant on
+    /// its own; a group it creates is still `tenant`'s), and the write is
+    /// **relaxed**: acknowledged once in meta's log, fsync'ed within meta's
+    /// `relaxed_sync_interval_ms` (docs/mq.md, "Consumer groups": an OS
+    /// crash in that window rolls the offsets back and redelivers; a
+    /// process crash loses nothing). `settled` says whether an outcome may
+    /// stand when it was reached on the copy this process last wrote
+    /// (`written_groups`): one that refuses something is made again on a
+    /// fresh read.
+    async fn group_commit_update<R>(
         &self,
         g: &str,
         tenant: &str,
@@ -839,7 +852,7 @@ impl Mq {
         f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
         settled: impl Fn(&R) -> bool,
     ) -> Result<R> {
-        self.group_update_inner(g, tenant, false, create, extra_topics, f, settled).await
+        self.group_update_inner(g, tenant, false, create, extra_topics, f, settled, Durability::Relaxed).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -852,8 +865,17 @@ impl Mq {
         extra_topics: &BTreeSet<String>,
         mut f: impl FnMut(&mut GroupState, &dyn Fn(&str) -> u32) -> Result<R>,
         settled: impl Fn(&R) -> bool,
+        durability: Durability,
     ) -> Result<R> {
         check_topic_name(g)?;
+        let relaxed;
+        let fs = match durability {
+            Durability::Synced => &self.store.fs,
+            Durability::Relaxed => {
+                relaxed = self.store.fs.with_relaxed_metadata();
+                &relaxed
+            }
+        };
         for attempt in 0..32u64 {
             // The group as this process last wrote it, if it did: the CAS
             // below fails if anyone changed it since, and the next attempt
@@ -910,7 +932,7 @@ impl Mq {
                 }
             };
             let expected = cur.as_ref().map_or(Expected::Absent, |c| c.expected());
-            match write_json(&self.store.fs, self.store.groups, g, &state, Some(expected)).await {
+            match write_json(fs, self.store.groups, g, &state, Some(expected)).await {
                 Ok(inode) => {
                     let mut cache = self.written_groups.lock();
                     if cache.len() >= MAX_CACHED_GROUPS && !cache.contains_key(g) {
@@ -999,7 +1021,7 @@ impl Mq {
             // every commit is checked against the owner on its own.
             let creator = batch.first().map(|c| c.tenant.clone()).unwrap_or_default();
             let r = self
-                .group_update_any_owner(
+                .group_commit_update(
                     g,
                     &creator,
                     true,
