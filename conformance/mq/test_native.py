@@ -7,6 +7,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -46,6 +47,53 @@ def test_produce_fetch_order_per_partition(mq, mq_reader):
     _, recs = mq.fetch(t, p, 10)
     assert values(recs) == [f"k{i}".encode() for i in range(5)]
     assert recs[0]["key"] == b"same-key"
+
+
+def _rpc_metric(addr, name, label=""):
+    """The sum of a counter on an RPC port's /metrics (meta, storage)."""
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_consumer_with_a_backlog_reads_on_without_a_meta_or_storage_call_per_fetch(mq, mq_reader, endpoints):
+    # A reader keeps a partition state for 50 ms and a 64 KiB read-ahead
+    # window per segment (gateway-mq/src/log.rs): one-record fetches over a
+    # backlog must return every record in order across segment ends, cost far
+    # fewer than one metadata lookup and one storage read each, and a fetch
+    # at the high watermark must still see a record produced just before it.
+    t = name("backlog")
+    mq.create_topic(t, segment_bytes=32 << 10)
+    sent = [f"b{i}-".encode() + b"v" * (300 + 7 * (i % 50)) for i in range(400)]
+    for v in sent:
+        mq.produce(t, 0, [v])
+    hdr, got = mq_reader.fetch(t, 0, 0, max_bytes=1)
+    meta, storage = endpoints["meta"], endpoints["storage"]
+
+    def counts():
+        lookups = _rpc_metric(meta, "fskv_meta_ops_total", 'op="lookup"')
+        reads = sum(_rpc_metric(s, "fskv_rpc_requests_total", 'method="storage.BatchRead"') for s in storage)
+        return lookups, reads
+
+    lookups0, reads0 = counts()
+    fetches = 0
+    while hdr["next_offset"] < len(sent):
+        hdr, recs = mq_reader.fetch(t, 0, hdr["next_offset"], max_bytes=1)
+        assert len(recs) == 1
+        got += recs
+        fetches += 1
+    lookups1, reads1 = counts()
+    assert values(got) == sent
+    assert [r["offset"] for r in got] == list(range(len(sent)))
+    assert lookups1 - lookups0 < fetches / 2, (lookups1 - lookups0, fetches)
+    assert reads1 - reads0 < fetches / 4, (reads1 - reads0, fetches)
+    # At the high watermark the state is read afresh: a new record shows at once.
+    mq.produce(t, 0, [b"tail"])
+    hdr, recs = mq_reader.fetch(t, 0, len(sent))
+    assert values(recs) == [b"tail"] and hdr["high_watermark"] == len(sent) + 1
 
 
 def test_fetch_max_bytes_and_offsets_out_of_range(mq):

@@ -586,7 +586,30 @@ impl Mq {
 
     /// The state of a partition, after waiting up to `wait_ms` for records
     /// past `offset` when there are none yet.
-    pub async fn state_for_fetch(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, wait_ms: u64) -> Result<PartitionState> {
+    ///
+    /// An offset below the high watermark of a state read for a fetch less
+    /// than [`crate::log::FETCH_STATE_MAX_AGE_MS`] ago is served with that
+    /// state (`true`: a consumer with a backlog reads on without a metadata
+    /// call per fetch); anything else reads the state.
+    pub async fn state_for_fetch(
+        &self,
+        t: &str,
+        p: u32,
+        pdir: fskv_types::InodeId,
+        offset: u64,
+        wait_ms: u64,
+    ) -> Result<(PartitionState, bool)> {
+        if let Some(s) = self.log.recent_state(pdir) {
+            if s.log_start <= offset && offset < s.hw {
+                return Ok((s, true));
+            }
+        }
+        let s = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
+        self.log.remember_state(pdir, &s);
+        Ok((s, false))
+    }
+
+    async fn state_for_fetch_fresh(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, wait_ms: u64) -> Result<PartitionState> {
         let cur: Versioned<PartitionState> = self.store.read_state(pdir).await?;
         if cur.value.hw > offset || wait_ms == 0 || offset < cur.value.log_start {
             return Ok(cur.value);
@@ -626,8 +649,19 @@ impl Mq {
             Some("latest") => self.store.read_state(pdir).await?.value.hw,
             Some(_) => q_u64(&q, "offset")?.unwrap_or(0),
         };
-        let state = self.state_for_fetch(t, p, pdir, offset, wait_ms).await?;
-        let f = self.log.fetch(pdir, &state, offset, max_bytes).await?;
+        let (state, recent) = self.state_for_fetch(t, p, pdir, offset, wait_ms).await?;
+        let f = match self.log.fetch(pdir, &state, offset, max_bytes).await {
+            Ok(f) => f,
+            // The kept state may predate a retention pass that removed the
+            // segment: decide on the state as it is now.
+            Err(_) if recent => {
+                self.log.forget_state(pdir);
+                let state = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
+                self.log.remember_state(pdir, &state);
+                self.log.fetch(pdir, &state, offset, max_bytes).await?
+            }
+            Err(e) => return Err(e),
+        };
         if q.get("format").map(String::as_str) == Some("json") {
             let recs = decode_batches(f.data.clone(), offset)?;
             let out: Vec<Value> = recs

@@ -31,11 +31,25 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub const MANIFEST_FILE: &str = "segments";
 /// Bytes read at a time when scanning a segment.
 const SCAN_READ_BYTES: u64 = 256 << 10;
 const CACHE_MAX_ENTRIES: usize = 16_384;
+/// A read of a segment smaller than this fetches this much (never past the
+/// committed end) and keeps it, so a consumer reading on a batch at a time
+/// pays one storage read per window, not one per batch. Committed bytes
+/// never change (module docs), so a window is never stale.
+const READ_AHEAD_BYTES: u64 = 64 << 10;
+/// Read-ahead windows kept at most (`READ_AHEAD_BYTES` each: 32 MiB).
+const MAX_READ_AHEAD_WINDOWS: usize = 512;
+/// How old a partition state a fetch may use instead of reading it again,
+/// when the offset asked for is below that state's high watermark (a
+/// consumer with a backlog): the answer is what a fetch that read the state
+/// this long ago would give. A fetch at or past it reads the state afresh,
+/// so a consumer at the tail sees a new record at once.
+pub const FETCH_STATE_MAX_AGE_MS: u64 = 50;
 
 /// One sealed segment in the manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +155,11 @@ struct Caches {
     indexes: HashMap<(InodeId, String), CachedIndex>,
     /// (pdir, offset) → (segment, position of the batch holding offset).
     positions: HashMap<(InodeId, u64), (String, u64)>,
+    /// (pdir, segment) → (position, committed bytes from there): the last
+    /// read-ahead window of the segment.
+    windows: HashMap<(InodeId, String), (u64, Bytes)>,
+    /// pdir → the partition state last read for a fetch, and when.
+    states: HashMap<InodeId, (Instant, PartitionState)>,
 }
 
 #[derive(Clone)]
@@ -193,16 +212,47 @@ impl LogReader {
         Ok(i)
     }
 
-    /// Reads `[pos, pos+len)` of a segment (within its committed end).
+    /// A partition state read for a fetch less than
+    /// [`FETCH_STATE_MAX_AGE_MS`] ago.
+    pub fn recent_state(&self, pdir: InodeId) -> Option<PartitionState> {
+        let c = self.caches.lock();
+        let (at, s) = c.states.get(&pdir)?;
+        (at.elapsed() < Duration::from_millis(FETCH_STATE_MAX_AGE_MS)).then(|| s.clone())
+    }
+
+    /// Keeps the state just read for [`LogReader::recent_state`].
+    pub fn remember_state(&self, pdir: InodeId, state: &PartitionState) {
+        let mut c = self.caches.lock();
+        if c.states.len() >= CACHE_MAX_ENTRIES && !c.states.contains_key(&pdir) {
+            c.states.clear();
+        }
+        c.states.insert(pdir, (Instant::now(), state.clone()));
+    }
+
+    /// Forgets the state kept for `pdir` (a fetch made with it failed).
+    pub fn forget_state(&self, pdir: InodeId) {
+        self.caches.lock().states.remove(&pdir);
+    }
+
+    /// Reads `[pos, pos+len)` of a segment (within its committed end); a
+    /// small read comes from, or fills, the segment's read-ahead window.
     pub async fn read_segment(&self, pdir: InodeId, seg: &Segment, pos: u64, len: u64) -> Result<Bytes> {
         let len = len.min(seg.end.saturating_sub(pos));
         if len == 0 {
             return Ok(Bytes::new());
         }
+        let key = (pdir, seg.name.clone());
+        if let Some((at, w)) = self.caches.lock().windows.get(&key) {
+            if *at <= pos && pos + len <= *at + w.len() as u64 {
+                let from = (pos - at) as usize;
+                return Ok(w.slice(from..from + len as usize));
+            }
+        }
+        let want = if len < READ_AHEAD_BYTES { READ_AHEAD_BYTES.min(seg.end - pos) } else { len };
         let inode = self.inode(pdir, &seg.name).await?;
         let h = reader(&self.store.fs, &inode, seg.end)?;
-        let data = h.read_at(pos, len).await.map_err(|e| from_file(e, &seg.name))?;
-        if (data.len() as u64) < len {
+        let data = h.read_at(pos, want).await.map_err(|e| from_file(e, &seg.name))?;
+        if (data.len() as u64) < want {
             return Err(MqError::Corrupt(format!(
                 "segment {} is shorter ({} bytes at {pos}) than its committed end {}",
                 seg.name,
@@ -210,7 +260,14 @@ impl LogReader {
                 seg.end
             )));
         }
-        Ok(data)
+        if want > len {
+            let mut c = self.caches.lock();
+            if c.windows.len() >= MAX_READ_AHEAD_WINDOWS && !c.windows.contains_key(&key) {
+                c.windows.clear();
+            }
+            c.windows.insert(key, (pos, data.clone()));
+        }
+        Ok(data.slice(..len as usize))
     }
 
     async fn index_of(&self, pdir: InodeId, seg: &Segment) -> Vec<index::IndexEntry> {
