@@ -175,6 +175,19 @@ class MqClient:
             b["generation"] = generation
         return self.json("POST", f"/v1/groups/{group}/commit", b)
 
+    def poll(self, group, topic, partition, offset, member_id=None, generation=None, max_bytes=None, wait_ms=None):
+        """Commits `offset` for the group, then fetches from it (one request)."""
+        b = {"topic": topic, "partition": partition, "offset": offset}
+        if member_id is not None:
+            b["member_id"] = member_id
+            b["generation"] = generation
+        if max_bytes is not None:
+            b["max_bytes"] = max_bytes
+        if wait_ms is not None:
+            b["wait_ms"] = wait_ms
+        r = self.request("POST", f"/v1/groups/{group}/poll", b)
+        return decode_fetch(r.content)
+
     def describe_group(self, group):
         return self.json("GET", f"/v1/groups/{group}")
 

@@ -334,6 +334,56 @@ def test_fifo_groups_and_dedup(mq):
     assert [m["value"] for m in nxt] == ["YTI="]
 
 
+def test_poll_commits_then_fetches_in_one_request(mq, mq_reader):
+    t = name("poll")
+    g = name("pg")
+    mq.create_topic(t, partitions=2)
+    sent = [f"p{i}".encode() for i in range(30)]
+    for v in sent:
+        mq.produce(t, 1, [v])
+    # A consumer polling one record at a time: each poll commits what the
+    # previous one returned and fetches the next.
+    got, off = [], 0
+    while off < len(sent):
+        hdr, recs = mq.poll(g, t, 1, off, max_bytes=1)
+        assert recs and recs[0]["offset"] == off
+        got += recs
+        off = hdr["next_offset"]
+        offs = {(o["topic"], o["partition"]): o["offset"] for o in mq.describe_group(g)["offsets"]}
+        assert offs[(t, 1)] == recs[0]["offset"]
+    assert values(got) == sent
+    # At the end: the last commit, nothing to fetch; a long poll wakes on a produce.
+    hdr, recs = mq.poll(g, t, 1, off)
+    assert recs == [] and hdr["high_watermark"] == len(sent)
+    threading.Timer(0.3, lambda: mq.produce(t, 1, [b"late"])).start()
+    t0 = time.time()
+    hdr, recs = mq.poll(g, t, 1, off, wait_ms=5000)
+    assert values(recs) == [b"late"] and time.time() - t0 < 4
+    offs = {(o["topic"], o["partition"]): o["offset"] for o in mq.describe_group(g)["offsets"]}
+    assert offs[(t, 1)] == len(sent)
+    # A member of an old generation is fenced: 409, no records, the offset stays.
+    a = mq.join(g, [t], member_id="a", session_timeout_ms=30_000)
+    mq.join(g, [t], member_id="b", session_timeout_ms=30_000)
+    with pytest.raises(MqError) as e:
+        mq.poll(g, t, 1, off + 1, member_id="a", generation=a["generation"])
+    assert e.value.status == 409
+    offs = {(o["topic"], o["partition"]): o["offset"] for o in mq.describe_group(g)["offsets"]}
+    assert offs[(t, 1)] == len(sent)
+    # Bad input: 4xx with a code, nothing committed.
+    for body, status in [({"topic": t, "partition": 1}, 400), ({"topic": t, "offset": 1}, 400),
+                         ({"topic": t, "partition": 9, "offset": 0}, 404), ({"topic": t, "partition": 1, "offset": 0, "max_bytes": 0}, 400),
+                         ({"partition": 1, "offset": 0}, 400), ({"topic": t, "partition": 1, "offset": 0, "member_id": "a"}, 400)]:
+        r = mq.request("POST", f"/v1/groups/{g}/poll", body, expect=None)
+        assert r.status_code == status, (body, r.status_code, r.content)
+        assert r.json()["error"]["code"], r.content
+    # It commits: the read-only port refuses it, as it refuses a commit.
+    with pytest.raises(MqError) as e:
+        mq_reader.poll(g, t, 1, 0)
+    assert e.value.status == 403 and e.value.code == "ReadOnlyGateway", e.value.body
+    mq.leave(g, "a")
+    mq.leave(g, "b")
+
+
 def test_writer_fencing_by_takeover(mq):
     """A forced takeover bumps the partition's epoch; appends continue at the
     next offset, nothing acknowledged is lost."""

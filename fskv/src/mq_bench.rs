@@ -9,7 +9,9 @@
 //! produce is a batch of `B` messages of `--size` bytes acknowledged as a
 //! whole (ours: one produce request; NATS: B pipelined publishes, then their
 //! B acks; Redis: B pipelined XADDs); a consume step fetches up to B
-//! messages and commits past them (ours: fetch + group commit; NATS: pull
+//! messages and commits past them (ours: one poll that commits past the
+//! previous step's messages and fetches the next, or with `--consume-with
+//! fetch-commit` a fetch, then a group commit; NATS: pull
 //! `MSG.NEXT` of B, then a synchronous ack of the last (AckAll); Redis:
 //! XREADGROUP COUNT B + XACK of their ids). The protocol clients are
 //! minimal hand-written ones (HTTP/1.1 + SigV4, NATS text protocol, RESP)
@@ -56,6 +58,18 @@ pub struct MqBenchArgs {
     /// Label for the report (e.g. "r1", "r3").
     #[arg(long, default_value = "")]
     label: String,
+    /// How our consumer consumes: `poll` (one `POST /v1/groups/<g>/poll` a
+    /// step: commits past the previous step's messages and fetches the
+    /// next; the last commit after the loop, timed) or `fetch-commit` (a
+    /// fetch, then a commit, a step).
+    #[arg(long, value_enum, default_value_t = ConsumeWith::Poll)]
+    consume_with: ConsumeWith,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ConsumeWith {
+    Poll,
+    FetchCommit,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -95,8 +109,13 @@ trait ProduceConn: Send {
 
 #[async_trait::async_trait]
 trait ConsumeConn: Send {
-    /// Fetches up to `max` messages and commits past them; returns how many.
+    /// Fetches up to `max` messages and commits past them (or past the
+    /// previous step's); returns how many.
     async fn consume(&mut self, max: usize) -> anyhow::Result<usize>;
+    /// Commits what is still uncommitted (after the last step).
+    async fn finish(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 async fn measure<S: System>(sys: Arc<S>, args: &MqBenchArgs, batch: usize) -> anyhow::Result<Figures> {
@@ -145,6 +164,7 @@ async fn measure<S: System>(sys: Arc<S>, args: &MqBenchArgs, batch: usize) -> an
                 let n = conn.consume(batch).await?;
                 got += n as u64;
             }
+            conn.finish().await?;
             anyhow::Ok(got)
         }));
     }
@@ -257,6 +277,7 @@ struct Ours {
     sk: String,
     /// Message size: a fetch of B messages asks for B stored records' bytes.
     size: usize,
+    consume_with: ConsumeWith,
 }
 
 fn encode_produce(batch: &[Vec<u8>]) -> Vec<u8> {
@@ -296,39 +317,76 @@ struct OursConsumer {
     topic: String,
     partition: usize,
     offset: u64,
+    committed: u64,
     record_bytes: usize,
+    poll: bool,
+}
+
+impl OursConsumer {
+    fn group_path(&self, op: &str) -> String {
+        // One group per client, as the baselines' one durable consumer / group per client.
+        format!("/v1/groups/{}-g{}/{op}", self.topic, self.partition)
+    }
+
+    async fn commit(&mut self) -> anyhow::Result<()> {
+        let commit = serde_json::json!({"offsets": [{"topic": self.topic, "partition": self.partition, "offset": self.offset}]});
+        let path = self.group_path("commit");
+        self.http.ok("POST", &path, commit.to_string().as_bytes()).await?;
+        self.committed = self.offset;
+        Ok(())
+    }
+}
+
+fn fetched_next(b: &[u8]) -> anyhow::Result<u64> {
+    if b.len() < 40 || &b[..4] != b"FMQF" {
+        bail!("not a fetch response");
+    }
+    Ok(u64::from_le_bytes(b[24..32].try_into()?))
 }
 
 #[async_trait::async_trait]
 impl ConsumeConn for OursConsumer {
     async fn consume(&mut self, max: usize) -> anyhow::Result<usize> {
-        let path = format!(
-            "/v1/topics/{}/partitions/{}/records?offset={}&max_bytes={}&wait_ms=1000",
-            self.topic,
-            self.partition,
-            self.offset,
-            (max * self.record_bytes).max(1)
-        );
-        let b = self.http.ok("GET", &path, b"").await?;
-        if b.len() < 40 || &b[..4] != b"FMQF" {
-            bail!("not a fetch response");
-        }
-        let next = u64::from_le_bytes(b[24..32].try_into()?);
-        let n = (next - self.offset) as usize;
+        let max_bytes = (max * self.record_bytes).max(1);
+        let b = if self.poll {
+            let body = serde_json::json!({"topic": self.topic, "partition": self.partition, "offset": self.offset, "max_bytes": max_bytes, "wait_ms": 1000});
+            let path = self.group_path("poll");
+            let b = self.http.ok("POST", &path, body.to_string().as_bytes()).await?;
+            self.committed = self.offset;
+            b
+        } else {
+            let path = format!(
+                "/v1/topics/{}/partitions/{}/records?offset={}&max_bytes={max_bytes}&wait_ms=1000",
+                self.topic, self.partition, self.offset
+            );
+            self.http.ok("GET", &path, b"").await?
+        };
+        let next = fetched_next(&b)?;
+        let n = next.saturating_sub(self.offset) as usize;
         if n == 0 {
             return Ok(0);
         }
         self.offset = next;
-        let commit = serde_json::json!({"offsets": [{"topic": self.topic, "partition": self.partition, "offset": next}]});
-        // One group per client, as the baselines' one durable consumer / group per client.
-        self.http.ok("POST", &format!("/v1/groups/{}-g{}/commit", self.topic, self.partition), commit.to_string().as_bytes()).await?;
+        if !self.poll {
+            self.commit().await?;
+        }
         Ok(n)
+    }
+
+    async fn finish(&mut self) -> anyhow::Result<()> {
+        if self.committed < self.offset {
+            self.commit().await?;
+        }
+        Ok(())
     }
 }
 
 impl System for Ours {
     fn name(&self) -> String {
-        "fskv MQ gateway".into()
+        match self.consume_with {
+            ConsumeWith::Poll => "fskv MQ gateway (poll)".into(),
+            ConsumeWith::FetchCommit => "fskv MQ gateway (fetch+commit)".into(),
+        }
     }
 
     async fn setup(&self, run: &str, clients: usize) -> anyhow::Result<()> {
@@ -345,7 +403,15 @@ impl System for Ours {
 
     async fn consumer(&self, run: &str, client: usize) -> anyhow::Result<Box<dyn ConsumeConn>> {
         let http = Http::connect(&self.addr, &self.ak, &self.sk).await?;
-        Ok(Box::new(OursConsumer { http, topic: format!("bench-{run}"), partition: client, offset: 0, record_bytes: self.size + 26 }))
+        Ok(Box::new(OursConsumer {
+            http,
+            topic: format!("bench-{run}"),
+            partition: client,
+            offset: 0,
+            committed: 0,
+            record_bytes: self.size + 26,
+            poll: self.consume_with == ConsumeWith::Poll,
+        }))
     }
 }
 
@@ -819,6 +885,7 @@ pub async fn run(args: MqBenchArgs) -> anyhow::Result<()> {
         ak: ep["access_key"].as_str().unwrap_or_default().to_string(),
         sk: ep["secret_key"].as_str().unwrap_or_default().to_string(),
         size: args.size,
+        consume_with: args.consume_with,
     });
     let base = args.dir.clone().unwrap_or_else(|| args.data.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")));
     let work = tempfile::Builder::new().prefix("fskv-mqbench.").tempdir_in(&base)?;
@@ -835,7 +902,7 @@ pub async fn run(args: MqBenchArgs) -> anyhow::Result<()> {
     for &b in &args.batches {
         anyhow::ensure!((1..=10_000).contains(&b), "batch {b}: 1 to 10000");
         let mut f = measure(Arc::clone(&ours), &args, b).await?;
-        f.system = format!("fskv MQ gateway {}", args.label).trim().to_string();
+        f.system = format!("{} {}", ours.name(), args.label).trim().to_string();
         print_row(&f);
         rows.push(f);
     }

@@ -4,7 +4,7 @@
 use crate::config::MqConfig;
 use crate::error::{json_response, MqError, Result};
 use crate::group::{GroupLimits, GroupState, MemberView};
-use crate::log::LogReader;
+use crate::log::{Fetched, LogReader};
 use crate::partition::{QueueOp, QueueReply, ReceivedMessage, Writer};
 use crate::record::{decode_batches, partition_for_key, FetchHeader, ProduceRequest, RecordLimits, FETCH_HEADER_BYTES};
 use crate::route::NativeOp;
@@ -293,6 +293,10 @@ impl Mq {
                     }
                     Err(e) => Err(crate::error::from_meta(e, &g)),
                 }
+            }
+            Poll(g) => {
+                let v: Value = read_json_body(body, ctl, false).await?;
+                self.poll(&g, v, tenant).await
             }
             JoinGroup(g) | Heartbeat(g) | LeaveGroup(g) | CommitOffsets(g) => {
                 let v: Value = read_json_body(body, ctl, false).await?;
@@ -632,16 +636,8 @@ impl Mq {
 
     async fn fetch(&self, t: &str, p: u32, parts: &Parts) -> Result<Response<Bytes>> {
         let q = query(parts);
-        let l = &self.cfg.limits;
         self.check_partition(t, p).await?;
-        let max_bytes = q_u64(&q, "max_bytes")?.unwrap_or(l.default_fetch_bytes);
-        if max_bytes == 0 || max_bytes > l.max_fetch_bytes {
-            return Err(MqError::InvalidRequest(format!("max_bytes {max_bytes}: 1 to {}", l.max_fetch_bytes)));
-        }
-        let wait_ms = q_u64(&q, "wait_ms")?.unwrap_or(0);
-        if wait_ms > l.max_wait_ms {
-            return Err(MqError::InvalidRequest(format!("wait_ms {wait_ms}: at most {}", l.max_wait_ms)));
-        }
+        let (max_bytes, wait_ms) = self.fetch_bounds(q_u64(&q, "max_bytes")?, q_u64(&q, "wait_ms")?)?;
         let pdir = self.store.partition_dir(t, p).await?;
         let offset = match q.get("offset").map(String::as_str) {
             None => return Err(MqError::InvalidRequest("the offset query parameter is required (a number, earliest or latest)".into())),
@@ -649,19 +645,7 @@ impl Mq {
             Some("latest") => self.store.read_state(pdir).await?.value.hw,
             Some(_) => q_u64(&q, "offset")?.unwrap_or(0),
         };
-        let (state, recent) = self.state_for_fetch(t, p, pdir, offset, wait_ms).await?;
-        let f = match self.log.fetch(pdir, &state, offset, max_bytes).await {
-            Ok(f) => f,
-            // The kept state may predate a retention pass that removed the
-            // segment: decide on the state as it is now.
-            Err(_) if recent => {
-                self.log.forget_state(pdir);
-                let state = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
-                self.log.remember_state(pdir, &state);
-                self.log.fetch(pdir, &state, offset, max_bytes).await?
-            }
-            Err(e) => return Err(e),
-        };
+        let f = self.fetch_at(t, p, pdir, offset, max_bytes, wait_ms).await?;
         if q.get("format").map(String::as_str) == Some("json") {
             let recs = decode_batches(f.data.clone(), offset)?;
             let out: Vec<Value> = recs
@@ -683,20 +667,71 @@ impl Mq {
                 "records": out,
             })));
         }
-        let mut out = BytesMut::with_capacity(FETCH_HEADER_BYTES + f.data.len());
-        FetchHeader { high_watermark: f.high_watermark, log_start_offset: f.log_start, next_offset: f.next_offset }.encode(&mut out);
-        out.extend_from_slice(&f.data);
-        let mut resp = Response::new(out.freeze());
-        let h = resp.headers_mut();
-        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(FETCH_CONTENT_TYPE));
-        for (name, v) in
-            [("x-fskv-high-watermark", f.high_watermark), ("x-fskv-next-offset", f.next_offset), ("x-fskv-log-start-offset", f.log_start)]
-        {
-            if let Ok(v) = HeaderValue::from_str(&v.to_string()) {
-                h.insert(name, v);
-            }
+        Ok(fetch_response(&f))
+    }
+
+    /// A fetch's `max_bytes` and `wait_ms` (defaults applied), checked
+    /// against the limits.
+    fn fetch_bounds(&self, max_bytes: Option<u64>, wait_ms: Option<u64>) -> Result<(u64, u64)> {
+        let l = &self.cfg.limits;
+        let max_bytes = max_bytes.unwrap_or(l.default_fetch_bytes);
+        if max_bytes == 0 || max_bytes > l.max_fetch_bytes {
+            return Err(MqError::InvalidRequest(format!("max_bytes {max_bytes}: 1 to {}", l.max_fetch_bytes)));
         }
-        Ok(resp)
+        let wait_ms = wait_ms.unwrap_or(0);
+        if wait_ms > l.max_wait_ms {
+            return Err(MqError::InvalidRequest(format!("wait_ms {wait_ms}: at most {}", l.max_wait_ms)));
+        }
+        Ok((max_bytes, wait_ms))
+    }
+
+    /// Fetches from `offset`, waiting up to `wait_ms` for a record past it.
+    async fn fetch_at(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, max_bytes: u64, wait_ms: u64) -> Result<Fetched> {
+        let (state, recent) = self.state_for_fetch(t, p, pdir, offset, wait_ms).await?;
+        match self.log.fetch(pdir, &state, offset, max_bytes).await {
+            Ok(f) => Ok(f),
+            // The kept state may predate a retention pass that removed the
+            // segment: decide on the state as it is now.
+            Err(_) if recent => {
+                self.log.forget_state(pdir);
+                let state = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
+                self.log.remember_state(pdir, &state);
+                self.log.fetch(pdir, &state, offset, max_bytes).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `POST /v1/groups/<g>/poll`: commits `offset` of one partition for
+    /// the group (as `commit` with one entry: everything before it is
+    /// consumed) and fetches from it, in one request. The commit and the
+    /// fetch run together; a refused commit (fenced generation, unknown
+    /// member) fails the poll and returns no records. Served by writers (it
+    /// commits), which fetch as readers do.
+    async fn poll(&self, g: &str, v: Value, tenant: &str) -> Result<Response<Bytes>> {
+        check_topic_name(g)?;
+        let topic = v.get("topic").and_then(Value::as_str).ok_or_else(|| MqError::InvalidRequest("poll needs \"topic\"".into()))?;
+        check_topic_name(topic)?;
+        let partition = v
+            .get("partition")
+            .and_then(Value::as_u64)
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or_else(|| MqError::InvalidRequest("poll needs \"partition\" (a number)".into()))?;
+        let offset = v
+            .get("offset")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| MqError::InvalidRequest("poll needs \"offset\" (a number: committed, then fetched from)".into()))?;
+        let who = member_of(&v)?;
+        let metadata = v.get("metadata").and_then(Value::as_str).unwrap_or("").to_string();
+        let (max_bytes, wait_ms) =
+            self.fetch_bounds(v.get("max_bytes").and_then(Value::as_u64), v.get("wait_ms").and_then(Value::as_u64))?;
+        self.store.topic(topic).await?.check_owner(tenant)?;
+        self.check_partition(topic, partition).await?;
+        let pdir = self.store.partition_dir(topic, partition).await?;
+        let commit = self.commit_coalesced(g, tenant, who, vec![(topic.to_string(), partition, offset, metadata)]);
+        let fetch = self.fetch_at(topic, partition, pdir, offset, max_bytes, wait_ms);
+        let ((), f) = tokio::try_join!(commit, fetch)?;
+        Ok(fetch_response(&f))
     }
 
     async fn offsets(&self, t: &str, p: u32, parts: &Parts) -> Result<Response<Bytes>> {
@@ -1138,13 +1173,7 @@ impl Mq {
                 Ok(ok(json!({ "left": member })))
             }
             _ => {
-                let member = s("member_id").filter(|m| !m.is_empty());
-                let generation = v.get("generation").and_then(Value::as_u64);
-                let who = match (member.as_deref(), generation) {
-                    (Some(m), Some(gen)) => Some((m, gen)),
-                    (None, None) => None,
-                    _ => return Err(MqError::InvalidRequest("commit needs both member_id and generation, or neither".into())),
-                };
+                let who = member_of(&v)?;
                 let list = v
                     .get("offsets")
                     .and_then(Value::as_array)
@@ -1177,11 +1206,39 @@ impl Mq {
                     return Err(MqError::InvalidRequest("commit needs at least one offset".into()));
                 }
                 let n = offsets.len();
-                self.commit_coalesced(g, tenant, who.map(|(m, gen)| (m.to_string(), gen)), offsets).await?;
+                self.commit_coalesced(g, tenant, who, offsets).await?;
                 Ok(ok(json!({ "committed": n })))
             }
         }
     }
+}
+
+/// The member and generation a commit (or poll) is made as: both or neither.
+fn member_of(v: &Value) -> Result<Option<(String, u64)>> {
+    let member = v.get("member_id").and_then(Value::as_str).filter(|m| !m.is_empty());
+    match (member, v.get("generation").and_then(Value::as_u64)) {
+        (Some(m), Some(gen)) => Ok(Some((m.to_string(), gen))),
+        (None, None) => Ok(None),
+        _ => Err(MqError::InvalidRequest("a commit needs both member_id and generation, or neither".into())),
+    }
+}
+
+/// The binary fetch response (docs/mq.md, "Fetch"): header, then the batches.
+fn fetch_response(f: &Fetched) -> Response<Bytes> {
+    let mut out = BytesMut::with_capacity(FETCH_HEADER_BYTES + f.data.len());
+    FetchHeader { high_watermark: f.high_watermark, log_start_offset: f.log_start, next_offset: f.next_offset }.encode(&mut out);
+    out.extend_from_slice(&f.data);
+    let mut resp = Response::new(out.freeze());
+    let h = resp.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(FETCH_CONTENT_TYPE));
+    for (name, v) in
+        [("x-fskv-high-watermark", f.high_watermark), ("x-fskv-next-offset", f.next_offset), ("x-fskv-log-start-offset", f.log_start)]
+    {
+        if let Ok(v) = HeaderValue::from_str(&v.to_string()) {
+            h.insert(name, v);
+        }
+    }
+    resp
 }
 
 /// The last path segment of a POST names the queue or group operation.

@@ -9,6 +9,7 @@
 //! | `POST /` with `X-Amz-Target: AmazonSQS.<Op>` | `sqs.<Op>` | read for `GetQueueUrl`, `ListQueues`, `GetQueueAttributes`, `ListQueueTags`, `ListDeadLetterSourceQueues`, `ListMessageMoveTasks`; mutation for every other operation, **`ReceiveMessage` included** | control |
 //! | `GET`/`HEAD` under `/v1/` | per path (`Fetch`, `Offsets`, `DescribeTopic`, …) | read | none |
 //! | `POST …/records` | `Produce` | mutation | data |
+//! | `POST /v1/groups/<g>/poll` | `Poll` (commit, then fetch) | mutation: it commits | control |
 //! | other methods under `/v1/` | per path | mutation | control |
 //!
 //! Why `ReceiveMessage` (and the native queue `receive`) is a mutation: a
@@ -53,6 +54,8 @@ pub enum NativeOp {
     Heartbeat(String),
     LeaveGroup(String),
     CommitOffsets(String),
+    /// Commit an offset of a group, then fetch from it (one request).
+    Poll(String),
 }
 
 impl NativeOp {
@@ -84,6 +87,7 @@ impl NativeOp {
             Heartbeat(_) => "Heartbeat",
             LeaveGroup(_) => "LeaveGroup",
             CommitOffsets(_) => "CommitOffsets",
+            Poll(_) => "Poll",
         }
     }
 }
@@ -142,6 +146,7 @@ pub fn parse_native(method: &Method, path: &str) -> Option<NativeOp> {
             "heartbeat" => Heartbeat(g.to_string()),
             "leave" => LeaveGroup(g.to_string()),
             "commit" => CommitOffsets(g.to_string()),
+            "poll" => Poll(g.to_string()),
             _ => return None,
         },
         _ => return None,
@@ -257,6 +262,7 @@ mod tests {
         assert_eq!(c(Method::POST, "/v1/topics/t/queues/q/receive"), ("Receive", Access::Mutation, BodyClass::Control));
         assert_eq!(c(Method::GET, "/v1/topics/t/queues/q"), ("QueueStats", Access::Read, BodyClass::Bodiless));
         assert_eq!(c(Method::POST, "/v1/groups/g/commit"), ("CommitOffsets", Access::Mutation, BodyClass::Control));
+        assert_eq!(c(Method::POST, "/v1/groups/g/poll"), ("Poll", Access::Mutation, BodyClass::Control));
         assert_eq!(c(Method::GET, "/v1/groups/g"), ("DescribeGroup", Access::Read, BodyClass::Bodiless));
         assert_eq!(c(Method::GET, "/v1/nothing"), ("Unknown", Access::Read, BodyClass::Bodiless));
         assert_eq!(c(Method::POST, "/v1/topics/t/partitions/x/records"), ("Unknown", Access::Mutation, BodyClass::Control));
