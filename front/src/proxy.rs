@@ -192,7 +192,7 @@ impl tower_service::Service<Uri> for UpstreamConnector {
             let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {uri} took over {limit:?}"));
             match unix {
                 Some(path) => {
-                    let s = tokio::time::timeout(limit, tokio::net::UnixStream::connect(&path)).await.map_err(|_| timed_out())??;
+                    let s = fskv_gateway::handover::connect_unix_within(&path, limit).await?;
                     Ok(UpstreamStream::Unix(TokioIo::new(s)))
                 }
                 None => {

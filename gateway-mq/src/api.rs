@@ -937,13 +937,9 @@ impl Mq {
         durability: Durability,
     ) -> Result<R> {
         check_topic_name(g)?;
-        let relaxed;
         let fs = match durability {
             Durability::Synced => &self.store.fs,
-            Durability::Relaxed => {
-                relaxed = self.store.fs.with_relaxed_metadata();
-                &relaxed
-            }
+            Durability::Relaxed => &self.store.fs_relaxed,
         };
         for attempt in 0..32u64 {
             // The group as this process last wrote it, if it did: the CAS

@@ -181,6 +181,8 @@ struct Caches {
 #[derive(Clone)]
 pub struct Store {
     pub fs: FsClient,
+    /// `fs` whose metadata requests are relaxed (offset commits; docs/mq.md).
+    pub fs_relaxed: FsClient,
     pub root: InodeId,
     pub topics: InodeId,
     pub groups: InodeId,
@@ -213,7 +215,8 @@ impl Store {
                 _ => {}
             }
         }
-        Ok(Store { fs, root: cur, topics, groups, caches: Arc::default() })
+        let fs_relaxed = fs.with_relaxed_metadata();
+        Ok(Store { fs, fs_relaxed, root: cur, topics, groups, caches: Arc::default() })
     }
 
     fn cached_dir(&self, parent: InodeId, name: &str) -> Option<InodeId> {

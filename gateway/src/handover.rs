@@ -279,7 +279,8 @@ pub(crate) fn return_socket_from_env() -> Option<PathBuf> {
 /// kept-alive HTTP/1.1 connections (a burst of mutations on handed reader
 /// connections must not cost a Unix connect each).
 pub(crate) struct ReturnSocket<B = hyper::body::Incoming> {
-    path: PathBuf,
+    /// The socket's path (shared with the connector; for error messages).
+    path: Arc<PathBuf>,
     client: hyper_util::client::legacy::Client<ReturnConnector, B>,
 }
 
@@ -303,13 +304,19 @@ impl tower_service::Service<http::Uri> for ReturnConnector {
     fn call(&mut self, _uri: http::Uri) -> Self::Future {
         let path = Arc::clone(&self.0);
         Box::pin(async move {
-            let limit = Duration::from_millis(RETURN_CONNECT_TIMEOUT_MS);
-            let s = tokio::time::timeout(limit, tokio::net::UnixStream::connect(path.as_path()))
-                .await
-                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting took over {limit:?}")))??;
+            let s = connect_unix_within(&path, Duration::from_millis(RETURN_CONNECT_TIMEOUT_MS)).await?;
             Ok(hyper_util::rt::TokioIo::new(s))
         })
     }
+}
+
+/// Connects to a Unix socket, failing with `TimedOut` after `limit` (the
+/// front's connections to its gateway processes, a process's to the
+/// front's return socket).
+pub async fn connect_unix_within(path: &std::path::Path, limit: Duration) -> io::Result<tokio::net::UnixStream> {
+    tokio::time::timeout(limit, tokio::net::UnixStream::connect(path))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {} took over {limit:?}", path.display())))?
 }
 
 impl<B> ReturnSocket<B>
@@ -318,13 +325,14 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     pub(crate) fn new(path: PathBuf) -> ReturnSocket<B> {
+        let path = Arc::new(path);
         let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .pool_idle_timeout(Duration::from_millis(RETURN_IDLE_TIMEOUT_MS))
             .pool_max_idle_per_host(RETURN_MAX_IDLE_CONNECTIONS)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             // The client's Host passes unchanged (it may be signed).
             .set_host(false)
-            .build(ReturnConnector(Arc::new(path.clone())));
+            .build(ReturnConnector(Arc::clone(&path)));
         ReturnSocket { path, client }
     }
 
