@@ -361,6 +361,12 @@ def test_poll_commits_then_fetches_in_one_request(mq, mq_reader):
     assert values(recs) == [b"late"] and time.time() - t0 < 4
     offs = {(o["topic"], o["partition"]): o["offset"] for o in mq.describe_group(g)["offsets"]}
     assert offs[(t, 1)] == len(sent)
+    # An offset past the end is refused before anything is committed.
+    with pytest.raises(MqError) as e:
+        mq.poll(g, t, 1, len(sent) + 5)
+    assert e.value.status == 416 and e.value.code == "OffsetOutOfRange"
+    offs = {(o["topic"], o["partition"]): o["offset"] for o in mq.describe_group(g)["offsets"]}
+    assert offs[(t, 1)] == len(sent)
     # A member of an old generation is fenced: 409, no records, the offset stays.
     a = mq.join(g, [t], member_id="a", session_timeout_ms=30_000)
     mq.join(g, [t], member_id="b", session_timeout_ms=30_000)

@@ -688,13 +688,29 @@ impl Mq {
     /// Fetches from `offset`, waiting up to `wait_ms` for a record past it.
     async fn fetch_at(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, max_bytes: u64, wait_ms: u64) -> Result<Fetched> {
         let (state, recent) = self.state_for_fetch(t, p, pdir, offset, wait_ms).await?;
-        match self.log.fetch(pdir, &state, offset, max_bytes).await {
+        self.fetch_on(t, p, pdir, &state, recent, offset, max_bytes).await
+    }
+
+    /// Fetches from `offset` on `state` (`recent`: a kept one, see
+    /// [`Mq::state_for_fetch`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_on(
+        &self,
+        t: &str,
+        p: u32,
+        pdir: fskv_types::InodeId,
+        state: &PartitionState,
+        recent: bool,
+        offset: u64,
+        max_bytes: u64,
+    ) -> Result<Fetched> {
+        match self.log.fetch(pdir, state, offset, max_bytes).await {
             Ok(f) => Ok(f),
             // The kept state may predate a retention pass that removed the
             // segment: decide on the state as it is now.
             Err(_) if recent => {
                 self.log.forget_state(pdir);
-                let state = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
+                let state = self.state_for_fetch_fresh(t, p, pdir, offset, 0).await?;
                 self.log.remember_state(pdir, &state);
                 self.log.fetch(pdir, &state, offset, max_bytes).await
             }
@@ -706,8 +722,9 @@ impl Mq {
     /// the group (as `commit` with one entry: everything before it is
     /// consumed) and fetches from it, in one request. The commit and the
     /// fetch run together; a refused commit (fenced generation, unknown
-    /// member) fails the poll and returns no records. Served by writers (it
-    /// commits), which fetch as readers do.
+    /// member) fails the poll and returns no records. An offset outside
+    /// `[log_start, hw]` is refused (416) before anything is committed.
+    /// Served by writers (it commits), which fetch as readers do.
     async fn poll(&self, g: &str, v: Value, tenant: &str) -> Result<Response<Bytes>> {
         check_topic_name(g)?;
         let topic = v.get("topic").and_then(Value::as_str).ok_or_else(|| MqError::InvalidRequest("poll needs \"topic\"".into()))?;
@@ -728,8 +745,19 @@ impl Mq {
         self.store.topic(topic).await?.check_owner(tenant)?;
         self.check_partition(topic, partition).await?;
         let pdir = self.store.partition_dir(topic, partition).await?;
+        let (state, recent) = self.state_for_fetch(topic, partition, pdir, offset, 0).await?;
+        if offset < state.log_start || offset > state.hw {
+            return Err(MqError::OffsetOutOfRange { offset, log_start: state.log_start, high_watermark: state.hw });
+        }
         let commit = self.commit_coalesced(g, tenant, who, vec![(topic.to_string(), partition, offset, metadata)]);
-        let fetch = self.fetch_at(topic, partition, pdir, offset, max_bytes, wait_ms);
+        let fetch = async {
+            if offset < state.hw || wait_ms == 0 {
+                self.fetch_on(topic, partition, pdir, &state, recent, offset, max_bytes).await
+            } else {
+                // At the end of the log: wait for a record, as a fetch does.
+                self.fetch_at(topic, partition, pdir, offset, max_bytes, wait_ms).await
+            }
+        };
         let ((), f) = tokio::try_join!(commit, fetch)?;
         Ok(fetch_response(&f))
     }
