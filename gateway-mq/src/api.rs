@@ -614,9 +614,23 @@ impl Mq {
     }
 
     async fn state_for_fetch_fresh(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, wait_ms: u64) -> Result<PartitionState> {
-        let cur: Versioned<PartitionState> = self.store.read_state(pdir).await?;
-        if cur.value.hw > offset || wait_ms == 0 || offset < cur.value.log_start {
-            return Ok(cur.value);
+        let cur = self.store.read_state(pdir).await?.value;
+        self.wait_for_records(t, p, pdir, offset, wait_ms, cur).await
+    }
+
+    /// `cur` (just read), or the state once records past `offset` are
+    /// there, waiting up to `wait_ms` for them.
+    async fn wait_for_records(
+        &self,
+        t: &str,
+        p: u32,
+        pdir: fskv_types::InodeId,
+        offset: u64,
+        wait_ms: u64,
+        cur: PartitionState,
+    ) -> Result<PartitionState> {
+        if cur.hw > offset || wait_ms == 0 || offset < cur.log_start {
+            return Ok(cur);
         }
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         if let Some(mut rx) = self.writer.watch_hw(t, p) {
@@ -754,8 +768,12 @@ impl Mq {
             if offset < state.hw || wait_ms == 0 {
                 self.fetch_on(topic, partition, pdir, &state, recent, offset, max_bytes).await
             } else {
-                // At the end of the log: wait for a record, as a fetch does.
-                self.fetch_at(topic, partition, pdir, offset, max_bytes, wait_ms).await
+                // At the end of the log (`state` was read afresh: `recent`
+                // only serves offsets below `hw`): wait for a record, as a
+                // fetch does, from the state in hand.
+                let state = self.wait_for_records(topic, partition, pdir, offset, wait_ms, state.clone()).await?;
+                self.log.remember_state(pdir, &state);
+                self.fetch_on(topic, partition, pdir, &state, false, offset, max_bytes).await
             }
         };
         let ((), f) = tokio::try_join!(commit, fetch)?;

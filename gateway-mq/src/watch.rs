@@ -9,7 +9,7 @@
 
 use crate::error::Result;
 use crate::state::PartitionState;
-use crate::store::{Store, Versioned};
+use crate::store::Store;
 use fskv_types::InodeId;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -72,15 +72,9 @@ impl HwWatcher {
 
     /// Waits until the state's high watermark passes `offset` or `deadline`
     /// comes; returns the newest state seen (or `current` if none newer).
-    pub async fn wait_beyond(
-        &self,
-        pdir: InodeId,
-        offset: u64,
-        deadline: Instant,
-        current: Versioned<PartitionState>,
-    ) -> Result<PartitionState> {
+    pub async fn wait_beyond(&self, pdir: InodeId, offset: u64, deadline: Instant, current: PartitionState) -> Result<PartitionState> {
         let mut rx = self.subscribe(pdir);
-        let mut best = current.value;
+        let mut best = current;
         loop {
             if let Some(s) = rx.borrow_and_update().as_ref() {
                 if s.hw > best.hw || s.log_start != best.log_start {
