@@ -594,8 +594,8 @@ impl Mq {
     /// An offset below the high watermark of a state read for a fetch less
     /// than [`crate::log::FETCH_STATE_MAX_AGE_MS`] ago is served with that
     /// state (`true`: a consumer with a backlog reads on without a metadata
-    /// call per fetch); anything else reads the state.
-    pub async fn state_for_fetch(
+    /// call per fetch); anything else reads the state (and keeps it).
+    async fn state_for_fetch(
         &self,
         t: &str,
         p: u32,
@@ -609,17 +609,19 @@ impl Mq {
             }
         }
         let s = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
-        self.log.remember_state(pdir, &s);
         Ok((s, false))
     }
 
+    /// The state read now, after waiting as [`Mq::wait_for_records`] does
+    /// (kept for [`LogReader::recent_state`]).
     async fn state_for_fetch_fresh(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, wait_ms: u64) -> Result<PartitionState> {
         let cur = self.store.read_state(pdir).await?.value;
         self.wait_for_records(t, p, pdir, offset, wait_ms, cur).await
     }
 
     /// `cur` (just read), or the state once records past `offset` are
-    /// there, waiting up to `wait_ms` for them.
+    /// there, waiting up to `wait_ms` for them; kept for
+    /// [`LogReader::recent_state`].
     async fn wait_for_records(
         &self,
         t: &str,
@@ -629,23 +631,28 @@ impl Mq {
         wait_ms: u64,
         cur: PartitionState,
     ) -> Result<PartitionState> {
-        if cur.hw > offset || wait_ms == 0 || offset < cur.log_start {
-            return Ok(cur);
-        }
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-        if let Some(mut rx) = self.writer.watch_hw(t, p) {
-            loop {
-                if *rx.borrow_and_update() > offset {
-                    return Ok(self.store.read_state(pdir).await?.value);
-                }
-                match tokio::time::timeout_at(deadline, rx.changed()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => break,
-                    Err(_) => return Ok(self.store.read_state(pdir).await?.value),
+        let state = async {
+            if cur.hw > offset || wait_ms == 0 || offset < cur.log_start {
+                return Ok(cur);
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+            if let Some(mut rx) = self.writer.watch_hw(t, p) {
+                loop {
+                    if *rx.borrow_and_update() > offset {
+                        return Ok(self.store.read_state(pdir).await?.value);
+                    }
+                    match tokio::time::timeout_at(deadline, rx.changed()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => return Ok(self.store.read_state(pdir).await?.value),
+                    }
                 }
             }
+            self.watcher.wait_beyond(pdir, offset, deadline, cur).await
         }
-        self.watcher.wait_beyond(pdir, offset, deadline, cur).await
+        .await?;
+        self.log.remember_state(pdir, &state);
+        Ok(state)
     }
 
     async fn fetch(&self, t: &str, p: u32, parts: &Parts) -> Result<Response<Bytes>> {
@@ -725,7 +732,6 @@ impl Mq {
             Err(_) if recent => {
                 self.log.forget_state(pdir);
                 let state = self.state_for_fetch_fresh(t, p, pdir, offset, 0).await?;
-                self.log.remember_state(pdir, &state);
                 self.log.fetch(pdir, &state, offset, max_bytes).await
             }
             Err(e) => Err(e),
@@ -772,7 +778,6 @@ impl Mq {
                 // only serves offsets below `hw`): wait for a record, as a
                 // fetch does, from the state in hand.
                 let state = self.wait_for_records(topic, partition, pdir, offset, wait_ms, state.clone()).await?;
-                self.log.remember_state(pdir, &state);
                 self.fetch_on(topic, partition, pdir, &state, false, offset, max_bytes).await
             }
         };

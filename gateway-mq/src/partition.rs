@@ -10,7 +10,7 @@
 //! | step | what | durable when |
 //! |---|---|---|
 //! | 1 | append the new batches to the active segment, index entries to its index, queue deltas to the queues' state logs — concurrently, each one `write_at` | the storage client returns: every replica of each chain committed the bytes (chunk engine: data `fdatasync`, then its journal `fdatasync`) |
-//! | 2 | CAS the state file: `hw` and `seg_bytes` past the new batches, lease extended | meta's transaction committed (RocksDB WAL synced) |
+//! | 2 | CAS the state file: `hw` and `seg_bytes` past the new batches, lease extended | with a queue operation: meta's transaction committed (RocksDB WAL synced); produces only: a relaxed change (WAL written, synced within meta's `relaxed_sync_interval_ms`) — power loss may take it, acquire re-finds its batches ([`adopt_tail`]) |
 //! | 3 | answer every request of the flush | — |
 //!
 //! Step 1 of flush k+1 runs while step 2 of flush k is in flight (two-stage
@@ -20,7 +20,9 @@
 //! rebuilding every in-memory table from what is durable.
 //!
 //! **Acquire** (first request, or after a failure): read the state; apply
-//! the lease rules ([`crate::state::decide_acquire`]); create the new
+//! the lease rules ([`crate::state::decide_acquire`]); adopt the whole,
+//! valid batches past the state's end of the previous active segment that
+//! continue its offsets ([`adopt_tail`]); create the new
 //! segment `<hw>-<epoch>.log` and its index (exclusive create; an existing
 //! name means a crashed attempt: a higher epoch is taken); seal the
 //! previous active segment in the manifest (CAS); CAS the state (new epoch,
@@ -38,9 +40,11 @@ use crate::index::IndexBuilder;
 use crate::log::{read_manifest, write_manifest, LogReader, SealedSegment};
 use crate::producer::{DedupTable, ProducerTable, SeqCheck};
 use crate::queue::{AckResult, Changes, Entry, QueueCounts, QueueRules, QueueState, RecordInfo};
-use crate::record::{encode_batch, BatchHeader, ProducerFields, Record, StoredRecord, HEADER_DEDUP_ID, HEADER_DELAY_MS, HEADER_GROUP};
+use crate::record::{
+    encode_batch, scan_batch, BatchHeader, ProducerFields, Record, Scan, StoredRecord, HEADER_DEDUP_ID, HEADER_DELAY_MS, HEADER_GROUP,
+};
 use crate::state::{decide_acquire, index_name, parse_segment_name, segment_name, Acquire, PartitionState};
-use crate::store::{list_names, now_ms, read_json, write_json, Store, TopicMeta, Versioned, FILE_MODE};
+use crate::store::{list_names, now_ms, read_json, reader, write_json, Store, TopicMeta, Versioned, FILE_MODE};
 use bytes::{Bytes, BytesMut};
 use fskv_client::file::FileHandle;
 use fskv_proto::meta::{Expected, InodeData};
@@ -389,7 +393,10 @@ struct Owned {
     next_offset: u64,
     seg_bytes: u64,
     seg_max_ts: i64,
+    /// Bytes of the index file written.
     idx_bytes: u64,
+    /// Index entries not written yet (fewer than [`INDEX_WRITE_BYTES`]).
+    idx_pending: Vec<u8>,
     index: IndexBuilder,
     producers: ProducerTable,
     dedup: DedupTable,
@@ -574,6 +581,7 @@ impl Actor {
             self.writer.inner.hws.lock().remove(&self.key);
             tokio::spawn(async move {
                 let _ = o.seg.close().await;
+                write_index_tail(&o.idx, o.idx_bytes, o.idx_pending).await;
                 let _ = o.idx.close().await;
                 for (_, q) in o.queues {
                     let _ = q.file.close().await;
@@ -644,7 +652,17 @@ impl Actor {
                 Acquire::Refuse { owner, remaining_ms } => return Err(MqError::NotPartitionWriter { owner, lease_ms: remaining_ms }),
             };
             let s = &cur.value;
-            let base = s.hw;
+            let adopted = adopt_tail(&store, pdir, s, &cfg).await?;
+            if adopted.hw > s.hw {
+                tracing::warn!(
+                    segment = %s.seg,
+                    from = s.hw,
+                    to = adopted.hw,
+                    bytes = adopted.seg_bytes - s.seg_bytes,
+                    "batches past the partition state adopted (a relaxed state change lost to power loss, or a fenced writer's last flush)"
+                );
+            }
+            let base = adopted.hw;
             let seg_name = segment_name(base, epoch);
             let seg = match store.fs.create_at(pdir, &seg_name, FILE_MODE, true).await {
                 Ok(h) => h,
@@ -656,10 +674,16 @@ impl Actor {
             };
             let idx = store.fs.create_at(pdir, &index_name(base, epoch), FILE_MODE, false).await.map_err(|e| from_file(e, "index"))?;
             // Seal the previous active segment (an empty one is dropped).
-            if !s.seg.is_empty() && s.seg_bytes > 0 {
+            if !s.seg.is_empty() && adopted.seg_bytes > 0 {
                 let manifest = read_manifest(&store, pdir).await?;
                 let mut m = manifest.as_ref().map(|v| v.value.clone()).unwrap_or_default();
-                m.seal(SealedSegment { name: s.seg.clone(), base: s.seg_base, end: s.seg_bytes, next: s.hw, max_ts: s.seg_max_ts });
+                m.seal(SealedSegment {
+                    name: s.seg.clone(),
+                    base: s.seg_base,
+                    end: adopted.seg_bytes,
+                    next: adopted.hw,
+                    max_ts: adopted.max_ts,
+                });
                 if let Err(e) = write_manifest(&store, pdir, &m, manifest.as_ref()).await {
                     discard(&store, pdir, seg, idx, &seg_name).await;
                     last_err = Some(e);
@@ -673,7 +697,7 @@ impl Actor {
                 endpoint: cfg.endpoint.clone(),
                 lease_until_ms: now + cfg.lease_ms,
                 log_start: s.log_start,
-                hw: s.hw,
+                hw: adopted.hw,
                 seg: seg_name.clone(),
                 seg_base: base,
                 seg_bytes: 0,
@@ -690,7 +714,7 @@ impl Actor {
                 }
             };
             self.writer.inner.log.forget(pdir);
-            if !s.seg.is_empty() && s.seg_bytes == 0 {
+            if !s.seg.is_empty() && adopted.seg_bytes == 0 {
                 let _ = store.fs.meta().unlink(pdir, &s.seg).await;
                 let _ = store.fs.meta().unlink(pdir, &s.seg.replace(".log", ".idx")).await;
             }
@@ -703,6 +727,7 @@ impl Actor {
                 seg_bytes: 0,
                 seg_max_ts: -1,
                 idx_bytes: 0,
+                idx_pending: Vec::new(),
                 index: IndexBuilder::new(cfg.index_interval_bytes, -1),
                 state: v.value,
                 version: (v.inode, v.version),
@@ -874,10 +899,15 @@ impl Actor {
             let d = data.clone();
             writes.push(Box::pin(async move { seg.write_at(seg_pos, d).await.map_err(|e| from_file(e, "segment")) }));
         }
-        if !idx_data.is_empty() {
+        // Index entries are a hint (a reader scans on from the last one
+        // written): they go out in pieces of INDEX_WRITE_BYTES, not a
+        // storage write per flush.
+        o.idx_pending.extend_from_slice(&idx_data);
+        let idx_written = if o.idx_pending.len() >= INDEX_WRITE_BYTES { std::mem::take(&mut o.idx_pending) } else { Vec::new() };
+        if !idx_written.is_empty() {
             let idx = &o.idx;
             let pos = o.idx_bytes;
-            let d = Bytes::from(idx_data.clone());
+            let d = Bytes::from(idx_written.clone());
             writes.push(Box::pin(async move { idx.write_at(pos, d).await.map_err(|e| from_file(e, "index")) }));
         }
         let mut queue_ends = Vec::new();
@@ -912,8 +942,7 @@ impl Actor {
         }
         let Some(o) = self.owned.as_mut() else { return };
         o.seg_bytes += data.len() as u64;
-        o.idx_bytes += idx_data.len() as u64;
-        let _ = queue_ends;
+        o.idx_bytes += idx_written.len() as u64;
         // Step 2: chain the CAS after the previous one.
         if self.drain_commit().await.is_err() {
             for w in waiters {
@@ -935,7 +964,17 @@ impl Actor {
         let expected = Expected::Inode { id: o.version.0, version: o.version.1 };
         let store = self.writer.inner.store.clone();
         let Some(pdir) = self.pdir else { return };
-        let task = tokio::spawn(async move { store.write_state(pdir, &next, expected).await });
+        // A flush of produces only moves `hw` over batches already durable
+        // in the segment: a relaxed change (acquire re-finds them if power
+        // loss takes it). Queue deltas lean on the state: synced.
+        let relaxed = queue_ends.is_empty() && dead_letters.is_empty() && waiters.iter().all(|w| matches!(w, Waiter::Produce(..)));
+        let task = tokio::spawn(async move {
+            if relaxed {
+                store.write_state_relaxed(pdir, &next, expected).await
+            } else {
+                store.write_state(pdir, &next, expected).await
+            }
+        });
         self.committing = Some(Committing { task, waiters, batches, dead_letters });
     }
 
@@ -1364,6 +1403,8 @@ impl Actor {
         }
         let store = self.store().clone();
         let (base, epoch) = (s.hw, o.epoch);
+        // The old index whole (the pending entries are dropped below).
+        write_index_tail(&o.idx, o.idx_bytes, o.idx_pending.clone()).await;
         // Producer snapshot as of the new base (the table is committed: no flush in flight).
         let snap = ProducerSnapshot { offset: base, producers: o.producers.clone(), dedup: o.dedup.clone() };
         write_json(&store.fs, pdir, &snapshot_name(base), &snap, None).await?;
@@ -1405,6 +1446,7 @@ impl Actor {
             o.seg_bytes = 0;
             o.seg_max_ts = -1;
             o.idx_bytes = 0;
+            o.idx_pending.clear();
             o.index = IndexBuilder::new(interval, -1);
         }
         if let Some(old) = old_snap {
@@ -1543,6 +1585,105 @@ async fn write_queue_snapshot(store: &Store, pdir: InodeId, name: &str, state: &
 }
 
 /// Removes a segment created by an acquire that lost its race.
+/// Index entries of the active segment are written once this many bytes of
+/// them wait (64 entries of 16 bytes: with `index_interval_bytes` 4 KiB, a
+/// reader finding a position scans at most ~256 KiB past the last entry
+/// written; docs/mq.md).
+const INDEX_WRITE_BYTES: usize = 1024;
+
+/// Writes the index entries still waiting, when a segment is sealed or
+/// left. Best effort: the index is a hint.
+async fn write_index_tail(idx: &FileHandle, at: u64, pending: Vec<u8>) {
+    if pending.is_empty() {
+        return;
+    }
+    if let Err(e) = idx.write_at(at, Bytes::from(pending)).await {
+        tracing::debug!(error = %e, "index tail not written (readers scan instead)");
+    }
+}
+
+/// Bytes of the previous active segment read per step when acquire looks
+/// past the state for batches to adopt.
+const ADOPT_READ_BYTES: u64 = 1 << 20;
+
+/// The previous active segment as acquire seals it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Adopted {
+    /// The offset after its last record.
+    hw: u64,
+    seg_bytes: u64,
+    max_ts: i64,
+}
+
+/// The whole, valid batches at the start of `buf` whose offsets go on from
+/// `next` without a gap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Continuation {
+    bytes: u64,
+    next: u64,
+    max_ts: i64,
+    /// The buffer ends inside a batch that looks valid so far: this many
+    /// bytes from the end of the continuation hold it.
+    need: Option<usize>,
+}
+
+fn continuation(buf: &[u8], next: u64, max_batch_bytes: usize) -> Continuation {
+    let mut c = Continuation { bytes: 0, next, max_ts: -1, need: None };
+    loop {
+        let at = usize::try_from(c.bytes).unwrap_or(usize::MAX).min(buf.len());
+        match scan_batch(&buf[at..], max_batch_bytes) {
+            Scan::Batch(h) if h.base_offset == c.next => {
+                c.bytes += u64::from(h.total_bytes);
+                c.next = h.next_offset();
+                c.max_ts = c.max_ts.max(h.max_timestamp_ms);
+            }
+            Scan::NeedBytes(n) => {
+                c.need = Some(n);
+                return c;
+            }
+            // Zeros past the last write, a torn batch, or one that does not
+            // continue the offsets (never acknowledged): the end.
+            _ => return c,
+        }
+    }
+}
+
+/// The previous active segment `s.seg` as the state has it, grown by the
+/// batches written right after `s.seg_bytes` that continue from `s.hw`:
+/// a flush's segment write is durable before its state change, and that
+/// change may be relaxed (lost to power loss although answered). A fenced
+/// writer's last batches, never answered with success, may be adopted too
+/// (a produce that failed may have been written, as with any ambiguous
+/// error; an idempotent producer's retry is still recognised: the producer
+/// table is rebuilt from the batches).
+async fn adopt_tail(store: &Store, pdir: InodeId, s: &PartitionState, cfg: &WriterConfig) -> Result<Adopted> {
+    let mut a = Adopted { hw: s.hw, seg_bytes: s.seg_bytes, max_ts: s.seg_max_ts };
+    if s.seg.is_empty() {
+        return Ok(a);
+    }
+    let inode = match store.fs.meta().lookup(pdir, &s.seg).await {
+        Ok(i) => i,
+        Err(e) if e.code() == ErrorCode::NotFound => return Ok(a),
+        Err(e) => return Err(from_meta(e, &s.seg)),
+    };
+    let mut want = ADOPT_READ_BYTES;
+    while a.seg_bytes - s.seg_bytes < cfg.max_recovery_scan_bytes {
+        let h = reader(&store.fs, &inode, a.seg_bytes + want)?;
+        let buf = h.read_at(a.seg_bytes, want).await.map_err(|e| from_file(e, &s.seg))?;
+        let c = continuation(&buf, a.hw, cfg.max_batch_bytes);
+        a.seg_bytes += c.bytes;
+        a.hw = c.next;
+        a.max_ts = a.max_ts.max(c.max_ts);
+        match c.need {
+            // The read ended inside a batch: read on from its start (all
+            // of it at once, however large; `scan_batch` bounds it).
+            Some(n) if c.bytes > 0 || n as u64 > want => want = want.max(n as u64),
+            _ => break,
+        }
+    }
+    Ok(a)
+}
+
 async fn discard(store: &Store, pdir: InodeId, seg: FileHandle, idx: FileHandle, name: &str) {
     let _ = seg.close().await;
     let _ = idx.close().await;
@@ -1652,5 +1793,40 @@ mod tests {
         assert_eq!(frames(&d).len(), 1);
         d.extend([0u8; 100]);
         assert_eq!(frames(&d).len(), 1);
+    }
+
+    #[test]
+    fn continuation_takes_whole_batches_that_go_on_from_the_offset() {
+        let batch = |base: u64, n: usize, ts: i64, out: &mut BytesMut| {
+            let records: Vec<Record> = (0..n).map(|i| Record::new(vec![b'x'; 10 + i])).collect();
+            encode_batch(base, None, &records, ts, out).header.total_bytes as u64
+        };
+        let mut d = BytesMut::new();
+        let a = batch(10, 2, 500, &mut d);
+        let b = batch(12, 1, 700, &mut d);
+        let whole = Continuation { bytes: a + b, next: 13, max_ts: 700, need: Some(crate::record::BATCH_HEADER_BYTES) };
+        assert_eq!(continuation(&d, 10, 1 << 20), whole);
+        // Zeros past the last write end it.
+        let mut z = d.clone();
+        z.extend_from_slice(&[0u8; 200]);
+        assert_eq!(continuation(&z, 10, 1 << 20), Continuation { need: None, ..whole });
+        // A batch that does not continue the offsets (a gap) ends it.
+        let mut g = d.clone();
+        batch(20, 1, 900, &mut g);
+        assert_eq!(continuation(&g, 10, 1 << 20), Continuation { need: None, ..whole });
+        // Offsets that do not start where the state ended: nothing.
+        assert_eq!(continuation(&d, 11, 1 << 20).bytes, 0);
+        // A batch cut short: taken up to it, and how much it needs.
+        let mut t = d.clone();
+        let c = batch(13, 3, 800, &mut t);
+        let cut = &t[..t.len() - 5];
+        assert_eq!(continuation(cut, 10, 1 << 20), Continuation { need: Some(c as usize), ..whole });
+        // The same batch with a byte flipped (CRC): not taken.
+        let mut f = t.clone();
+        let last = f.len() - 1;
+        f[last] ^= 1;
+        assert_eq!(continuation(&f, 10, 1 << 20), Continuation { need: None, ..whole });
+        // All of it whole.
+        assert_eq!(continuation(&t, 10, 1 << 20), Continuation { bytes: a + b + c, next: 16, max_ts: 800, need: whole.need });
     }
 }

@@ -380,10 +380,28 @@ impl Store {
             .ok_or_else(|| MqError::NotFound("the partition state file (the topic is being deleted?)".into()))
     }
 
+    /// CASes the partition state; meta syncs the change before answering.
     pub async fn write_state(&self, pdir: InodeId, state: &PartitionState, expected: Expected) -> Result<Versioned<PartitionState>> {
-        let inode = write_json(&self.fs, pdir, STATE_FILE, state, Some(expected)).await?;
-        Ok(Versioned { value: state.clone(), inode: inode.id, version: inode.version })
+        cas_state(&self.fs, pdir, state, expected).await
     }
+
+    /// [`Store::write_state`] as a relaxed metadata change: answered before
+    /// meta's fsync; survives a crash of meta, and power loss may take it
+    /// (only ever a flush's `hw`/`seg_bytes` step: acquire recovers the
+    /// batches past a lost step from the segment, docs/mq.md "Durability").
+    pub async fn write_state_relaxed(
+        &self,
+        pdir: InodeId,
+        state: &PartitionState,
+        expected: Expected,
+    ) -> Result<Versioned<PartitionState>> {
+        cas_state(&self.fs_relaxed, pdir, state, expected).await
+    }
+}
+
+async fn cas_state(fs: &FsClient, pdir: InodeId, state: &PartitionState, expected: Expected) -> Result<Versioned<PartitionState>> {
+    let inode = write_json(fs, pdir, STATE_FILE, state, Some(expected)).await?;
+    Ok(Versioned { value: state.clone(), inode: inode.id, version: inode.version })
 }
 
 /// Looks up (or makes) the directory `name` in `parent`.
