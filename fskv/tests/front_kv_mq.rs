@@ -21,7 +21,7 @@ use common::{free_base_port, metric_sum, start_up_with, UpGuard};
 use fskv_front::admin::{fetch_status, FrontStatus};
 use fskv_front::pool::PoolStatus;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::path::Path;
@@ -70,18 +70,7 @@ impl Http {
     }
 
     async fn send(&self, req: Request<Full<Bytes>>) -> Reply {
-        let what = format!("{} {}", req.method(), req.uri());
-        let run = async {
-            let resp = self.client.request(req).await.map_err(|e| format!("transport: {e:?}"))?;
-            let (head, body) = resp.into_parts();
-            let body = body.collect().await.map_err(|e| format!("body: {e:?}"))?.to_bytes();
-            Ok::<_, String>((head.status, head.headers, body))
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, run).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => panic!("{what}: {e}"),
-            Err(_) => panic!("{what}: hung for {REQUEST_TIMEOUT:?} through the front"),
-        }
+        common::http::send(&self.client, req, REQUEST_TIMEOUT).await
     }
 
     async fn ok(&self, req: Request<Full<Bytes>>) -> Bytes {

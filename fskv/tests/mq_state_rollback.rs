@@ -24,7 +24,7 @@ use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_gateway_mq::record::{ProduceRequest, Record};
 use fskv_proto::meta::{Expected, PublishAttrs};
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::time::Duration;
@@ -47,18 +47,8 @@ impl Mq {
             .header("content-type", content_type)
             .body(Full::new(body))
             .unwrap();
-        let what = format!("{} {target}", req.method());
-        let run = async {
-            let resp = self.client.request(req).await.map_err(|e| format!("transport: {e:?}"))?;
-            let (head, body) = resp.into_parts();
-            let body = body.collect().await.map_err(|e| format!("body: {e:?}"))?.to_bytes();
-            Ok::<_, String>((head.status, body))
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, run).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => panic!("{what}: {e}"),
-            Err(_) => panic!("{what}: no answer in {REQUEST_TIMEOUT:?}"),
-        }
+        let (status, _, body) = common::http::send(&self.client, req, REQUEST_TIMEOUT).await;
+        (status, body)
     }
 
     async fn json(&self, method: Method, target: &str, body: serde_json::Value) -> serde_json::Value {

@@ -22,7 +22,7 @@ use common::{free_base_port, start_up_with, UpGuard};
 use fskv_client::{MetaClient, MetaClientConfig};
 use fskv_types::InodeId;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use std::path::Path;
@@ -60,18 +60,8 @@ impl Http {
     }
 
     async fn send(&self, req: Request<Full<Bytes>>) -> Reply {
-        let what = format!("{} {}", req.method(), req.uri());
-        let run = async {
-            let resp = self.client.request(req).await.map_err(|e| format!("transport: {e:?}"))?;
-            let (head, body) = resp.into_parts();
-            let body = body.collect().await.map_err(|e| format!("body: {e:?}"))?.to_bytes();
-            Ok::<_, String>((head.status, body))
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, run).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => panic!("{what}: {e}"),
-            Err(_) => panic!("{what}: hung for {REQUEST_TIMEOUT:?}"),
-        }
+        let (status, _, body) = common::http::send(&self.client, req, REQUEST_TIMEOUT).await;
+        (status, body)
     }
 
     async fn s3(&self, key: &Key, host: &str, method: Method, target: &str, body: &[u8]) -> Reply {

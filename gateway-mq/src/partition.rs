@@ -1584,7 +1584,6 @@ async fn write_queue_snapshot(store: &Store, pdir: InodeId, name: &str, state: &
     Ok((h, f.len() as u64))
 }
 
-/// Removes a segment created by an acquire that lost its race.
 /// Index entries of the active segment are written once this many bytes of
 /// them wait (64 entries of 16 bytes: with `index_interval_bytes` 4 KiB, a
 /// reader finding a position scans at most ~256 KiB past the last entry
@@ -1684,6 +1683,7 @@ async fn adopt_tail(store: &Store, pdir: InodeId, s: &PartitionState, cfg: &Writ
     Ok(a)
 }
 
+/// Removes a segment created by an acquire that lost its race.
 async fn discard(store: &Store, pdir: InodeId, seg: FileHandle, idx: FileHandle, name: &str) {
     let _ = seg.close().await;
     let _ = idx.close().await;

@@ -2,6 +2,7 @@
 //! Helpers shared by the CLI tests that run `fskv up`.
 
 pub mod acked;
+pub mod http;
 pub mod linearizability;
 pub mod sigv4;
 
