@@ -12,11 +12,12 @@
 //! | `topics/<topic>/<p>/queue-<name>-<epoch>.q` | a queue's delivery state: a snapshot frame, then delta frames | appends by the owner of `epoch` |
 //! | `groups/<group>` | consumer group state ([`crate::group::GroupState`]) | CAS by any gateway |
 //!
-//! CAS files are JSON; up to [`INLINE_MAX_BYTES`] they are written inline
-//! with meta's `CreateWritePublish` (one transaction), larger ones as a
-//! temp inode published with `Replace`. Both take `Expected` (absent, or
-//! this inode at this version), so a writer that read an older version
-//! fails instead of overwriting.
+//! CAS files are JSON; up to [`INLINE_MAX_BYTES`] they are kept inline:
+//! created with meta's `CreateWritePublish`, then rewritten in place with
+//! `OverwriteInline` (one inode write, not a new inode + dirent + the old
+//! one's tombstones); larger ones as a temp inode published with
+//! `Replace`. All take `Expected` (absent, or this inode at this version),
+//! so a writer that read an older version fails instead of overwriting.
 
 use crate::error::{from_file, from_meta, MqError, Result};
 use crate::state::{PartitionState, STATE_FILE};
@@ -488,6 +489,13 @@ pub async fn write_bytes(fs: &FsClient, dir: InodeId, name: &str, bytes: &[u8], 
         ErrorCode::PreconditionFailed => MqError::Conflict(format!("{name} changed")),
         _ => from_meta(e, name),
     };
+    if let (Some(Expected::Inode { id, version }), true) = (&expected, bytes.len() <= INLINE_MAX_BYTES) {
+        match fs.meta().overwrite_inline(dir, name, (*id, *version), bytes).await {
+            // The file is chunked (it was larger once): publish a new one.
+            Err(e) if e.code() == ErrorCode::Unsupported => {}
+            r => return r.map_err(cas),
+        }
+    }
     if bytes.len() <= INLINE_MAX_BYTES {
         return fs.meta().create_write_publish(dir, name, FILE_MODE, bytes, expected, PublishAttrs::default()).await.map_err(cas);
     }

@@ -478,6 +478,14 @@ impl MetaClient {
         let op = MetaOp::CreateWritePublish { parent, name: name.into(), mode, data: data.to_vec(), expected, attrs };
         self.inode(op, "create_write_publish").await
     }
+
+    /// Replaces the bytes of the inline file `parent/name` in place if it is
+    /// `expected` (`meta.OverwriteInline`): same inode, a higher version.
+    /// `Unsupported` when the file keeps its bytes in chunks.
+    pub async fn overwrite_inline(&self, parent: InodeId, name: &str, expected: (InodeId, u64), data: &[u8]) -> Result<Inode> {
+        let op = MetaOp::OverwriteInline { parent, name: name.into(), inode: expected.0, version: expected.1, data: data.to_vec() };
+        self.inode(op, "overwrite_inline").await
+    }
 }
 
 fn unexpected(op: &'static str, reply: &MetaReply) -> MetaClientError {

@@ -118,6 +118,13 @@ pub struct Prepared {
     pub exact_length: Option<(u64, u64)>,
     /// StatFs: (capacity, used) bytes.
     pub capacity: (u64, u64),
+    /// Least version an in-place overwrite sets ([`overwrite_inline`]):
+    /// `boot << 40`, where `boot` counts this server's starts (a synced
+    /// counter, bumped before the first request). A relaxed change that
+    /// power loss takes was issued in an earlier boot, below this floor, so
+    /// no (inode, version) pair names two contents. Holds while an inode
+    /// sees fewer than 2^40 changes in one boot.
+    pub version_floor: u64,
 }
 
 /// Everything an op runs with.
@@ -477,6 +484,9 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         MetaOp::CreateWritePublish { parent, name, mode, data, expected, attrs } => {
             let publish = InlinePublish { mode: *mode, data, expected: expected.as_ref(), attrs };
             create_write_publish(txn, ctx, *parent, name, publish).await.map(MetaReply::Inode)
+        }
+        MetaOp::OverwriteInline { parent, name, inode, version, data } => {
+            overwrite_inline(txn, ctx, *parent, name, (*inode, *version), data).await.map(MetaReply::Inode)
         }
         MetaOp::Txn { .. } => Err(MetaError::InvalidArgument("a txn cannot hold a txn".into())),
         MetaOp::Expect { parent, name, expected } => {
@@ -1296,6 +1306,58 @@ pub async fn create_write_publish(
     apply_publish_attrs(txn, &mut inode, p.attrs)?;
     save_inode(txn, &inode)?;
     txn.atomic_add(KEY_INODE_COUNT, 1)?;
+    Ok(inode)
+}
+
+/// [`MetaOp::OverwriteInline`]: the file `parent/name` must be inode
+/// `expected.0` at version `expected.1`.
+///
+/// | step | keys |
+/// |---|---|
+/// | read | the directory's inode, the dirent, the file's inode |
+/// | write | the file's inode (new bytes, version, mtime, ctime) |
+///
+/// The new version is `max(version + 1, ctx.prep.version_floor)`: above
+/// every version issued before meta last started, so a relaxed overwrite
+/// that power loss takes can never be matched by a later one (see
+/// [`Prepared::version_floor`]).
+pub async fn overwrite_inline(
+    txn: &mut dyn Transaction,
+    ctx: &OpCtx<'_>,
+    parent: InodeId,
+    name: &str,
+    expected: (InodeId, u64),
+    data: &[u8],
+) -> MetaResult<Inode> {
+    check_name(name)?;
+    if data.len() > ctx.cfg.inline_max_bytes {
+        return Err(MetaError::TooLarge(format!("{} bytes inline (max {})", data.len(), ctx.cfg.inline_max_bytes)));
+    }
+    let dir = load_dir(txn, parent).await?;
+    perm::check(&dir, ctx.user, EXEC)?;
+    let Some(entry) = get_entry(txn, parent, name).await? else {
+        return Err(MetaError::PreconditionFailed(format!("{parent}/{name} does not exist")));
+    };
+    let mut inode = load_inode(txn, entry.inode).await?;
+    if (entry.inode, inode.version) != expected {
+        return Err(MetaError::PreconditionFailed(format!(
+            "{parent}/{name} is {} v{}, expected {} v{}",
+            entry.inode, inode.version, expected.0, expected.1
+        )));
+    }
+    perm::check(&inode, ctx.user, WRITE)?;
+    let id = inode.id;
+    let f = file_mut(&mut inode)?;
+    if f.inline.is_none() {
+        return Err(MetaError::Unsupported(format!("{id} keeps its bytes in chunks, not inline")));
+    }
+    f.inline = Some(data.to_vec());
+    f.length = data.len() as u64;
+    let now = ctx.prep.now_ns;
+    inode.mtime_ns = now;
+    inode.ctime_ns = now;
+    inode.version = inode.version.saturating_add(1).max(ctx.prep.version_floor);
+    save_inode(txn, &inode)?;
     Ok(inode)
 }
 

@@ -30,6 +30,11 @@ pub const PREFIX_DIR_TIME: &[u8; 4] = b"DTIM";
 pub const PREFIX_DIR_SUBDIRS: &[u8; 4] = b"DSUB";
 /// Counter of live inodes (8-byte LE, maintained with atomic adds).
 pub const KEY_INODE_COUNT: &[u8] = b"MSTAinodes";
+/// Counter of meta server starts (i64 LE, read and bumped in a synced
+/// transaction at each start): the floor of in-place overwrite versions.
+pub const KEY_META_BOOTS: &[u8] = b"MSTAboots";
+/// Bits of an inode version below the boot count ([`crate::ops::Prepared::version_floor`]).
+pub const VERSION_FLOOR_SHIFT: u32 = 40;
 
 /// Version byte in front of every encoded value.
 pub const VALUE_VERSION: u8 = 1;

@@ -69,6 +69,8 @@ struct Inner {
     /// The key chunk capabilities are issued with (derived from the
     /// process's cluster key; `None` without one: then nobody needs them).
     cap_key: Option<Arc<fskv_rpc::auth::CapKey>>,
+    /// `boots << VERSION_FLOOR_SHIFT` of this start ([`Prepared::version_floor`]).
+    version_floor: u64,
 }
 
 /// Aborts the background tasks when the last handle of a service is dropped.
@@ -121,6 +123,7 @@ pub fn op_name(op: &MetaOp) -> &'static str {
         MetaOp::ReadInline { .. } => "read_inline",
         MetaOp::Replace { .. } => "replace",
         MetaOp::CreateWritePublish { .. } => "create_write_publish",
+        MetaOp::OverwriteInline { .. } => "overwrite_inline",
         MetaOp::RenewTemp { .. } => "renew_temp",
         MetaOp::Txn { .. } => "txn",
         MetaOp::Expect { .. } => "expect",
@@ -152,6 +155,7 @@ pub fn is_batchable(op: &MetaOp) -> bool {
             | MetaOp::Symlink { .. }
             | MetaOp::Mknod { .. }
             | MetaOp::CreateWritePublish { .. }
+            | MetaOp::OverwriteInline { .. }
             | MetaOp::ReportLength { .. }
     )
 }
@@ -183,6 +187,7 @@ impl MetaService {
             return Err(MetaError::InvalidArgument("the chain table has no chains".into()));
         }
         ensure_root(&engine, &cfg).await?;
+        let version_floor = count_boot(&engine).await? << VERSION_FLOOR_SHIFT;
         let mut receivers = Vec::new();
         let mut batch_queues = Vec::new();
         for _ in 0..cfg.batch_shards {
@@ -210,6 +215,7 @@ impl MetaService {
             metrics: MetaMetrics::register(&registry),
             registry,
             cap_key: fskv_rpc::auth::current().key.map(|k| Arc::new(k.cap_key())),
+            version_floor,
         });
         let mut tasks = Vec::new();
         for (i, rx) in receivers.into_iter().enumerate() {
@@ -441,9 +447,33 @@ async fn ensure_root(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig) -> MetaResult
     Err(MetaError::Internal("root creation did not converge".into()))
 }
 
+/// Bumps [`KEY_META_BOOTS`] in a synced transaction and returns the new
+/// count: every start of a server sharing this store gets its own.
+async fn count_boot(engine: &Arc<dyn KvEngine>) -> MetaResult<u64> {
+    // A retry after an unknown result re-reads the counter: at worst a count is skipped.
+    let opts = fskv_kv::RetryOptions { retry_unknown_result: true, ..fskv_kv::RetryOptions::default() };
+    let boots = fskv_kv::run_transaction(&**engine, &opts, |txn| {
+        Box::pin(async move {
+            let current = match txn.get(KEY_META_BOOTS).await? {
+                Some(raw) => decode_i64(KEY_META_BOOTS, &raw).map_err(|e| fskv_kv::KvError::Storage(e.to_string()))?,
+                None => 0,
+            };
+            let next = current
+                .checked_add(1)
+                .filter(|n| *n < 1 << (64 - VERSION_FLOOR_SHIFT))
+                .ok_or_else(|| fskv_kv::KvError::Storage(format!("{current} meta starts: the version floor would overflow")))?;
+            txn.set(KEY_META_BOOTS, &next.to_le_bytes())?;
+            Ok(next as u64)
+        })
+    })
+    .await?;
+    tracing::info!(boots, "meta start counted");
+    Ok(boots)
+}
+
 impl Inner {
     async fn prepare(&self, req: &MetaRequest) -> MetaResult<Prepared> {
-        let mut p = Prepared { now_ns: self.cfg.now_ns(), ..Prepared::default() };
+        let mut p = Prepared { now_ns: self.cfg.now_ns(), version_floor: self.version_floor, ..Prepared::default() };
         if creates_inode(&req.op) {
             p.new_id = Some(self.alloc.allocate().await?);
             p.seed = self.rng.lock().gen();

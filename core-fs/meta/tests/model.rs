@@ -28,6 +28,8 @@ enum Step {
     RemoveTree(u8, u8),
     /// CreateWritePublish without precondition: replaces a non-directory.
     Publish(u8, u8),
+    /// OverwriteInline at the version a lookup just returned: the tree stays as it is.
+    Overwrite(u8, u8),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -42,7 +44,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (d, n.clone(), d, n.clone()).prop_map(|(a, b, c, e)| Step::Rename(a, b, c, e)),
         2 => (d, n.clone(), d, n.clone()).prop_map(|(a, b, c, e)| Step::Link(a, b, c, e)),
         1 => (d, n.clone()).prop_map(|(d, n)| Step::RemoveTree(d, n)),
-        2 => (d, n).prop_map(|(d, n)| Step::Publish(d, n)),
+        2 => (d, n.clone()).prop_map(|(d, n)| Step::Publish(d, n)),
+        2 => (d, n).prop_map(|(d, n)| Step::Overwrite(d, n)),
     ]
 }
 
@@ -188,6 +191,29 @@ async fn run_step(fs: &Fs, m: &mut Model, s: &Step) {
             assert_eq!(got.as_ref().map(|_| ()).map_err(|e| e.code()), expect, "{s:?}");
             if let Ok(inode) = got {
                 m.dirs.get_mut(&dir).unwrap().insert(name, (inode.id, InodeKind::File));
+            }
+        }
+        Step::Overwrite(d, n) => {
+            let (dir, name) = (m.dir(*d), name(*n));
+            let entry = m.entry(dir, &name);
+            let current = match entry {
+                Some(_) => Some(fs.lookup(dir, &name).await.unwrap()),
+                None => None,
+            };
+            let expect = match (entry, &current) {
+                (None, _) | (_, None) => err(ErrorCode::PreconditionFailed),
+                (Some((_, InodeKind::Directory)), _) => err(ErrorCode::IsDirectory),
+                (Some((_, InodeKind::File)), Some(i)) if i.file().is_some_and(|f| f.inline.is_some()) => Ok(()),
+                (Some((_, InodeKind::File)), _) => err(ErrorCode::Unsupported),
+                (Some(_), _) => err(ErrorCode::InvalidArgument),
+            };
+            let (inode, version) = current.as_ref().map_or((InodeId::ROOT, 0), |i| (i.id, i.version));
+            let op = MetaOp::OverwriteInline { parent: dir, name: name.clone(), inode, version, data: b"yz".to_vec() };
+            let got = fs.inode(op).await;
+            assert_eq!(got.as_ref().map(|_| ()).map_err(|e| e.code()), expect, "{s:?}");
+            if let (Ok(after), Some(before)) = (&got, &current) {
+                assert_eq!(after.id, before.id, "{s:?}: overwritten in place");
+                assert!(after.version > before.version, "{s:?}");
             }
         }
         Step::Link(sd, sn, dd, dn) => {

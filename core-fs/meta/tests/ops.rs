@@ -1060,3 +1060,71 @@ async fn a_leased_temp_inode_survives_gc_and_a_publish_racing_its_reclaim_fails(
     assert_eq!(storage.inner.chunk_count(abandoned.id), 0);
     fs.fsck_clean().await;
 }
+
+/// `OverwriteInline`: the gateways' CAS files rewritten in place. Same
+/// inode, a higher version, bytes replaced whole (shorter too); every
+/// refusal changes nothing; after a restart of meta the version jumps past
+/// every version issued before it (a relaxed overwrite that power loss
+/// took can never be matched again).
+#[tokio::test]
+async fn an_inline_file_is_overwritten_in_place_under_its_version() {
+    let engine: std::sync::Arc<dyn fskv_kv::KvEngine> = std::sync::Arc::new(fskv_kv::MemoryEngine::new());
+    let fs = Fs::with(engine.clone(), common::test_config()).await;
+    let dir = fs.mkdir(ROOT, "g").await.unwrap();
+    let cwp = MetaOp::CreateWritePublish {
+        parent: dir.id,
+        name: "s".into(),
+        mode: 0o644,
+        data: b"first version".to_vec(),
+        expected: Some(Expected::Absent),
+        attrs: PublishAttrs::default(),
+    };
+    let v1 = fs.inode(cwp).await.unwrap();
+    let dir_before = fs.stat(dir.id).await.unwrap();
+    let over = |at: &Inode, data: &[u8]| MetaOp::OverwriteInline {
+        parent: dir.id,
+        name: "s".into(),
+        inode: at.id,
+        version: at.version,
+        data: data.to_vec(),
+    };
+    let v2 = fs.inode(over(&v1, b"2nd")).await.unwrap();
+    assert_eq!(v2.id, v1.id, "same inode");
+    assert!(v2.version > v1.version);
+    let seen = fs.lookup(dir.id, "s").await.unwrap();
+    assert_eq!((seen.version, seen.file().unwrap().inline.as_deref(), seen.size_bytes()), (v2.version, Some(&b"2nd"[..]), 3));
+    assert_eq!(fs.stat(dir.id).await.unwrap().version, dir_before.version, "the directory is untouched");
+
+    // Refusals: a stale version, another inode, no such name, too large, a directory.
+    assert_eq!(code(fs.op(over(&v1, b"stale")).await), ErrorCode::PreconditionFailed);
+    let other = Inode { id: dir.id, ..v2.clone() };
+    assert_eq!(code(fs.op(over(&other, b"x")).await), ErrorCode::PreconditionFailed);
+    let missing = MetaOp::OverwriteInline { parent: dir.id, name: "nope".into(), inode: v2.id, version: v2.version, data: vec![] };
+    assert_eq!(code(fs.op(missing).await), ErrorCode::PreconditionFailed);
+    let big = vec![7u8; fs.svc.config().inline_max_bytes + 1];
+    assert_eq!(code(fs.op(over(&v2, &big)).await), ErrorCode::ResourceExhausted);
+    let sub = fs.mkdir(dir.id, "sub").await.unwrap();
+    let at_dir = MetaOp::OverwriteInline { parent: dir.id, name: "sub".into(), inode: sub.id, version: sub.version, data: vec![] };
+    assert_eq!(code(fs.op(at_dir).await), ErrorCode::IsDirectory);
+    // A file created for the data path (its bytes go to chunks) is not rewritten here.
+    let chunked = fs.create(dir.id, "c").await.unwrap();
+    assert_eq!(chunked.file().unwrap().inline, None);
+    let at_chunked =
+        MetaOp::OverwriteInline { parent: dir.id, name: "c".into(), inode: chunked.id, version: chunked.version, data: vec![] };
+    assert_eq!(code(fs.op(at_chunked).await), ErrorCode::Unsupported);
+    // Permissions: x on the directory, w on the file.
+    let stranger = fs.as_user(4242, 4242);
+    assert_eq!(code(stranger.op(over(&v2, b"mine")).await), ErrorCode::PermissionDenied);
+    assert_eq!(fs.lookup(dir.id, "s").await.unwrap().version, v2.version, "no refusal changed the file");
+
+    // A restart of meta: the next overwrite is above every version issued before.
+    drop(stranger);
+    drop(fs);
+    let fs = Fs::with(engine, common::test_config()).await;
+    let v3 = fs.inode(over(&v2, b"after a restart")).await.unwrap();
+    assert_eq!(v3.id, v1.id);
+    assert!(v3.version >= 2 << 40 && v3.version > v2.version, "v{} after a restart, v{} before", v3.version, v2.version);
+    let v4 = fs.inode(over(&v3, b"and on")).await.unwrap();
+    assert_eq!(v4.version, v3.version + 1);
+    fs.fsck_clean().await;
+}

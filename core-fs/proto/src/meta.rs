@@ -494,6 +494,26 @@ pub enum MetaOp {
         expected: Option<Expected>,
         attrs: PublishAttrs,
     },
+    /// Replaces the whole content of the inline file `parent/name` in place
+    /// if the name is `inode` at `version` (else PreconditionFailed): the
+    /// inode keeps its id, its version goes up by one, mtime and ctime are
+    /// now; the directory does not change. x on `parent` and w on the file
+    /// needed; `Unsupported` if the file keeps its bytes in chunks,
+    /// `TooLarge` past the inline limit. The CAS files of the gateways (a
+    /// partition's state, a group's offsets): three keys written where
+    /// [`MetaOp::CreateWritePublish`] writes a new inode, a dirent and the
+    /// old inode's tombstones. Always synced before the reply, even in a
+    /// `relaxed` request: a lost overwrite would let the same (inode,
+    /// version) name two contents (docs/meta.md "Relaxed durability").
+    /// Replies the inode.
+    OverwriteInline {
+        parent: InodeId,
+        name: String,
+        inode: InodeId,
+        version: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// Makes a FIFO, socket or device node (`rdev` for devices; root only).
     Mknod {
         parent: InodeId,
@@ -570,6 +590,7 @@ impl MetaOp {
                 | MetaOp::CreateUnlinked { .. }
                 | MetaOp::Replace { .. }
                 | MetaOp::CreateWritePublish { .. }
+                | MetaOp::OverwriteInline { .. }
                 | MetaOp::Open { write: true, .. }
                 // A retried create-only set or a retried remove would fail
                 // (EEXIST / ENODATA) after a first attempt that committed.
@@ -596,7 +617,8 @@ impl MetaOp {
             | MetaOp::RemoveTree { parent, .. }
             | MetaOp::CreateUnlinked { parent, .. }
             | MetaOp::Replace { parent, .. }
-            | MetaOp::CreateWritePublish { parent, .. } => *parent,
+            | MetaOp::CreateWritePublish { parent, .. }
+            | MetaOp::OverwriteInline { parent, .. } => *parent,
             MetaOp::Rename { dst_parent, .. } => *dst_parent,
             MetaOp::Readdir { dir, .. } => *dir,
             MetaOp::Stat { inode }
