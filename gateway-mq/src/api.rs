@@ -47,6 +47,14 @@ pub struct Mq {
 /// costs the read it saves).
 const MAX_CACHED_GROUPS: usize = 1024;
 
+/// The partition a fetch reads: its topic, number and directory.
+#[derive(Clone, Copy)]
+struct PartitionAt<'a> {
+    topic: &'a str,
+    partition: u32,
+    pdir: fskv_types::InodeId,
+}
+
 /// One offset commit waiting for its group's next CAS.
 pub struct PendingCommit {
     /// The tenant the commit is made for (checked against the group's owner).
@@ -595,48 +603,27 @@ impl Mq {
     /// than [`crate::log::FETCH_STATE_MAX_AGE_MS`] ago is served with that
     /// state (`true`: a consumer with a backlog reads on without a metadata
     /// call per fetch); anything else reads the state (and keeps it).
-    async fn state_for_fetch(
-        &self,
-        t: &str,
-        p: u32,
-        pdir: fskv_types::InodeId,
-        offset: u64,
-        wait_ms: u64,
-    ) -> Result<(PartitionState, bool)> {
-        if let Some(s) = self.log.recent_state(pdir) {
+    async fn state_for_fetch(&self, at: PartitionAt<'_>, offset: u64, wait_ms: u64) -> Result<(PartitionState, bool)> {
+        if let Some(s) = self.log.recent_state(at.pdir) {
             if s.log_start <= offset && offset < s.hw {
                 return Ok((s, true));
             }
         }
-        let s = self.state_for_fetch_fresh(t, p, pdir, offset, wait_ms).await?;
-        Ok((s, false))
-    }
-
-    /// The state read now, after waiting as [`Mq::wait_for_records`] does
-    /// (kept for [`LogReader::recent_state`]).
-    async fn state_for_fetch_fresh(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, wait_ms: u64) -> Result<PartitionState> {
-        let cur = self.store.read_state(pdir).await?.value;
-        self.wait_for_records(t, p, pdir, offset, wait_ms, cur).await
+        let cur = self.store.read_state(at.pdir).await?.value;
+        Ok((self.wait_for_records(at, offset, wait_ms, cur).await?, false))
     }
 
     /// `cur` (just read), or the state once records past `offset` are
     /// there, waiting up to `wait_ms` for them; kept for
     /// [`LogReader::recent_state`].
-    async fn wait_for_records(
-        &self,
-        t: &str,
-        p: u32,
-        pdir: fskv_types::InodeId,
-        offset: u64,
-        wait_ms: u64,
-        cur: PartitionState,
-    ) -> Result<PartitionState> {
+    async fn wait_for_records(&self, at: PartitionAt<'_>, offset: u64, wait_ms: u64, cur: PartitionState) -> Result<PartitionState> {
+        let pdir = at.pdir;
         let state = async {
             if cur.hw > offset || wait_ms == 0 || offset < cur.log_start {
                 return Ok(cur);
             }
             let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-            if let Some(mut rx) = self.writer.watch_hw(t, p) {
+            if let Some(mut rx) = self.writer.watch_hw(at.topic, at.partition) {
                 loop {
                     if *rx.borrow_and_update() > offset {
                         return Ok(self.store.read_state(pdir).await?.value);
@@ -666,7 +653,9 @@ impl Mq {
             Some("latest") => self.store.read_state(pdir).await?.value.hw,
             Some(_) => q_u64(&q, "offset")?.unwrap_or(0),
         };
-        let f = self.fetch_at(t, p, pdir, offset, max_bytes, wait_ms).await?;
+        let at = PartitionAt { topic: t, partition: p, pdir };
+        let (state, recent) = self.state_for_fetch(at, offset, wait_ms).await?;
+        let f = self.fetch_on(at, &state, recent, offset, max_bytes).await?;
         if q.get("format").map(String::as_str) == Some("json") {
             let recs = decode_batches(f.data.clone(), offset)?;
             let out: Vec<Value> = recs
@@ -706,33 +695,18 @@ impl Mq {
         Ok((max_bytes, wait_ms))
     }
 
-    /// Fetches from `offset`, waiting up to `wait_ms` for a record past it.
-    async fn fetch_at(&self, t: &str, p: u32, pdir: fskv_types::InodeId, offset: u64, max_bytes: u64, wait_ms: u64) -> Result<Fetched> {
-        let (state, recent) = self.state_for_fetch(t, p, pdir, offset, wait_ms).await?;
-        self.fetch_on(t, p, pdir, &state, recent, offset, max_bytes).await
-    }
-
     /// Fetches from `offset` on `state` (`recent`: a kept one, see
     /// [`Mq::state_for_fetch`]).
-    #[allow(clippy::too_many_arguments)]
-    async fn fetch_on(
-        &self,
-        t: &str,
-        p: u32,
-        pdir: fskv_types::InodeId,
-        state: &PartitionState,
-        recent: bool,
-        offset: u64,
-        max_bytes: u64,
-    ) -> Result<Fetched> {
-        match self.log.fetch(pdir, state, offset, max_bytes).await {
+    async fn fetch_on(&self, at: PartitionAt<'_>, state: &PartitionState, recent: bool, offset: u64, max_bytes: u64) -> Result<Fetched> {
+        match self.log.fetch(at.pdir, state, offset, max_bytes).await {
             Ok(f) => Ok(f),
             // The kept state may predate a retention pass that removed the
             // segment: decide on the state as it is now.
             Err(_) if recent => {
-                self.log.forget_state(pdir);
-                let state = self.state_for_fetch_fresh(t, p, pdir, offset, 0).await?;
-                self.log.fetch(pdir, &state, offset, max_bytes).await
+                self.log.forget_state(at.pdir);
+                let cur = self.store.read_state(at.pdir).await?.value;
+                let state = self.wait_for_records(at, offset, 0, cur).await?;
+                self.log.fetch(at.pdir, &state, offset, max_bytes).await
             }
             Err(e) => Err(e),
         }
@@ -765,20 +739,21 @@ impl Mq {
         self.store.topic(topic).await?.check_owner(tenant)?;
         self.check_partition(topic, partition).await?;
         let pdir = self.store.partition_dir(topic, partition).await?;
-        let (state, recent) = self.state_for_fetch(topic, partition, pdir, offset, 0).await?;
+        let at = PartitionAt { topic, partition, pdir };
+        let (state, recent) = self.state_for_fetch(at, offset, 0).await?;
         if offset < state.log_start || offset > state.hw {
             return Err(MqError::OffsetOutOfRange { offset, log_start: state.log_start, high_watermark: state.hw });
         }
         let commit = self.commit_coalesced(g, tenant, who, vec![(topic.to_string(), partition, offset, metadata)]);
         let fetch = async {
             if offset < state.hw || wait_ms == 0 {
-                self.fetch_on(topic, partition, pdir, &state, recent, offset, max_bytes).await
+                self.fetch_on(at, &state, recent, offset, max_bytes).await
             } else {
                 // At the end of the log (`state` was read afresh: `recent`
                 // only serves offsets below `hw`): wait for a record, as a
                 // fetch does, from the state in hand.
-                let state = self.wait_for_records(topic, partition, pdir, offset, wait_ms, state.clone()).await?;
-                self.fetch_on(topic, partition, pdir, &state, false, offset, max_bytes).await
+                let state = self.wait_for_records(at, offset, wait_ms, state.clone()).await?;
+                self.fetch_on(at, &state, false, offset, max_bytes).await
             }
         };
         let ((), f) = tokio::try_join!(commit, fetch)?;

@@ -903,11 +903,12 @@ impl Actor {
         // written): they go out in pieces of INDEX_WRITE_BYTES, not a
         // storage write per flush.
         o.idx_pending.extend_from_slice(&idx_data);
-        let idx_written = if o.idx_pending.len() >= INDEX_WRITE_BYTES { std::mem::take(&mut o.idx_pending) } else { Vec::new() };
-        if !idx_written.is_empty() {
+        let idx_piece = if o.idx_pending.len() >= INDEX_WRITE_BYTES { std::mem::take(&mut o.idx_pending) } else { Vec::new() };
+        let idx_written = idx_piece.len() as u64;
+        if idx_written > 0 {
             let idx = &o.idx;
             let pos = o.idx_bytes;
-            let d = Bytes::from(idx_written.clone());
+            let d = Bytes::from(idx_piece);
             writes.push(Box::pin(async move { idx.write_at(pos, d).await.map_err(|e| from_file(e, "index")) }));
         }
         let mut queue_ends = Vec::new();
@@ -942,7 +943,7 @@ impl Actor {
         }
         let Some(o) = self.owned.as_mut() else { return };
         o.seg_bytes += data.len() as u64;
-        o.idx_bytes += idx_written.len() as u64;
+        o.idx_bytes += idx_written;
         // Step 2: chain the CAS after the previous one.
         if self.drain_commit().await.is_err() {
             for w in waiters {
