@@ -10,7 +10,7 @@
 use crate::alloc::{Allocator, BlockHandle, PoolStats};
 use crate::checksum;
 use crate::error::{ChunkError, Result};
-use crate::journal::{AppendDelta, DeltaKind, Journal};
+use crate::journal::{AppendDelta, DeltaKind, Journal, MAX_DELTA_DATA_BYTES};
 use crate::layout::{SizeClass, MAX_CHUNK_BYTES};
 use crate::meta::{
     chunk_from_key, chunk_key, segment_key, BlockRef, ChunkMeta, PendingState, RecentCommit, UpdateTag, VersionData, CHUNK_KEY_PREFIX,
@@ -236,6 +236,9 @@ struct NewContent {
     data: VersionData,
     handle: Option<Arc<BlockHandle>>,
     in_place: bool,
+    /// Bytes appended in place whose block write is not synced: the journal
+    /// record carries them, or the block is synced before the RocksDB write.
+    unsynced_tail: Option<Vec<u8>>,
 }
 
 /// Outcome of [`ChunkEngine::append_in_journal`].
@@ -377,6 +380,15 @@ impl ChunkEngine {
             }
             let old = self.cached(d.chunk).ok_or(ChunkError::NotFound(d.chunk))?;
             let new = apply_delta(&old, &d)?;
+            // The appended bytes the record carries: the block may have
+            // lost them (the file was not synced for this append). Synced
+            // by the checkpoint that follows the replay.
+            if !d.data.is_empty() {
+                let h = old.committed_block.as_ref().ok_or_else(|| {
+                    ChunkError::CorruptMetadata(format!("{}: journal record {} carries bytes for a chunk without a block", d.chunk, d.lsn))
+                })?;
+                h.write_at(u64::from(d.base_len), &d.data)?;
+            }
             self.cache[shard_of(d.chunk, CACHE_SHARDS)].write().insert(d.chunk, Arc::new(new));
             *record_lsn = d.lsn;
             touched.push(d.chunk);
@@ -407,6 +419,7 @@ impl ChunkEngine {
             for &chunk in group {
                 // Gone (its delete is in RocksDB) or rewritten through RocksDB since.
                 let Some(c) = self.cached(chunk).filter(|c| c.journaled) else { continue };
+                self.sync_blocks(&c)?;
                 for (key, value) in c.meta.segment_puts(None)? {
                     batch.put(key, value);
                 }
@@ -599,6 +612,10 @@ impl ChunkEngine {
                         }
                     }
                 }
+                // Through RocksDB: the bytes must be on disk before the record.
+                if let (Some(_), Some(h)) = (nc.unsynced_tail.take(), nc.handle.as_ref()) {
+                    self.sync_data(h)?;
+                }
                 (PendingState::Data(nc.data), nc.handle, nc.in_place)
             }
         };
@@ -644,7 +661,7 @@ impl ChunkEngine {
     /// version (`commit`: the chain tail) or as the pending one (a head or
     /// middle target) — then swaps the cache entry. `base`: the chunk's
     /// state, with nothing pending.
-    fn append_in_journal(&self, chunk: ChunkId, chain_ver: u32, base: &Cached, nc: NewContent, commit: bool) -> Result<Journaled> {
+    fn append_in_journal(&self, chunk: ChunkId, chain_ver: u32, base: &Cached, mut nc: NewContent, commit: bool) -> Result<Journaled> {
         let (Some(block), Some(handle)) = (nc.data.block, nc.handle.as_ref()) else { return Ok(Journaled::NoRoom(nc, None)) };
         let first_page = (base.meta.committed.len_bytes as u64 / handle.class().crc_page_bytes()) as usize;
         let new_ver = base.meta.committed_ver + 1;
@@ -661,9 +678,18 @@ impl ChunkEngine {
             new_crc: nc.data.crc,
             tag: nc.data.tag,
             pages: nc.data.page_crcs.get(first_page..).unwrap_or_default().to_vec(),
+            data: nc.unsynced_tail.take().unwrap_or_default(),
         };
+        // Bytes too many for a record: on disk in the block before the record.
+        if !delta.data.is_empty() && delta.encoded_len() > self.journal.max_record_bytes() {
+            delta.data = Vec::new();
+            self.sync_data(handle)?;
+        }
         let appended = self.journal_append(&mut delta)?;
         if appended.lsn.is_none() {
+            if !delta.data.is_empty() {
+                nc.unsynced_tail = Some(std::mem::take(&mut delta.data));
+            }
             return Ok(Journaled::NoRoom(nc, appended.checkpoint));
         }
         self.crash_at(CrashPoint::UpdateAfterMetaWrite)?;
@@ -762,11 +788,18 @@ impl ChunkEngine {
         self.crash_at(CrashPoint::UpdateAfterAllocate)?;
         handle.write_at(base_len, tail)?;
         self.crash_at(CrashPoint::UpdateBeforeDataSync)?;
-        self.sync_data(handle)?;
+        // A small append's bytes may ride in its journal record instead of
+        // an fdatasync of the block file (one sync per append, not two).
+        let unsynced_tail = if self.config.sync_writes && !tail.is_empty() && tail.len() <= MAX_DELTA_DATA_BYTES {
+            Some(tail.to_vec())
+        } else {
+            self.sync_data(handle)?;
+            None
+        };
         self.crash_at(CrashPoint::UpdateAfterDataWrite)?;
         let data = VersionData { block: base.block, len_bytes: new_len as u32, crc, tag, page_crcs };
         tracing::trace!(%chunk, new_len, "in-place append");
-        Ok(NewContent { data, handle: Some(Arc::clone(handle)), in_place: true })
+        Ok(NewContent { data, handle: Some(Arc::clone(handle)), in_place: true, unsynced_tail })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -816,7 +849,7 @@ impl ChunkEngine {
         if len == 0 {
             check_data_crc(chunk, buf_crc, 0)?;
             let data = VersionData { block: None, len_bytes: 0, crc: 0, tag, page_crcs: Vec::new() };
-            return Ok(NewContent { data, handle: None, in_place: false });
+            return Ok(NewContent { data, handle: None, in_place: false, unsynced_tail: None });
         }
         let class = SizeClass::for_len(len.max(min_block_bytes))
             .ok_or_else(|| ChunkError::InvalidArgument(format!("{chunk}: {len} bytes exceed the chunk limit")))?;
@@ -833,7 +866,7 @@ impl ChunkEngine {
         let data =
             VersionData { block: Some(BlockRef { class: class.raw(), index: handle.index() }), len_bytes: len as u32, crc, tag, page_crcs };
         tracing::trace!(%chunk, len, ?handle, "copy-on-write block");
-        Ok(NewContent { data, handle: block.keep(), in_place: false })
+        Ok(NewContent { data, handle: block.keep(), in_place: false, unsynced_tail: None })
     }
 
     // ----- commit -----
@@ -883,6 +916,7 @@ impl ChunkEngine {
                     new_crc: v.crc,
                     tag: v.tag,
                     pages: Vec::new(),
+                    data: Vec::new(),
                 };
                 let appended = self.journal_append(&mut delta)?;
                 if appended.lsn.is_some() {
@@ -972,6 +1006,11 @@ impl ChunkEngine {
     /// Writes the new record (or deletes it) in one batch, then swaps the
     /// cache entry and retires blocks the new record no longer references.
     fn persist_and_swap(&self, chunk: ChunkId, old: Option<&Cached>, new: Option<Cached>, is_update: bool) -> Result<()> {
+        // The record supersedes the chunk's journal records, whose appended
+        // bytes may be in their records only.
+        if let Some(o) = old.filter(|o| o.journaled) {
+            self.sync_blocks(o)?;
+        }
         let mut batch = WriteBatch::default();
         match &new {
             Some(c) => {
@@ -1275,6 +1314,20 @@ impl ChunkEngine {
             handle.sync()?;
         }
         Ok(())
+    }
+
+    /// Syncs the blocks of a chunk with journal-only changes before a
+    /// RocksDB record supersedes its journal records (their appended bytes
+    /// may be on disk only in the records).
+    fn sync_blocks(&self, c: &Cached) -> Result<()> {
+        if let Some(h) = &c.committed_block {
+            self.sync_data(h)?;
+        }
+        match (&c.pending_block, &c.committed_block) {
+            (Some(p), Some(h)) if Arc::ptr_eq(p, h) => Ok(()),
+            (Some(p), _) => self.sync_data(p),
+            (None, _) => Ok(()),
+        }
     }
 }
 
