@@ -277,6 +277,13 @@ struct Harness {
 }
 
 impl Harness {
+    /// A fresh engine in a new directory; `power_seed`: crashes are power cuts.
+    fn new(power_seed: Option<u64>, region_bytes: u64) -> Harness {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = open(dir.path(), power_seed.is_some(), region_bytes);
+        Harness { dir, engine: Some(engine), model: Model::new(), tag: 0, power_seed, sectors_lost: 0, region_bytes }
+    }
+
     fn engine(&self) -> &ChunkEngine {
         self.engine.as_ref().expect("engine open")
     }
@@ -434,9 +441,7 @@ impl Harness {
 /// everything must have survived exactly. `power_seed`: crashes are power
 /// cuts (see the module doc).
 fn run_case(ops: &[Op], power_seed: Option<u64>, region_bytes: u64) -> Result<(), TestCaseError> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let engine = open(dir.path(), power_seed.is_some(), region_bytes);
-    let mut h = Harness { dir, engine: Some(engine), model: Model::new(), tag: 0, power_seed, sectors_lost: 0, region_bytes };
+    let mut h = Harness::new(power_seed, region_bytes);
     for op in ops {
         h.step(op)?;
     }
@@ -497,17 +502,7 @@ proptest! {
 /// found in its state before the update.
 #[test]
 fn a_power_cut_rolls_back_unsynced_data_and_the_chunk_is_as_before() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let engine = open(dir.path(), true, SMALL_REGION_BYTES);
-    let mut h = Harness {
-        dir,
-        engine: Some(engine),
-        model: Model::new(),
-        tag: 0,
-        power_seed: Some(1),
-        sectors_lost: 0,
-        region_bytes: SMALL_REGION_BYTES,
-    };
+    let mut h = Harness::new(Some(1), SMALL_REGION_BYTES);
     h.step(&Op::UpdateCommit { chunk: 0, kind: Kind::Append { len: 70_000, byte: 1 } }).expect("first write");
     let acked = h.model.get(&0).cloned().expect("chunk 0 in the model");
     for round in 0..16u8 {
@@ -525,17 +520,7 @@ fn a_power_cut_rolls_back_unsynced_data_and_the_chunk_is_as_before() {
 /// their sectors back, and every reopen restores them from the records.
 #[test]
 fn a_power_cut_after_small_appends_keeps_them_through_the_journal_records() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let engine = open(dir.path(), true, DATA_REGION_BYTES);
-    let mut h = Harness {
-        dir,
-        engine: Some(engine),
-        model: Model::new(),
-        tag: 0,
-        power_seed: Some(7),
-        sectors_lost: 0,
-        region_bytes: DATA_REGION_BYTES,
-    };
+    let mut h = Harness::new(Some(7), DATA_REGION_BYTES);
     h.step(&Op::UpdateCommit { chunk: 0, kind: Kind::Append { len: 3000, byte: 1 } }).expect("first write");
     for round in 0..16u8 {
         for chunk in 0..2 {
