@@ -48,6 +48,12 @@ pub struct MountArgs {
     /// across power loss; meta fsyncs them within 100 ms anyway.
     #[arg(long, env = "FSKV_MOUNT_SYNCED_METADATA")]
     synced_metadata: bool,
+    /// The close of a file opened for writing but never written (`touch`,
+    /// `: > f`) waits this long for others to share one meta request; the
+    /// kernel does not wait for it, and until it is sent meta sees the file
+    /// as still open. 0 = each close is sent at its release.
+    #[arg(long, default_value_t = MountConfig::default().close_batch_delay_ms)]
+    close_batch_delay_ms: u64,
     /// Serve the mount's Prometheus metrics (`GET /metrics`: per-operation
     /// counts and latencies, docs/metrics.md) on this address.
     #[arg(long)]
@@ -68,6 +74,7 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
         write_flush_delay_ms: args.write_flush_delay_ms,
         max_readahead_bytes: args.readahead_bytes,
         relaxed_metadata: !args.synced_metadata,
+        close_batch_delay_ms: args.close_batch_delay_ms,
         ..Default::default()
     };
     if args.no_usrbio {

@@ -58,9 +58,10 @@ enum Mounted {
 }
 
 /// Starts `fskv mount` and waits (bounded) for its "mounted" line.
-fn start_mount(mgmtd: &str, meta: &str, path: &Path) -> Mounted {
+fn start_mount(mgmtd: &str, meta: &str, path: &Path, close_batch_delay_ms: u64) -> Mounted {
     let mut child = common::fskv_cmd()
         .args(["mount", "--mgmtd", mgmtd, "--meta", meta])
+        .args(["--close-batch-delay-ms", &close_batch_delay_ms.to_string()])
         .arg(path)
         .env("FSKV_LOG", "warn")
         .stdout(Stdio::piped())
@@ -325,6 +326,58 @@ fn check_readahead(mnt: &Path) {
     fs::remove_file(mnt.join("readahead")).unwrap();
 }
 
+/// Long enough that closes released together share a batch even on a
+/// loaded machine (check_deferred_closes).
+const CLOSE_BATCH_DELAY_MS: u64 = 300;
+
+fn meta_closes(meta: &str) -> (f64, f64) {
+    let text = common::scrape_metrics(meta);
+    let closes = common::metric_sum(&text, "fskv_meta_ops_total", &[("op", "close"), ("result", "ok")]);
+    let batches = common::metric_sum(&text, "fskv_rpc_request_duration_seconds_count", &[("method", "meta.MetaBatchCall")]);
+    (closes, batches)
+}
+
+/// Closes of files opened for writing and never written leave the mount in
+/// batches (fskv_fuse::closes): every one reaches meta, `N` released
+/// together in far fewer requests than `N`.
+fn check_deferred_closes(mnt: &Path, meta: &str) {
+    const N: usize = 100;
+    let dir = mnt.join("quiet-closes");
+    fs::create_dir(&dir).unwrap();
+    let (closes0, batches0) = meta_closes(meta);
+    let files: Vec<fs::File> = (0..N).map(|i| fs::File::create(dir.join(format!("f{i}"))).unwrap()).collect();
+    drop(files);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (closes, batches) = meta_closes(meta);
+        if closes - closes0 >= N as f64 {
+            let sent = batches - batches0;
+            assert!((1.0..=(N / 4) as f64).contains(&sent), "{N} closes released together went out in {sent} batch requests");
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {} of {N} deferred closes reached meta in 10 s", closes - closes0);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A file whose close was deferred reads back as written: empty.
+    assert_eq!(fs::metadata(dir.join("f0")).unwrap().len(), 0);
+}
+
+/// Closes still waiting for their batch at SIGTERM are sent before the
+/// mount exits: a mount whose batches would wait a minute is stopped right
+/// after 10 closes.
+fn check_closes_sent_at_unmount(mgmtd: &str, meta: &str, mnt: &Path) {
+    let Mounted::Yes(m) = start_mount(mgmtd, meta, mnt, 60_000) else { panic!("the second mount failed where the first worked") };
+    let (closes0, _) = meta_closes(meta);
+    let files: Vec<fs::File> = (0..10).map(|i| fs::File::create(mnt.join(format!("at-stop-{i}"))).unwrap()).collect();
+    drop(files);
+    // The kernel sends RELEASE in the background: let the mount receive them.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(meta_closes(meta).0, closes0, "a close left before its batch delay");
+    stop_mount(m);
+    let (closes, _) = meta_closes(meta);
+    assert!(closes - closes0 >= 10.0, "only {} of 10 queued closes were sent before the mount exited", closes - closes0);
+}
+
 fn stop_mount(mut m: MountProc) {
     let mut child = m.child.take().unwrap();
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
@@ -352,7 +405,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     let meta = format!("127.0.0.1:{}", base + 12);
     let mnt = dir.path().join("mnt");
     fs::create_dir(&mnt).unwrap();
-    let m = match start_mount(&mgmtd, &meta, &mnt) {
+    let m = match start_mount(&mgmtd, &meta, &mnt, CLOSE_BATCH_DELAY_MS) {
         Mounted::Yes(m) => m,
         Mounted::Skip(why) => {
             stop_up(up);
@@ -371,12 +424,14 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     check_other_user(&mnt);
     check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
     check_readahead(&mnt);
+    check_deferred_closes(&mnt, &meta);
     println!("checks took {:?}", t0.elapsed());
     // A file held open makes umount(2) fail with EBUSY: the mount detaches
     // lazily and the process still exits.
     let busy = fs::File::open(mnt.join("via-mount")).unwrap();
     stop_mount(m);
     drop(busy);
+    check_closes_sent_at_unmount(&mgmtd, &meta, &mnt);
     stop_up(up);
 }
 

@@ -18,17 +18,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// `name{labels} value` lines of a service's `GET /metrics` summed per name
-/// and label text.
-fn scrape(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect for metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
 fn counter(text: &str, prefix: &str) -> u64 {
     text.lines().filter_map(|l| l.strip_prefix(prefix)).filter_map(|v| v.trim().parse::<u64>().ok()).sum()
 }
@@ -78,7 +67,7 @@ fn up_creates_the_key_0600_and_every_method_refuses_unauthenticated_peers() {
     let storage: Vec<String> = (13..=15).map(|o| format!("127.0.0.1:{}", base + o)).collect();
     let services: Vec<(&str, String)> =
         [("mgmtd", mgmtd.clone()), ("meta", meta.clone())].into_iter().chain(storage.iter().map(|s| ("storage", s.clone()))).collect();
-    let before: Vec<String> = services.iter().map(|(_, a)| scrape(a)).collect();
+    let before: Vec<String> = services.iter().map(|(_, a)| common::scrape_metrics(a)).collect();
 
     // Every method id of every service, sent to every service, without a key.
     let methods = fskv_proto::all_methods();
@@ -119,7 +108,7 @@ fn up_creates_the_key_0600_and_every_method_refuses_unauthenticated_peers() {
     // malformed-body error our frames would have produced, nothing counted
     // under an unknown method, and every attempt counted as a failed handshake.
     for (i, (kind, addr)) in services.iter().enumerate() {
-        let after = scrape(addr);
+        let after = common::scrape_metrics(addr);
         for text in [&before[i], &after] {
             assert_eq!(counter(text, "fskv_rpc_requests_total{method=\"unknown\"} "), 0, "{kind} {addr}");
             assert!(!text.contains("code=\"MalformedMessage\""), "{kind} {addr}: a handler decoded an unauthenticated body\n{text}");

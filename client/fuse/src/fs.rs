@@ -51,6 +51,9 @@ pub(crate) struct Shared {
     pub dirty_files: Arc<std::sync::atomic::AtomicUsize>,
     /// The mount-wide budget of buffered bytes (`max_dirty_bytes_total`).
     pub dirty_budget: crate::writeback::DirtyBudget,
+    /// Closes of never-written handles, sent in batches (`None`: each at
+    /// its release). See [`crate::closes`].
+    pub closes: Option<crate::closes::CloseQueue>,
 }
 
 impl Shared {
@@ -408,7 +411,10 @@ impl Ctx {
             // of the file is not compared with other writers' data.
             self.shared.cache_stamps.forget(file.inode);
         }
-        let closed = close_file(&file).await;
+        let closed = match &self.shared.closes {
+            Some(queue) => close_file_queued(&file, queue, self.meta()).await,
+            None => close_file(&file).await,
+        };
         drained.and(closed)
     }
 
@@ -555,6 +561,24 @@ pub(crate) async fn close_file(file: &OpenFile) -> FsResult<()> {
     handle.close().await.map(|len| tracing::debug!(%inode, len, "closed")).map_err(FsError::from)
 }
 
+/// [`close_file`], except that a handle which never wrote leaves its close
+/// to `queue` (see [`crate::closes`]).
+async fn close_file_queued(file: &OpenFile, queue: &crate::closes::CloseQueue, meta: &fskv_client::MetaClient) -> FsResult<()> {
+    let Some(handle) = file.handle.write().await.take() else { return Ok(()) };
+    let inode = file.inode;
+    let handle = match handle.into_quiet_close() {
+        Ok(quiet) => {
+            return match queue.push(quiet) {
+                Ok(()) => Ok(()),
+                // The queue is full: this release sends its own close.
+                Err(quiet) => meta.close(quiet.inode, quiet.session, quiet.end).await.map(|_| ()).map_err(FsError::from),
+            };
+        }
+        Err(handle) => handle,
+    };
+    handle.close().await.map(|len| tracing::debug!(%inode, len, "closed")).map_err(FsError::from)
+}
+
 /// Replies to an xattr read: the size when asked for it, ERANGE when the
 /// caller's buffer is too small.
 fn reply_xattr(reply: ReplyXattr, size: u32, data: FsResult<Vec<u8>>) {
@@ -609,10 +633,9 @@ impl Filesystem for FskvFs {
     fn destroy(&mut self) {
         let shared = self.shared.clone();
         let files = shared.handles.drain_files();
-        if files.is_empty() {
-            return;
+        if !files.is_empty() {
+            tracing::info!(n = files.len(), "closing files still open at unmount");
         }
-        tracing::info!(n = files.len(), "closing files still open at unmount");
         self.rt.block_on(async move {
             for f in files {
                 if let Err(e) = f.drain().await {
@@ -621,6 +644,10 @@ impl Filesystem for FskvFs {
                 if let Err(e) = close_file(&f).await {
                     tracing::warn!(inode = %f.inode, error = ?e, "close at unmount failed");
                 }
+            }
+            // Closes released before the unmount and still waiting for their batch.
+            if let Some(queue) = &shared.closes {
+                queue.flush().await;
             }
         });
     }

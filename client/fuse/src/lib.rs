@@ -15,6 +15,7 @@
 //! See `docs/fuse.md` for the supported operations, caching and limits.
 
 pub mod attr;
+pub mod closes;
 pub mod errno;
 pub mod fs;
 pub mod handles;
@@ -78,6 +79,13 @@ pub struct MountConfig {
     /// Where the mount registers its metrics ([`metrics`]); `None`: a
     /// private registry nobody reads.
     pub metrics: Option<Arc<fskv_rpc::MetricsRegistry>>,
+    /// Closes of never-written handles wait this long for others to share
+    /// one meta request ([`closes`]); 0 sends each close at its release.
+    pub close_batch_delay_ms: u64,
+    /// Closes in one such request.
+    pub max_close_batch: usize,
+    /// Closes waiting at once; a release past it sends its own close.
+    pub max_queued_closes: usize,
 }
 
 impl Default for MountConfig {
@@ -101,6 +109,9 @@ impl Default for MountConfig {
             max_dirty_bytes_total: 256 << 20,
             relaxed_metadata: true,
             metrics: None,
+            close_batch_delay_ms: 2,
+            max_close_batch: 256,
+            max_queued_closes: 4096,
         }
     }
 }
@@ -125,8 +136,17 @@ where
     let rt = tokio::runtime::Handle::current();
     let client = if cfg.relaxed_metadata { client.with_relaxed_metadata() } else { client };
     let registry = cfg.metrics.clone().unwrap_or_else(fskv_rpc::MetricsRegistry::new);
+    let closes = (cfg.close_batch_delay_ms > 0).then(|| {
+        let limits = closes::CloseQueueLimits {
+            close_batch_delay_ms: cfg.close_batch_delay_ms,
+            max_close_batch: cfg.max_close_batch,
+            max_queued_closes: cfg.max_queued_closes,
+        };
+        closes::CloseQueue::start(client.meta().clone(), limits)
+    });
     let shared = Arc::new(fs::Shared {
         metrics: metrics::FuseMetrics::register(&registry),
+        closes,
         client,
         handles: handles::HandleTable::new(cfg.max_open_handles),
         cache_stamps: handles::CacheStamps::new(cfg.max_cache_stamps),

@@ -815,6 +815,28 @@ impl FileHandle {
         self.shared.session
     }
 
+    /// Ends the handle without a meta call when its close would report
+    /// nothing: a write session through which no write was attempted and
+    /// no truncate seen. The caller then owes meta the returned close (it
+    /// may send it later, batched with others: until then the session is
+    /// open, as if the file were still open, and it expires after meta's
+    /// `session_ttl_ms` if the close is never sent). Any other handle is
+    /// handed back untouched, to be closed with [`FileHandle::close`].
+    pub fn into_quiet_close(mut self) -> std::result::Result<QuietClose, FileHandle> {
+        let quiet = {
+            let st = self.shared.state.lock();
+            self.shared.session != 0 && !st.wrote && !st.write_failed && st.written_end == 0 && st.reported_end == 0
+        };
+        if !quiet {
+            return Err(self);
+        }
+        self.stop_reporter();
+        self.closed = true;
+        let truncate_version = self.shared.state.lock().truncate_version;
+        let end = CloseEnd { length_hint: Some(0), truncate_version, wrote: false, writes_settled: false };
+        Ok(QuietClose { inode: self.shared.inode, session: self.shared.session, end })
+    }
+
     /// The length as this handle knows it: meta's length at open (or last
     /// refresh), grown by this handle's writes.
     pub fn len(&self) -> u64 {
@@ -1256,6 +1278,15 @@ impl FileHandle {
             task.abort();
         }
     }
+}
+
+/// The close a never-written write handle still owes meta
+/// ([`FileHandle::into_quiet_close`]): it only ends the session.
+#[derive(Clone, Debug)]
+pub struct QuietClose {
+    pub inode: InodeId,
+    pub session: u64,
+    pub end: CloseEnd,
 }
 
 impl Drop for FileHandle {

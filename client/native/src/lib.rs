@@ -29,5 +29,5 @@ pub mod meta;
 pub mod mgmtd;
 pub mod storage;
 
-pub use file::{FileError, FileHandle, FsClient, FsClientConfig, OpenFlags, ReadInto, ReadIntoOptions};
+pub use file::{FileError, FileHandle, FsClient, FsClientConfig, OpenFlags, QuietClose, ReadInto, ReadIntoOptions};
 pub use meta::{CloseEnd, MetaClient, MetaClientConfig, MetaClientError};

@@ -333,6 +333,24 @@ impl MetaClient {
         self.inode(op, "close").await
     }
 
+    /// Ends several write sessions in one round trip (each its own
+    /// [`MetaOp::Close`]); one result per close, in order.
+    pub async fn close_many(&self, closes: &[(InodeId, u64, CloseEnd)]) -> Result<Vec<Result<(), Status>>> {
+        let ops = closes
+            .iter()
+            .map(|(inode, session, end)| MetaOp::Close {
+                inode: *inode,
+                session: *session,
+                length_hint: end.length_hint,
+                truncate_version: end.truncate_version,
+                wrote: end.wrote,
+                writes_settled: end.writes_settled,
+            })
+            .collect();
+        let results = self.batch(ops).await?;
+        Ok(results.into_iter().map(|r| r.map(|_| ())).collect())
+    }
+
     pub async fn mkdir(&self, parent: InodeId, name: &str, mode: u32) -> Result<Inode> {
         self.mkdir_with_xattrs(parent, name, mode, Vec::new()).await
     }

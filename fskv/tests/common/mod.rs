@@ -298,3 +298,14 @@ pub fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// The raw answer (head and body) of a service's `GET /metrics`.
+pub fn scrape_metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr} for metrics: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap_or_else(|e| panic!("read the metrics of {addr}: {e}"));
+    out
+}
