@@ -45,26 +45,35 @@ impl InodeAllocator {
     }
 
     async fn take_batch(&self, shard: u8) -> MetaResult<u64> {
-        let key = alloc_key(shard);
-        // Retrying after an unknown result is safe: the retry re-reads the
-        // counter, so at worst a batch is skipped, never handed out twice.
-        let opts = RetryOptions { retry_unknown_result: true, ..RetryOptions::default() };
-        let first = run_transaction(&*self.engine, &opts, |txn| {
-            let key = key.clone();
-            Box::pin(async move {
-                let current = match txn.get(&key).await? {
-                    Some(raw) => decode_i64(&key, &raw).map_err(|e| fskv_kv::KvError::Storage(e.to_string()))?,
-                    None => 0,
-                };
-                let next = current
-                    .checked_add(ALLOC_BATCH as i64)
-                    .ok_or_else(|| fskv_kv::KvError::Storage(format!("inode allocator shard {shard} exhausted")))?;
-                txn.set(&key, &next.to_le_bytes())?;
-                Ok(current as u64)
-            })
-        })
-        .await?;
+        let what = format!("inode allocator shard {shard}");
+        let first = bump_counter(&*self.engine, &alloc_key(shard), ALLOC_BATCH as i64, i64::MAX, &what).await?;
         tracing::debug!(shard, first, "took an inode id batch");
-        Ok(first)
+        Ok(first as u64)
     }
+}
+
+/// Adds `by` (> 0) to the 8-byte LE counter at `key` (absent = 0) in one
+/// synced transaction and returns the value before. Fails, changing
+/// nothing, when the sum would reach `limit`. A retry after an unknown
+/// result re-reads the counter: at worst a step is skipped, never handed
+/// out twice.
+pub(crate) async fn bump_counter(engine: &dyn KvEngine, key: &[u8], by: i64, limit: i64, what: &str) -> MetaResult<i64> {
+    let opts = RetryOptions { retry_unknown_result: true, ..RetryOptions::default() };
+    let before = run_transaction(engine, &opts, |txn| {
+        let (key, what) = (key.to_vec(), what.to_string());
+        Box::pin(async move {
+            let current = match txn.get(&key).await? {
+                Some(raw) => decode_i64(&key, &raw).map_err(|e| fskv_kv::KvError::Storage(e.to_string()))?,
+                None => 0,
+            };
+            let next = current
+                .checked_add(by)
+                .filter(|n| *n < limit)
+                .ok_or_else(|| fskv_kv::KvError::Storage(format!("{what} exhausted at {current}")))?;
+            txn.set(&key, &next.to_le_bytes())?;
+            Ok(current)
+        })
+    })
+    .await?;
+    Ok(before)
 }

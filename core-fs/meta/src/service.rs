@@ -450,25 +450,13 @@ async fn ensure_root(engine: &Arc<dyn KvEngine>, cfg: &MetaConfig) -> MetaResult
 /// Bumps [`KEY_META_BOOTS`] in a synced transaction and returns the new
 /// count: every start of a server sharing this store gets its own.
 async fn count_boot(engine: &Arc<dyn KvEngine>) -> MetaResult<u64> {
-    // A retry after an unknown result re-reads the counter: at worst a count is skipped.
-    let opts = fskv_kv::RetryOptions { retry_unknown_result: true, ..fskv_kv::RetryOptions::default() };
-    let boots = fskv_kv::run_transaction(&**engine, &opts, |txn| {
-        Box::pin(async move {
-            let current = match txn.get(KEY_META_BOOTS).await? {
-                Some(raw) => decode_i64(KEY_META_BOOTS, &raw).map_err(|e| fskv_kv::KvError::Storage(e.to_string()))?,
-                None => 0,
-            };
-            let next = current
-                .checked_add(1)
-                .filter(|n| *n < 1 << (64 - VERSION_FLOOR_SHIFT))
-                .ok_or_else(|| fskv_kv::KvError::Storage(format!("{current} meta starts: the version floor would overflow")))?;
-            txn.set(KEY_META_BOOTS, &next.to_le_bytes())?;
-            Ok(next as u64)
-        })
-    })
-    .await?;
+    let limit = 1i64 << (64 - VERSION_FLOOR_SHIFT);
+    let boots =
+        crate::alloc::bump_counter(&**engine, KEY_META_BOOTS, 1, limit, "the meta start counter (the version floor would overflow)")
+            .await?
+            + 1;
     tracing::info!(boots, "meta start counted");
-    Ok(boots)
+    Ok(boots as u64)
 }
 
 impl Inner {
