@@ -41,6 +41,20 @@ impl OpenFile {
         }
     }
 
+    /// Whether close(2)'s flush has nothing to do: a read-only handle, or
+    /// a write handle with nothing buffered, in flight or failed, through
+    /// which no write was ever attempted (what [`crate::fs`]'s flush would
+    /// send is then nothing). `false` when it cannot tell without waiting.
+    pub fn flush_is_noop(&self) -> bool {
+        if !self.writable {
+            return true;
+        }
+        if self.wb.as_ref().is_some_and(|wb| !wb.is_settled_ok()) {
+            return false;
+        }
+        self.handle.try_read().is_ok_and(|g| g.as_ref().is_some_and(FileHandle::never_wrote))
+    }
+
     /// The end of this handle's writes, buffered ones included.
     pub fn written_end(&self) -> Option<u64> {
         let buffered = self.wb.as_ref().map_or(0, |wb| wb.end());

@@ -385,6 +385,13 @@ impl WriteBehind {
         !self.state.lock().is_clean()
     }
 
+    /// Nothing buffered, in flight, or failed and not yet reported: a
+    /// drain would return `Ok` at once.
+    pub fn is_settled_ok(&self) -> bool {
+        let st = self.state.lock();
+        st.is_clean() && st.error.is_none()
+    }
+
     /// The end of the furthest byte buffered or in flight.
     pub fn end(&self) -> u64 {
         self.state.lock().end()
@@ -627,9 +634,15 @@ mod tests {
         let dirty = Arc::new(AtomicUsize::new(0));
         let wb = WriteBehind::new(limits(), 1_000, dirty, Arc::new(tokio::sync::Semaphore::new(1 << 20)));
         let sink = Model { file: Arc::new(parking_lot::Mutex::new(Vec::new())), fail_at: Some(16) };
+        assert!(wb.is_settled_ok(), "a fresh buffer: close(2)'s flush may skip it");
         wb.write(&sink, 0, b(16, 1)).await.unwrap();
+        assert!(!wb.is_settled_ok(), "bytes buffered");
         wb.write(&sink, 16, b(16, 2)).await.unwrap();
+        wb.settle(&sink).await;
+        assert!(!wb.is_dirty());
+        assert!(!wb.is_settled_ok(), "clean, but the failed flush is still to be reported");
         assert_eq!(wb.drain(&sink).await, Err(Errno::EIO));
+        assert!(wb.is_settled_ok());
         assert_eq!(wb.drain(&sink).await, Ok(()), "reported once");
     }
 

@@ -815,6 +815,13 @@ impl FileHandle {
         self.shared.session
     }
 
+    /// No write was ever attempted through this handle (nor did one fail):
+    /// its `fsync` and the length report of its close have nothing to send.
+    pub fn never_wrote(&self) -> bool {
+        let st = self.shared.state.lock();
+        !st.wrote && !st.write_failed && st.written_end <= st.reported_end
+    }
+
     /// Ends the handle without a meta call when its close would report
     /// nothing: a write session through which no write was attempted and
     /// no truncate seen. The caller then owes meta the returned close (it
@@ -823,11 +830,7 @@ impl FileHandle {
     /// `session_ttl_ms` if the close is never sent). Any other handle is
     /// handed back untouched, to be closed with [`FileHandle::close`].
     pub fn into_quiet_close(mut self) -> std::result::Result<QuietClose, FileHandle> {
-        let quiet = {
-            let st = self.shared.state.lock();
-            self.shared.session != 0 && !st.wrote && !st.write_failed && st.written_end == 0 && st.reported_end == 0
-        };
-        if !quiet {
+        if self.shared.session == 0 || !self.never_wrote() || self.shared.state.lock().reported_end != 0 {
             return Err(self);
         }
         self.stop_reporter();
