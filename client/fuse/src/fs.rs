@@ -184,6 +184,54 @@ impl FskvFs {
         hit.then_some(u)
     }
 
+    /// Releases `fh` on the FUSE thread when nothing about it waits: its
+    /// flush has nothing to do (`OpenFile::flush_is_noop`), no request on
+    /// it is still running, and its close — none for a read-only handle —
+    /// fits in the close queue (else it is sent from a task, the release
+    /// answered all the same: it has nothing to report). `false`: nothing
+    /// was done, release as usual.
+    fn release_now(&self, fh: u64) -> bool {
+        let shared = &self.shared;
+        let Ok(file) = shared.handles.file(fh) else { return false };
+        if !file.flush_is_noop() || (file.writable && shared.closes.is_none()) {
+            return false;
+        }
+        let Ok(mut slot) = file.handle.try_write() else { return false };
+        let handle = slot.take();
+        drop(slot);
+        shared.handles.remove_file(fh);
+        if let Some(u) = shared.usrbio() {
+            u.forget_file(fh);
+        }
+        let Some(handle) = handle else { return true };
+        if !file.writable {
+            // A read-only handle's close is local (no session).
+            return true;
+        }
+        shared.cache_stamps.forget(file.inode);
+        let quiet = match handle.into_quiet_close() {
+            Ok(q) => q,
+            Err(handle) => {
+                // Not reached (flush_is_noop held); closed the usual way.
+                self.rt.spawn(async move {
+                    if let Err(e) = handle.close().await {
+                        tracing::warn!(error = %e, "close failed");
+                    }
+                });
+                return true;
+            }
+        };
+        if let Some(Err(quiet)) = shared.closes.as_ref().map(|q| q.push(quiet)) {
+            let meta = shared.client.meta().clone();
+            self.rt.spawn(async move {
+                if let Err(e) = meta.close(quiet.inode, quiet.session, quiet.end).await {
+                    tracing::warn!(inode = %quiet.inode, error = %e, "close failed");
+                }
+            });
+        }
+        true
+    }
+
     fn virt_ttl(&self, attr: &FileAttr) -> Duration {
         // Registrations come and go: never cache them in the kernel.
         if attr.kind == fuser::FileType::Directory {
@@ -962,6 +1010,10 @@ impl Filesystem for FskvFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.release_now(fh.0) {
+            let _timer = crate::metrics::OpTimer::start(&self.shared.metrics, "release");
+            return reply.ok();
+        }
         let ctx = self.ctx(req);
         self.spawn("release", tracing::debug_span!("release", inode = i.0), async move {
             let r = ctx.release(fh.0).await;
