@@ -11,7 +11,7 @@
 //! |---|---|
 //! | which closes wait here | a handle that never attempted a write, never saw a write fail and holds a session ([`fskv_client::FileHandle::into_quiet_close`]); every other close is sent at release, as before |
 //! | when a batch leaves | `close_batch_delay_ms` after the first close of the batch arrived, or at once when `max_close_batch` are waiting |
-//! | queue full (`max_queued_closes`) | the release sends its close itself (no close is dropped, no release waits on the queue) |
+//! | queue full (`max_queued_closes`) | the close is sent alone, from a task (no close is dropped, no release waits on the queue) |
 //! | unmount | every queued close is sent before the mount's `destroy` returns |
 //! | a close that fails | logged once per batch (count and first error); the session then expires after meta's `session_ttl_ms`, as a session of a client that died |
 //! | what another client sees meanwhile | the file as if still open by this mount for at most the delay: a writer's close elsewhere measures the length on storage instead of trusting its own end; GC of an unlinked file waits for the session; nothing else |
@@ -38,26 +38,31 @@ enum Msg {
 /// The sending side; the batching task stops when it is dropped.
 pub(crate) struct CloseQueue {
     tx: mpsc::Sender<Msg>,
+    meta: MetaClient,
+    rt: tokio::runtime::Handle,
 }
 
 impl CloseQueue {
     /// Starts the batching task on the current runtime.
     pub fn start(meta: MetaClient, limits: CloseQueueLimits) -> CloseQueue {
         let (tx, rx) = mpsc::channel(limits.max_queued_closes.max(1));
-        tokio::spawn(run(meta, limits, rx));
-        CloseQueue { tx }
+        let rt = tokio::runtime::Handle::current();
+        rt.spawn(run(meta.clone(), limits, rx));
+        CloseQueue { tx, meta, rt }
     }
 
-    /// Queues `close`; hands it back when the queue is full or stopped
-    /// (the caller then sends it itself).
-    pub fn push(&self, close: QuietClose) -> Result<(), QuietClose> {
-        match self.tx.try_send(Msg::Close(close)) {
-            Ok(()) => Ok(()),
+    /// Queues `close` without waiting (callable from any thread); when the
+    /// queue is full (or stopped) the close is sent alone, from a task.
+    pub fn push(&self, close: QuietClose) {
+        let close = match self.tx.try_send(Msg::Close(close)) {
+            Ok(()) => return,
             Err(e) => match e.into_inner() {
-                Msg::Close(c) => Err(c),
-                Msg::Flush(_) => Ok(()),
+                Msg::Close(c) => c,
+                Msg::Flush(_) => return,
             },
-        }
+        };
+        let meta = self.meta.clone();
+        self.rt.spawn(async move { send(&meta, &[(close.inode, close.session, close.end)]).await });
     }
 
     /// Returns once every close queued before the call was sent (or the

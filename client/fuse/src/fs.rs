@@ -187,9 +187,8 @@ impl FskvFs {
     /// Releases `fh` on the FUSE thread when nothing about it waits: its
     /// flush has nothing to do (`OpenFile::flush_is_noop`), no request on
     /// it is still running, and its close — none for a read-only handle —
-    /// fits in the close queue (else it is sent from a task, the release
-    /// answered all the same: it has nothing to report). `false`: nothing
-    /// was done, release as usual.
+    /// goes to the close queue. `false`: nothing was done, release as
+    /// usual.
     fn release_now(&self, fh: u64) -> bool {
         let shared = &self.shared;
         let Ok(file) = shared.handles.file(fh) else { return false };
@@ -221,13 +220,8 @@ impl FskvFs {
                 return true;
             }
         };
-        if let Some(Err(quiet)) = shared.closes.as_ref().map(|q| q.push(quiet)) {
-            let meta = shared.client.meta().clone();
-            self.rt.spawn(async move {
-                if let Err(e) = meta.close(quiet.inode, quiet.session, quiet.end).await {
-                    tracing::warn!(inode = %quiet.inode, error = %e, "close failed");
-                }
-            });
+        if let Some(queue) = &shared.closes {
+            queue.push(quiet);
         }
         true
     }
@@ -460,7 +454,7 @@ impl Ctx {
             self.shared.cache_stamps.forget(file.inode);
         }
         let closed = match &self.shared.closes {
-            Some(queue) => close_file_queued(&file, queue, self.meta()).await,
+            Some(queue) => close_file_queued(&file, queue).await,
             None => close_file(&file).await,
         };
         drained.and(closed)
@@ -611,16 +605,13 @@ pub(crate) async fn close_file(file: &OpenFile) -> FsResult<()> {
 
 /// [`close_file`], except that a handle which never wrote leaves its close
 /// to `queue` (see [`crate::closes`]).
-async fn close_file_queued(file: &OpenFile, queue: &crate::closes::CloseQueue, meta: &fskv_client::MetaClient) -> FsResult<()> {
+async fn close_file_queued(file: &OpenFile, queue: &crate::closes::CloseQueue) -> FsResult<()> {
     let Some(handle) = file.handle.write().await.take() else { return Ok(()) };
     let inode = file.inode;
     let handle = match handle.into_quiet_close() {
         Ok(quiet) => {
-            return match queue.push(quiet) {
-                Ok(()) => Ok(()),
-                // The queue is full: this release sends its own close.
-                Err(quiet) => meta.close(quiet.inode, quiet.session, quiet.end).await.map(|_| ()).map_err(FsError::from),
-            };
+            queue.push(quiet);
+            return Ok(());
         }
         Err(handle) => handle,
     };

@@ -823,8 +823,9 @@ impl FileHandle {
     }
 
     /// Ends the handle without a meta call when its close would report
-    /// nothing: a write session through which no write was attempted and
-    /// no truncate seen. The caller then owes meta the returned close (it
+    /// nothing: a write session through which no write was attempted (its
+    /// close only ends the session, carrying the truncate version the
+    /// handle saw). The caller then owes meta the returned close (it
     /// may send it later, batched with others: until then the session is
     /// open, as if the file were still open, and it expires after meta's
     /// `session_ttl_ms` if the close is never sent). Any other handle is

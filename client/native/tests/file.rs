@@ -226,6 +226,34 @@ async fn second_handle_sees_writes_after_fsync_report_and_close() {
     env.stop().await;
 }
 
+/// Only a write handle through which nothing was written may end with a
+/// quiet close (the FUSE mount queues those): one that wrote, even a write
+/// that failed, is handed back and its close reports the length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_untouched_write_handles_close_quietly() {
+    let env = Env::start(FsClientConfig::default()).await;
+    let untouched = env.fs.open("/quiet", OpenFlags::create_new()).await.expect("create");
+    assert!(untouched.never_wrote());
+    let session = untouched.session();
+    let Ok(quiet) = untouched.into_quiet_close() else { panic!("an untouched handle closes quietly") };
+    assert_eq!((quiet.session, quiet.end.wrote, quiet.end.length_hint), (session, false, Some(0)));
+    let results = env.fs.meta().close_many(&[(quiet.inode, quiet.session, quiet.end)]).await.expect("batch");
+    assert!(matches!(results.as_slice(), [Ok(())]), "{results:?}");
+
+    let w = env.fs.open("/written", OpenFlags::create_new()).await.expect("create");
+    let data = pattern(7, 5000);
+    w.write_at(0, Bytes::from(data.clone())).await.expect("write");
+    assert!(!w.never_wrote());
+    let w = w.into_quiet_close().expect_err("a handle that wrote is handed back");
+    assert_eq!(w.close().await.expect("close"), data.len() as u64, "its close reports the length");
+
+    let ro = env.fs.open("/written", OpenFlags::read_only()).await.expect("open");
+    assert!(ro.into_quiet_close().is_err(), "a read-only handle has no session to end");
+    let quiet_file = env.fs.open("/quiet", OpenFlags::read_only()).await.expect("open");
+    assert_eq!(quiet_file.len(), 0);
+    env.stop().await;
+}
+
 /// `O_TRUNC` empties a file whose writer never reported its length (it
 /// failed or died before closing: meta still shows 0 bytes while its chunks
 /// hold data). Before, the open skipped the truncate for an "empty" file, and
