@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{free_base_port, start_up, start_up_with, stop_up};
+use common::{free_base_port, start_up, start_up_with, UpGuard};
 use std::ffi::CString;
 use std::fs::{self, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -400,7 +400,8 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     }
     let dir = tempfile::tempdir().unwrap();
     let base = free_base_port();
-    let up = start_up(&dir.path().join("data"), base);
+    // Stopped even when a check fails (the guard's drop).
+    let up = UpGuard { child: Some(start_up(&dir.path().join("data"), base)), mount: None };
     let mgmtd = format!("127.0.0.1:{}", base + 11);
     let meta = format!("127.0.0.1:{}", base + 12);
     let mnt = dir.path().join("mnt");
@@ -408,7 +409,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     let m = match start_mount(&mgmtd, &meta, &mnt, CLOSE_BATCH_DELAY_MS) {
         Mounted::Yes(m) => m,
         Mounted::Skip(why) => {
-            stop_up(up);
+            up.stop();
             assert!(!common::fuse_required(), "mounting failed and FSKV_REQUIRE_FUSE=1: {why}");
             common::skip("fuse_mount_posix_surface_cross_visibility_and_clean_unmount", &why);
             return;
@@ -432,7 +433,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     stop_mount(m);
     drop(busy);
     check_closes_sent_at_unmount(&mgmtd, &meta, &mnt);
-    stop_up(up);
+    up.stop();
 }
 
 #[test]
@@ -443,8 +444,10 @@ fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
     let dir = tempfile::tempdir().unwrap();
     let base = free_base_port();
     let mnt = dir.path().join("mnt");
-    let up = start_up_with(&dir.path().join("data"), base, &["--mount", mnt.to_str().unwrap()]);
-    let _guard = MountProc { child: None, path: mnt.clone() };
+    let up = UpGuard {
+        child: Some(start_up_with(&dir.path().join("data"), base, &["--mount", mnt.to_str().unwrap()])),
+        mount: Some(mnt.clone()),
+    };
     assert!(is_mounted(&mnt), "fskv up reported ready without the mount");
     let data = pattern(MIB + 3, 5);
     fs::write(mnt.join("f"), &data).unwrap();
@@ -460,6 +463,6 @@ fn up_with_mount_serves_the_filesystem_and_unmounts_at_stop() {
     let out = dir.path().join("f.out");
     fskv(&["get", "--mgmtd", &mgmtd, "--meta", &meta, "/f", out.to_str().unwrap()]);
     assert!(fs::read(&out).unwrap() == data);
-    stop_up(up);
-    assert!(!is_mounted(&mnt), "still mounted after fskv up stopped");
+    // Asserts that the mount is gone once fskv up stopped.
+    up.stop();
 }

@@ -199,29 +199,19 @@ impl FskvFs {
         let handle = slot.take();
         drop(slot);
         shared.handles.remove_file(fh);
-        if let Some(u) = shared.usrbio() {
-            u.forget_file(fh);
-        }
-        let Some(handle) = handle else { return true };
-        if !file.writable {
-            // A read-only handle's close is local (no session).
-            return true;
-        }
-        shared.cache_stamps.forget(file.inode);
-        let quiet = match handle.into_quiet_close() {
-            Ok(q) => q,
-            Err(handle) => {
-                // Not reached (flush_is_noop held); closed the usual way.
+        forget_released(shared, fh, &file);
+        // A read-only handle's close is local (no session): dropping it is
+        // the close. A writable one passed `flush_is_noop`, so it never
+        // wrote and its close goes to the queue.
+        if let (Some(handle), true) = (handle, file.writable) {
+            if let Some(handle) = queue_quiet_close(handle, shared.closes.as_ref()) {
+                let inode = file.inode;
                 self.rt.spawn(async move {
-                    if let Err(e) = handle.close().await {
-                        tracing::warn!(error = %e, "close failed");
+                    if let Err(e) = close_handle(inode, handle).await {
+                        tracing::warn!(error = ?e, "close failed");
                     }
                 });
-                return true;
             }
-        };
-        if let Some(queue) = &shared.closes {
-            queue.push(quiet);
         }
         true
     }
@@ -445,18 +435,8 @@ impl Ctx {
     async fn release(&self, fh: u64) -> FsResult<()> {
         let Some(file) = self.shared.handles.remove_file(fh) else { return Err(FsError(Errno::EBADF)) };
         let drained = file.drain().await;
-        if let Some(u) = self.shared.usrbio() {
-            u.forget_file(fh);
-        }
-        if file.writable {
-            // The close moves the inode's version; what this mount cached
-            // of the file is not compared with other writers' data.
-            self.shared.cache_stamps.forget(file.inode);
-        }
-        let closed = match &self.shared.closes {
-            Some(queue) => close_file_queued(&file, queue).await,
-            None => close_file(&file).await,
-        };
+        forget_released(&self.shared, fh, &file);
+        let closed = close_file(&file, self.shared.closes.as_ref()).await;
         drained.and(closed)
     }
 
@@ -596,26 +576,45 @@ impl Ctx {
     }
 }
 
-/// Closes an open file after its in-flight calls finish.
-pub(crate) async fn close_file(file: &OpenFile) -> FsResult<()> {
-    let Some(handle) = file.handle.write().await.take() else { return Ok(()) };
-    let inode = file.inode;
+/// What a release undoes besides the close: the handle's USRBIO
+/// registration, and for a writable handle what this mount cached of the
+/// file (the close moves the inode's version, so those cache stamps would
+/// not be compared with other writers' data).
+fn forget_released(shared: &Shared, fh: u64, file: &OpenFile) {
+    if let Some(u) = shared.usrbio() {
+        u.forget_file(fh);
+    }
+    if file.writable {
+        shared.cache_stamps.forget(file.inode);
+    }
+}
+
+/// Hands the close of a handle that never wrote to `queue` (see
+/// [`crate::closes`]); any other handle, or any handle without a queue,
+/// comes back to be closed with [`close_handle`].
+fn queue_quiet_close(handle: fskv_client::FileHandle, queue: Option<&crate::closes::CloseQueue>) -> Option<fskv_client::FileHandle> {
+    let queue = queue?;
+    match handle.into_quiet_close() {
+        Ok(quiet) => {
+            queue.push(quiet);
+            None
+        }
+        Err(handle) => Some(handle),
+    }
+}
+
+async fn close_handle(inode: InodeId, handle: fskv_client::FileHandle) -> FsResult<()> {
     handle.close().await.map(|len| tracing::debug!(%inode, len, "closed")).map_err(FsError::from)
 }
 
-/// [`close_file`], except that a handle which never wrote leaves its close
-/// to `queue` (see [`crate::closes`]).
-async fn close_file_queued(file: &OpenFile, queue: &crate::closes::CloseQueue) -> FsResult<()> {
+/// Closes an open file after its in-flight calls finish; with a `queue`, a
+/// handle that never wrote leaves its close to it.
+pub(crate) async fn close_file(file: &OpenFile, queue: Option<&crate::closes::CloseQueue>) -> FsResult<()> {
     let Some(handle) = file.handle.write().await.take() else { return Ok(()) };
-    let inode = file.inode;
-    let handle = match handle.into_quiet_close() {
-        Ok(quiet) => {
-            queue.push(quiet);
-            return Ok(());
-        }
-        Err(handle) => handle,
-    };
-    handle.close().await.map(|len| tracing::debug!(%inode, len, "closed")).map_err(FsError::from)
+    match queue_quiet_close(handle, queue) {
+        Some(handle) => close_handle(file.inode, handle).await,
+        None => Ok(()),
+    }
 }
 
 /// Replies to an xattr read: the size when asked for it, ERANGE when the
@@ -680,7 +679,7 @@ impl Filesystem for FskvFs {
                 if let Err(e) = f.drain().await {
                     tracing::warn!(inode = %f.inode, error = ?e, "buffered writes failed at unmount");
                 }
-                if let Err(e) = close_file(&f).await {
+                if let Err(e) = close_file(&f, None).await {
                     tracing::warn!(inode = %f.inode, error = ?e, "close at unmount failed");
                 }
             }
