@@ -17,7 +17,7 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// Stop batching more queued frames into one write once this much is queued.
 const WRITE_BATCH_BYTES: usize = 4 << 20;
 /// Upper bound on slices handed to one vectored write (IOV_MAX is 1024).
-const MAX_IOVECS: usize = 64;
+pub(crate) const MAX_IOVECS: usize = 64;
 
 /// What a server's reader hands on.
 pub(crate) enum Incoming {
@@ -220,7 +220,7 @@ pub(crate) async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<OutFr
     write.shutdown().await
 }
 
-fn push(queue: &mut VecDeque<Bytes>, frame: OutFrame) -> usize {
+pub(crate) fn push(queue: &mut VecDeque<Bytes>, frame: OutFrame) -> usize {
     let len = frame.len();
     queue.push_back(frame.head);
     if !frame.payload.is_empty() {
@@ -229,24 +229,57 @@ fn push(queue: &mut VecDeque<Bytes>, frame: OutFrame) -> usize {
     len
 }
 
-async fn write_all_vectored(write: &mut BoxWrite, queue: &mut VecDeque<Bytes>) -> std::io::Result<()> {
+pub(crate) async fn write_all_vectored(write: &mut BoxWrite, queue: &mut VecDeque<Bytes>) -> std::io::Result<()> {
     while !queue.is_empty() {
         let slices: Vec<IoSlice<'_>> = queue.iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
-        let mut written = write.write_vectored(&slices).await?;
+        let written = write.write_vectored(&slices).await?;
         drop(slices);
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        while written > 0 {
-            let Some(front) = queue.front_mut() else { break };
-            if written >= front.len() {
-                written -= front.len();
-                queue.pop_front();
-            } else {
-                front.advance(written);
-                written = 0;
-            }
-        }
+        advance(queue, written);
     }
     write.flush().await
+}
+
+/// Drops `written` bytes from the front of `queue`.
+fn advance(queue: &mut VecDeque<Bytes>, mut written: usize) {
+    while written > 0 {
+        let Some(front) = queue.front_mut() else { break };
+        if written >= front.len() {
+            written -= front.len();
+            queue.pop_front();
+        } else {
+            front.advance(written);
+            written = 0;
+        }
+    }
+}
+
+/// Writes as much of `queue` as the stream takes without waiting (one
+/// non-blocking attempt per vectored write, no waker kept), then flushes
+/// the same way. `Ok(true)`: everything is written and flushed; `Ok(false)`:
+/// the stream is full (what is left stays in `queue`) or its flush is not
+/// done, and a task must finish with [`write_all_vectored`].
+pub(crate) fn write_now(write: &mut BoxWrite, queue: &mut VecDeque<Bytes>) -> std::io::Result<bool> {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::io::AsyncWrite;
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    while !queue.is_empty() {
+        let slices: Vec<IoSlice<'_>> = queue.iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
+        let polled = Pin::new(&mut *write).poll_write_vectored(&mut cx, &slices);
+        drop(slices);
+        match polled {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(n)) => advance(queue, n),
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => return Ok(false),
+        }
+    }
+    match Pin::new(&mut *write).poll_flush(&mut cx) {
+        Poll::Ready(Ok(())) => Ok(true),
+        Poll::Ready(Err(e)) => Err(e),
+        Poll::Pending => Ok(false),
+    }
 }

@@ -148,6 +148,36 @@ async fn thousand_concurrent_calls_on_one_connection_out_of_order() {
     server.shutdown().await;
 }
 
+/// Callers write their frames themselves while the connection is idle and
+/// queue behind the writer task while it is not: with payloads larger than
+/// the socket's buffer from many tasks at once, frames are cut mid-way by
+/// a full socket and finished by the writer while others queue. Every
+/// payload must come back whole, on the one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_and_small_frames_from_many_callers_never_interleave() {
+    let (server, _) = start(ServerConfig::default()).await;
+    let c = client(ClientConfig { max_in_flight_per_connection: 256, ..one_conn() });
+    let addr = server.local_addr().to_string();
+    let tasks = (0..24u64).map(|t| {
+        let c = c.clone();
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            for i in 0..4u64 {
+                let len = if (t + i) % 2 == 0 { (3 << 20) + (t as usize) * 1013 } else { 17 + t as usize };
+                let payload = Bytes::from((0..len).map(|b| (b as u64 * 31 + t * 7 + i) as u8).collect::<Vec<_>>());
+                let tag = format!("{t}/{i}");
+                let (resp, back) = c.call::<Echo>(&addr, &tag, payload.clone(), opts_ms(30_000)).await.unwrap();
+                assert_eq!(resp, tag);
+                assert!(back == payload, "payload of {tag} ({len} bytes) came back changed");
+            }
+        })
+    });
+    for t in futures::future::join_all(tasks).await {
+        t.unwrap();
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn deadline_exceeded_and_handler_is_cancelled() {
     let (server, probe) = start(ServerConfig::default()).await;
