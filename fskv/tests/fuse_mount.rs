@@ -378,6 +378,23 @@ fn check_closes_sent_at_unmount(mgmtd: &str, meta: &str, mnt: &Path) {
     assert!(closes - closes0 >= 10.0, "only {} of 10 queued closes were sent before the mount exited", closes - closes0);
 }
 
+/// Without the close queue (`--close-batch-delay-ms 0`) every release sends
+/// its close itself: quiet ones and ones that wrote, each reaching meta.
+fn check_closes_without_the_queue(mgmtd: &str, meta: &str, mnt: &Path) {
+    let Mounted::Yes(m) = start_mount(mgmtd, meta, mnt, 0) else { panic!("the third mount failed where the first worked") };
+    let (closes0, _) = meta_closes(meta);
+    for i in 0..4 {
+        drop(fs::File::create(mnt.join(format!("unqueued-{i}"))).unwrap());
+        fs::write(mnt.join(format!("unqueued-written-{i}")), b"bytes").unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while meta_closes(meta).0 - closes0 < 8.0 {
+        assert!(Instant::now() < deadline, "only {} of 8 closes reached meta without the queue", meta_closes(meta).0 - closes0);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop_mount(m);
+}
+
 fn stop_mount(mut m: MountProc) {
     let mut child = m.child.take().unwrap();
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
@@ -433,6 +450,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     stop_mount(m);
     drop(busy);
     check_closes_sent_at_unmount(&mgmtd, &meta, &mnt);
+    check_closes_without_the_queue(&mgmtd, &meta, &mnt);
     up.stop();
 }
 

@@ -604,7 +604,7 @@ fn forget_released(shared: &Shared, fh: u64, file: &OpenFile) {
 /// [`crate::closes`]); any other handle, or any handle without a queue,
 /// comes back to be closed with [`close_handle`].
 fn queue_quiet_close(handle: fskv_client::FileHandle, queue: Option<&crate::closes::CloseQueue>) -> Option<fskv_client::FileHandle> {
-    let queue = queue?;
+    let Some(queue) = queue else { return Some(handle) };
     match handle.into_quiet_close() {
         Ok(quiet) => {
             queue.push(quiet);

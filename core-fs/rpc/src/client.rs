@@ -179,11 +179,13 @@ impl ConnShared {
 /// owed, and the writer task takes the half whenever something is (after a
 /// caller's partial write the half stays here, with the rest of the frame
 /// queued, until the writer takes it); so frames never interleave on the
-/// stream. The queue is bounded by the calls in flight: each holds a permit
-/// and queues at most its request and one cancel.
+/// stream. Requests queued are bounded by the calls in flight (each holds a
+/// permit until its reply or its cancel); cancels, best effort, are dropped
+/// once `max_queued_parts` buffers wait (a peer that stopped reading).
 struct Outgoing {
     state: Mutex<OutState>,
     wake_writer: Notify,
+    max_queued_parts: usize,
 }
 
 struct OutState {
@@ -198,10 +200,18 @@ struct OutState {
 }
 
 impl Outgoing {
-    fn new(write: BoxWrite) -> Self {
+    fn new(write: BoxWrite, max_queued_parts: usize) -> Self {
         Outgoing {
             state: Mutex::new(OutState { write: Some(write), queue: VecDeque::new(), needs_flush: false, closed: false }),
             wake_writer: Notify::new(),
+            max_queued_parts,
+        }
+    }
+
+    /// Sends a Cancel frame unless the queue is full (see the type's doc).
+    fn send_cancel(&self, request_id: u64) {
+        if self.state.lock().queue.len() < self.max_queued_parts {
+            let _ = self.send(OutFrame::cancel(request_id));
         }
     }
 
@@ -325,9 +335,9 @@ impl Drop for PendingGuard {
         let shared = &self.conn.shared;
         let was_pending = shared.pending.lock().remove(&self.request_id).is_some();
         if was_pending {
-            // Best effort: on a broken connection the reader fails the
-            // calls; the handler's reply, if any, is dropped.
-            let _ = self.conn.out.send(OutFrame::cancel(self.request_id));
+            // Best effort: on a broken connection, or one whose queue is
+            // full, the handler runs to completion and its reply is dropped.
+            self.conn.out.send_cancel(self.request_id);
         }
         let timed_out = self.deadline.is_some_and(|d| Instant::now() >= d);
         if was_pending && timed_out && shared.frames_received.load(Ordering::Acquire) == self.frames_at_send {
@@ -453,7 +463,8 @@ impl RpcClient {
             silent_timeouts: AtomicU32::new(0),
         });
         let span = debug_span!("rpc_client_conn", peer = %connection.peer);
-        let out = Arc::new(Outgoing::new(connection.write));
+        // Room for one request and one cancel (two buffers each) per permit.
+        let out = Arc::new(Outgoing::new(connection.write, max_in_flight.saturating_mul(4).saturating_add(32)));
         tokio::spawn(writer(out.clone(), shared.clone()).instrument(span.clone()));
         let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer).trusting_frame_sizes();
         let keyless = config.cluster_key.is_none();
@@ -609,7 +620,7 @@ mod tests {
     async fn a_frame_cut_by_a_full_stream_is_finished_before_the_next() {
         let pipe = Pipe::default();
         pipe.make_room(10);
-        let out = Arc::new(Outgoing::new(Box::new(pipe.clone())));
+        let out = Arc::new(Outgoing::new(Box::new(pipe.clone()), 16));
         out.send(frame(b'a', 30)).expect("send");
         assert_eq!(pipe.taken(), vec![b'a'; 10], "the caller wrote what fit");
         pipe.make_room(100);
@@ -630,13 +641,29 @@ mod tests {
         assert_eq!(pipe.taken(), want);
     }
 
+    /// A peer that stopped reading cannot grow the queue without bound:
+    /// cancels stop being queued at the cap (requests are bounded by the
+    /// calls in flight).
+    #[tokio::test]
+    async fn cancels_are_dropped_once_the_queue_is_full() {
+        let pipe = Pipe::default();
+        let out = Outgoing::new(Box::new(pipe.clone()), 16);
+        for id in 0..100 {
+            out.send_cancel(id);
+        }
+        assert_eq!(out.state.lock().queue.len(), 16);
+        out.send(frame(b'r', 8)).expect("a request is still queued");
+        assert_eq!(out.state.lock().queue.len(), 17);
+        assert!(pipe.taken().is_empty());
+    }
+
     /// An idle connection is written by the caller: nothing waits for the
     /// writer task.
     #[tokio::test]
     async fn an_idle_connection_is_written_by_the_caller() {
         let pipe = Pipe::default();
         pipe.make_room(1 << 20);
-        let out = Outgoing::new(Box::new(pipe.clone()));
+        let out = Outgoing::new(Box::new(pipe.clone()), 16);
         out.send(frame(b'x', 64)).expect("send");
         out.send(frame(b'y', 64)).expect("send");
         assert_eq!(pipe.taken().len(), 128);
