@@ -164,27 +164,15 @@ impl FskvFs {
     }
 
     /// Runs the work of operation `op` (it replies when done), timed into
-    /// the mount's metrics. Its first step runs here, on the FUSE thread, up
-    /// to its first wait: an RPC is then already written to its socket
-    /// (`fskv_rpc`'s callers write their frames themselves) while a tokio
-    /// worker wakes up to take the rest, instead of after that wake-up.
-    /// An operation that needs no wait is answered here.
+    /// the mount's metrics: its first step here, on the FUSE thread, up to
+    /// its first wait, the rest on tokio ([`crate::start`]).
     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, op: &'static str, span: tracing::Span, fut: F) {
         let timer = crate::metrics::OpTimer::start(&self.shared.metrics, op);
-        let mut task = Box::pin(
-            async move {
-                fut.await;
-                drop(timer);
-            }
-            .instrument(span),
-        );
-        let _rt = self.rt.enter();
-        // Nothing keeps this waker: the spawned task polls the future again
-        // at once, which registers the task's own.
-        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
-        if task.as_mut().poll(&mut cx).is_pending() {
-            self.rt.spawn(task);
-        }
+        let work = async move {
+            fut.await;
+            drop(timer);
+        };
+        crate::start::start_here(&self.rt, op, work.instrument(span));
     }
 
     /// The USRBIO server, when `parent`/`name` or `ino` is in the virtual

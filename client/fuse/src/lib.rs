@@ -20,6 +20,7 @@ pub mod errno;
 pub mod fs;
 pub mod handles;
 pub mod metrics;
+pub mod start;
 pub mod usrbio;
 pub mod writeback;
 

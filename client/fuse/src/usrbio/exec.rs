@@ -5,7 +5,8 @@
 //! found every batch slot busy). Each time it
 //! wakes it looks at every ring, highest priority first (rotating among
 //! rings of equal priority), asks the ring's [`Batcher`] what to take
-//! (`io_depth` rule) and spawns each batch as a tokio task, at most
+//! (`io_depth` rule) and starts each batch (its first step on this thread,
+//! the rest as a tokio task: `crate::start`), at most
 //! `max_inflight_batches` at once. It sleeps until the doorbell rings, a
 //! ring's batch timeout ends, or `idle_scan_ms` passes.
 //!
@@ -167,17 +168,17 @@ fn scan(s: &Arc<Server>, permits: &Arc<Semaphore>, rotation: &mut usize) -> (Opt
                     ring.running.fetch_add(1, Ordering::AcqRel);
                     let (server, r) = (s.clone(), ring.clone());
                     let span = tracing::debug_span!("usrbio_batch", ring = ring.ino, tgid = ring.owner.tgid, n);
-                    s.runtime().spawn(tracing::Instrument::instrument(
-                        async move {
-                            run_batch(&server, &r, items).await;
-                            r.running.fetch_sub(1, Ordering::AcqRel);
-                            drop(permit);
-                            if server.starved.swap(false, Ordering::SeqCst) {
-                                server.wake();
-                            }
-                        },
-                        span,
-                    ));
+                    let rt = s.runtime().clone();
+                    let batch = async move {
+                        run_batch(&server, &r, items).await;
+                        r.running.fetch_sub(1, Ordering::AcqRel);
+                        drop(permit);
+                        if server.starved.swap(false, Ordering::SeqCst) {
+                            server.wake();
+                        }
+                    };
+                    // Its reads leave from this thread ([`crate::start`]).
+                    crate::start::start_here(&rt, "usrbio batch", tracing::Instrument::instrument(batch, span));
                 }
                 Decision::WaitUntil(at) => {
                     earliest = Some(earliest.map_or(at, |e| e.min(at)));
