@@ -423,7 +423,7 @@ async fn eviction(c: &Cluster) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!((keys, evictions), (10, 6), "evicted down to the low watermark");
+    assert_eq!((keys, evictions), (10, 6), "evicted down to the low watermark: {:#?}", kv_pools(c).await);
     let mut present = Vec::new();
     for i in 0..16 {
         if w.get("ev", &key(i)).await.unwrap().is_some() {
@@ -433,7 +433,44 @@ async fn eviction(c: &Cluster) {
     // Exact LRU: the least recently used unleased keys are k03, k04, k06..k09.
     assert_eq!(present, vec![0, 1, 2, 5, 10, 11, 12, 13, 14, 15], "evicted set is exact LRU, leased and recently read keys survive");
     let ns = w.namespace("ev").await.unwrap();
-    assert_eq!(ns["stats"]["evictions"].as_u64(), Some(6));
+    assert_eq!(ns["stats"]["evictions"].as_u64(), Some(6), "{ns:#} {:#?}", kv_pools(c).await);
+
+    // A writer that stops leaves its counters to the next one (a checkpoint
+    // at stop; the periodic one is 60 s away): stop the KV writer with
+    // SIGTERM, write through the writer the front starts next, and the
+    // stats that one publishes still count the 6 evictions.
+    let pools = kv_pools(c).await;
+    let pids: Vec<u32> = pools.iter().filter(|p| p.role == "writer").flat_map(|p| p.processes.iter().filter_map(|x| x.pid)).collect();
+    assert_eq!(pids.len(), 1, "one KV writer: {pools:#?}");
+    // SAFETY: a signal to a process id the front reported as its child.
+    assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while kv_pools(c).await.iter().any(|p| p.processes.iter().any(|x| x.pid == Some(pids[0]))) {
+        assert!(Instant::now() < deadline, "the stopped KV writer is still listed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while let Err(e) = w.put("ev", &key(16), vec![b'z'; 100], &PutOptions::default()).await {
+        assert!(Instant::now() < deadline, "no put through a new writer: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // k16 is known only to the new writer: its stats are the ones with 11 keys.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let ns = loop {
+        let ns = w.namespace("ev").await.unwrap();
+        if ns["stats"]["keys"].as_u64() == Some(11) || Instant::now() >= deadline {
+            break ns;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!((ns["stats"]["keys"].as_u64(), ns["stats"]["evictions"].as_u64()), (Some(11), Some(6)), "the new writer's stats: {ns:#}");
+}
+
+/// The front's KV pools (its admin listener, P+10).
+async fn kv_pools(c: &Cluster) -> Vec<fskv_front::pool::PoolStatus> {
+    let admin = format!("127.0.0.1:{}", c.base + 10);
+    let st = fskv_front::admin::fetch_status(&admin, Duration::from_secs(5)).await.expect("front status");
+    st.pools.into_iter().filter(|p| p.protocol == "kv").collect()
 }
 
 /// An S3 gateway process whose root is the KV root (`fskv gateway s3

@@ -9,7 +9,7 @@
 //! | expire | `ttl_sweep_interval_ms` | remove keys whose expiry passed (compare-and-delete on the version the index knows: a key rewritten since is not touched) |
 //! | evict | a put above the high watermark, or each tick | one round per namespace at a time, below |
 //! | stats | `stats_interval_ms` | publish `ROOT/.fskv-kv/stats/<ns>` for readers |
-//! | checkpoint | `checkpoint_interval_ms` | write `ROOT/.fskv-kv/checkpoint/<ns>` (counters, last access of every key), then remove the logs it covers |
+//! | checkpoint | `checkpoint_interval_ms`, and once more at stop (≤ 4 s) | write `ROOT/.fskv-kv/checkpoint/<ns>` (counters, last access of every key), then remove the logs it covers |
 //! | rescan | `rescan_interval_ms` | reconcile the index with the namespace (changes made through FUSE, S3 or other writers) |
 //!
 //! **An eviction round** never removes a key being read or written, or
@@ -55,6 +55,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+/// Bound on the last checkpoint and stats a stopping writer writes.
+const STOP_CHECKPOINT_TIMEOUT_MS: u64 = 4_000;
 /// Access logs read per namespace per merge at most.
 const MAX_LOGS_PER_MERGE: usize = 4096;
 /// Largest access log or checkpoint read.
@@ -291,8 +293,22 @@ impl Maintainer {
             tokio::select! {
                 _ = tokio::time::sleep(tick) => {}
                 _ = self.evict_wake.notified() => {}
-                r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+                r = stop.changed() => if r.is_err() || *stop.borrow() { break },
             }
+        }
+        // A stopping writer leaves its counters and access times behind for
+        // the next one (else they would fall back to the last periodic
+        // checkpoint): one last checkpoint and stats, bounded in time.
+        let last = async {
+            for ns in self.loaded_namespaces() {
+                if let Err(e) = self.checkpoint(&ns).await {
+                    tracing::warn!(namespace = %ns, error = %e, "checkpoint at stop failed");
+                }
+            }
+            self.publish_stats().await;
+        };
+        if tokio::time::timeout(Duration::from_millis(STOP_CHECKPOINT_TIMEOUT_MS), last).await.is_err() {
+            tracing::warn!(timeout_ms = STOP_CHECKPOINT_TIMEOUT_MS, "checkpoint at stop cut short");
         }
     }
 
