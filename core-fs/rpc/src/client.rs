@@ -21,19 +21,19 @@
 use crate::auth::{ClientHandshake, ClusterKey, NONCE_BYTES};
 use crate::error::{Result, RpcError};
 use crate::frame::{Frame, FrameKind, OutFrame, STATUS_OK};
-use crate::io::{write_all_vectored, write_now, FrameReader};
+use crate::io::FrameReader;
 use crate::method::{decode_body, encode_body, Method};
-use crate::transport::BoxWrite;
+use crate::outgoing::{writer, Outgoing};
 use crate::transport::{connect_with_timeout, Transport};
 use crate::DetHashMap;
 use bytes::Bytes;
 use fskv_types::{ErrorCode, Status};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
@@ -160,142 +160,6 @@ impl ConnShared {
         }
         for tx in drained {
             let _ = tx.send(Err(RpcError::connection(&self.addr, reason)));
-        }
-    }
-}
-
-/// A connection's outgoing side. A frame is written by the thread that
-/// sends it whenever nothing else is being written: a call does not wait
-/// for the writer task to be scheduled (a thread wake-up, tens of µs on a
-/// small VM, on every request).
-///
-/// | state | a frame sent |
-/// |---|---|
-/// | idle: the write half is here, nothing queued | written now without waiting (one non-blocking attempt); what the socket does not take is queued, and the writer task takes the half to finish it |
-/// | busy: the writer task holds the half | queued; the writer writes it before it hands the half back |
-/// | closed (handle dropped, or a write failed) | refused |
-///
-/// Invariant: a caller writes only when nothing is queued and no flush is
-/// owed, and the writer task takes the half whenever something is (after a
-/// caller's partial write the half stays here, with the rest of the frame
-/// queued, until the writer takes it); so frames never interleave on the
-/// stream. Requests queued are bounded by the calls in flight (each holds a
-/// permit until its reply or its cancel); cancels, best effort, are dropped
-/// once `max_queued_parts` buffers wait (a peer that stopped reading).
-struct Outgoing {
-    state: Mutex<OutState>,
-    wake_writer: Notify,
-    max_queued_parts: usize,
-}
-
-struct OutState {
-    /// The write half while no write is under way.
-    write: Option<BoxWrite>,
-    queue: VecDeque<Bytes>,
-    /// Written, not yet flushed (the transport buffers).
-    needs_flush: bool,
-    /// No more frames: the handle is gone (the writer sends what is queued
-    /// and shuts the half down) or a write failed (nothing more is sent).
-    closed: bool,
-}
-
-impl Outgoing {
-    fn new(write: BoxWrite, max_queued_parts: usize) -> Self {
-        Outgoing {
-            state: Mutex::new(OutState { write: Some(write), queue: VecDeque::new(), needs_flush: false, closed: false }),
-            wake_writer: Notify::new(),
-            max_queued_parts,
-        }
-    }
-
-    /// Sends a Cancel frame unless the queue is full (see the type's doc).
-    fn send_cancel(&self, request_id: u64) {
-        if self.state.lock().queue.len() < self.max_queued_parts {
-            let _ = self.send(OutFrame::cancel(request_id));
-        }
-    }
-
-    /// Sends `frame` (see the table); an error means the connection is
-    /// broken or closed.
-    fn send(&self, frame: OutFrame) -> std::io::Result<()> {
-        let mut st = self.state.lock();
-        if st.closed {
-            return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed"));
-        }
-        let mut parts = VecDeque::with_capacity(2);
-        crate::io::push(&mut parts, frame);
-        let idle = st.queue.is_empty() && !st.needs_flush;
-        if let (true, Some(write)) = (idle, st.write.as_mut()) {
-            match write_now(write, &mut parts) {
-                Ok(true) => return Ok(()),
-                Ok(false) => st.needs_flush = parts.is_empty(),
-                Err(e) => {
-                    st.closed = true;
-                    st.write = None;
-                    st.queue.clear();
-                    drop(st);
-                    self.wake_writer.notify_one();
-                    return Err(e);
-                }
-            }
-        }
-        st.queue.extend(parts);
-        drop(st);
-        self.wake_writer.notify_one();
-        Ok(())
-    }
-
-    /// No more frames; the writer finishes what is queued, then shuts down.
-    fn close(&self) {
-        self.state.lock().closed = true;
-        self.wake_writer.notify_one();
-    }
-}
-
-/// The writer task: takes the write half whenever frames are queued (or a
-/// flush is owed), writes until the queue is empty, then hands it back.
-async fn writer(out: Arc<Outgoing>, shared: Arc<ConnShared>) {
-    loop {
-        let taken = loop {
-            {
-                let mut st = out.state.lock();
-                if st.queue.is_empty() && !st.needs_flush {
-                    if st.closed {
-                        break st.write.take().map(|w| (w, None));
-                    }
-                } else if let Some(w) = st.write.take() {
-                    st.needs_flush = false;
-                    break Some((w, Some(std::mem::take(&mut st.queue))));
-                } else {
-                    // A failed write dropped the half (and the queue).
-                    break None;
-                }
-            }
-            out.wake_writer.notified().await;
-        };
-        let Some((mut write, batch)) = taken else { return };
-        let Some(mut batch) = batch else {
-            // Closed with nothing left: end the stream (FIN).
-            use tokio::io::AsyncWriteExt;
-            let _ = write.shutdown().await;
-            return;
-        };
-        loop {
-            if let Err(e) = write_all_vectored(&mut write, &mut batch).await {
-                {
-                    let mut st = out.state.lock();
-                    st.closed = true;
-                    st.queue.clear();
-                }
-                shared.fail(&format!("write failed: {e}"));
-                return;
-            }
-            let mut st = out.state.lock();
-            if st.queue.is_empty() {
-                st.write = Some(write);
-                break;
-            }
-            batch = std::mem::take(&mut st.queue);
         }
     }
 }
@@ -465,7 +329,8 @@ impl RpcClient {
         let span = debug_span!("rpc_client_conn", peer = %connection.peer);
         // Room for one request and one cancel (two buffers each) per permit.
         let out = Arc::new(Outgoing::new(connection.write, max_in_flight.saturating_mul(4).saturating_add(32)));
-        tokio::spawn(writer(out.clone(), shared.clone()).instrument(span.clone()));
+        let failed = shared.clone();
+        tokio::spawn(writer(out.clone(), move |reason| failed.fail(reason)).instrument(span.clone()));
         let reader = FrameReader::new(connection.read, config.max_frame_bytes, connection.peer).trusting_frame_sizes();
         let keyless = config.cluster_key.is_none();
         let reader = tokio::spawn(read_loop(reader, shared.clone(), keyless).instrument(span)).abort_handle();
@@ -561,112 +426,4 @@ fn decode_reply<M: Method>(frame: Frame) -> Result<(M::Resp, Bytes)> {
     }
     let code = ErrorCode::from_u32(frame.header.code);
     Err(RpcError::Remote(Status::new(code, String::from_utf8_lossy(&frame.body))))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    /// What the stream took, the room left, the writer waiting for room.
-    type PipeState = (Vec<u8>, usize, Option<std::task::Waker>);
-
-    /// A stream that takes at most `room` more bytes (then `Pending`) and
-    /// keeps what it took.
-    #[derive(Clone, Default)]
-    struct Pipe(Arc<Mutex<PipeState>>);
-
-    impl Pipe {
-        fn make_room(&self, n: usize) {
-            let mut p = self.0.lock();
-            p.1 += n;
-            if let Some(w) = p.2.take() {
-                w.wake();
-            }
-        }
-        fn taken(&self) -> Vec<u8> {
-            self.0.lock().0.clone()
-        }
-    }
-
-    impl tokio::io::AsyncWrite for Pipe {
-        fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-            let mut p = self.0.lock();
-            if p.1 == 0 {
-                p.2 = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            let n = p.1.min(buf.len());
-            p.0.extend_from_slice(&buf[..n]);
-            p.1 -= n;
-            Poll::Ready(Ok(n))
-        }
-        fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-    }
-
-    fn frame(byte: u8, len: usize) -> OutFrame {
-        OutFrame { head: Bytes::from(vec![byte; len]), payload: Bytes::new() }
-    }
-
-    /// A frame cut by a full stream is finished before any later frame,
-    /// even when the stream has room again before the writer task runs.
-    #[tokio::test]
-    async fn a_frame_cut_by_a_full_stream_is_finished_before_the_next() {
-        let pipe = Pipe::default();
-        pipe.make_room(10);
-        let out = Arc::new(Outgoing::new(Box::new(pipe.clone()), 16));
-        out.send(frame(b'a', 30)).expect("send");
-        assert_eq!(pipe.taken(), vec![b'a'; 10], "the caller wrote what fit");
-        pipe.make_room(100);
-        out.send(frame(b'b', 5)).expect("send");
-        assert_eq!(pipe.taken().len(), 10, "the second frame waits behind the rest of the first");
-        let shared = Arc::new(ConnShared {
-            addr: "test".into(),
-            pending: Mutex::new(DetHashMap::default()),
-            closed: AtomicBool::new(false),
-            frames_received: AtomicU64::new(0),
-            silent_timeouts: AtomicU32::new(0),
-        });
-        let task = tokio::spawn(writer(out.clone(), shared));
-        out.close();
-        task.await.expect("writer");
-        let mut want = vec![b'a'; 30];
-        want.extend_from_slice(&[b'b'; 5]);
-        assert_eq!(pipe.taken(), want);
-    }
-
-    /// A peer that stopped reading cannot grow the queue without bound:
-    /// cancels stop being queued at the cap (requests are bounded by the
-    /// calls in flight).
-    #[tokio::test]
-    async fn cancels_are_dropped_once_the_queue_is_full() {
-        let pipe = Pipe::default();
-        let out = Outgoing::new(Box::new(pipe.clone()), 16);
-        for id in 0..100 {
-            out.send_cancel(id);
-        }
-        assert_eq!(out.state.lock().queue.len(), 16);
-        out.send(frame(b'r', 8)).expect("a request is still queued");
-        assert_eq!(out.state.lock().queue.len(), 17);
-        assert!(pipe.taken().is_empty());
-    }
-
-    /// An idle connection is written by the caller: nothing waits for the
-    /// writer task.
-    #[tokio::test]
-    async fn an_idle_connection_is_written_by_the_caller() {
-        let pipe = Pipe::default();
-        pipe.make_room(1 << 20);
-        let out = Outgoing::new(Box::new(pipe.clone()), 16);
-        out.send(frame(b'x', 64)).expect("send");
-        out.send(frame(b'y', 64)).expect("send");
-        assert_eq!(pipe.taken().len(), 128);
-        assert!(out.state.lock().queue.is_empty());
-    }
 }

@@ -9,13 +9,11 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// Bytes to make room for when the next frame's header is not known yet.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// Stop batching more queued frames into one write once this much is queued.
-const WRITE_BATCH_BYTES: usize = 4 << 20;
 /// Upper bound on slices handed to one vectored write (IOV_MAX is 1024).
 pub(crate) const MAX_IOVECS: usize = 64;
 
@@ -200,24 +198,6 @@ impl FrameReader {
         // Bytes of the next frame may already be here.
         self.frame_started = (!self.buf.is_empty()).then_some(now);
     }
-}
-
-/// Writes every frame received on `rx` until all senders are gone, then
-/// shuts the write half down. Frames queued at the same time are batched
-/// into vectored writes; payloads are written from their own buffers.
-pub(crate) async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<OutFrame>) -> std::io::Result<()> {
-    let mut queue: VecDeque<Bytes> = VecDeque::new();
-    while let Some(frame) = rx.recv().await {
-        let mut queued_bytes = push(&mut queue, frame);
-        while queued_bytes < WRITE_BATCH_BYTES {
-            match rx.try_recv() {
-                Ok(frame) => queued_bytes += push(&mut queue, frame),
-                Err(_) => break,
-            }
-        }
-        write_all_vectored(&mut write, &mut queue).await?;
-    }
-    write.shutdown().await
 }
 
 pub(crate) fn push(queue: &mut VecDeque<Bytes>, frame: OutFrame) -> usize {

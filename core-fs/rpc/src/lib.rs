@@ -24,7 +24,9 @@
 //!   connection fails all its pending calls with `ConnectionFailed`; the
 //!   next call on that slot reconnects.
 //! * Server ([`Server`]): an accept task; per connection a reader and a
-//!   writer task; per request a handler task. The server enforces the
+//!   writer task; per request a handler task, which writes its own reply
+//!   when nothing else is being written (the writer task finishes what a
+//!   full socket did not take; `outgoing.rs`, shared with the client). The server enforces the
 //!   request's deadline (`DeadlineExceeded`), aborts a handler on Cancel,
 //!   answers `Overloaded` beyond its per-connection in-flight limit,
 //!   `UnknownMethod` / `MalformedMessage` for bad requests (the connection
@@ -72,6 +74,7 @@ pub mod http;
 mod io;
 pub mod method;
 pub mod metrics;
+mod outgoing;
 /// RDMA one-sided transfers behind the seam (device shell: feature `rdma`).
 pub mod rdma;
 pub mod server;

@@ -8,9 +8,10 @@
 use crate::auth::{AuthFailure, ClusterKey, Principal, ServerHandshake, HELLO_HEAD_BYTES, NONCE_BYTES, PROOF_BYTES};
 use crate::error::{Result, RpcError};
 use crate::frame::{encode_head, FrameHeader, FrameKind, OutFrame, STATUS_OK};
-use crate::io::{write_loop, FrameReader, Incoming};
+use crate::io::{FrameReader, Incoming};
 use crate::method::{decode_body, encode_body, Method};
 use crate::metrics::{MetricsRegistry, RpcMetrics};
+use crate::outgoing::{writer, Outgoing};
 use crate::transport::{Connection, Listener, Transport};
 use crate::watch;
 use crate::DetHashMap;
@@ -25,7 +26,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 use tracing::{debug, info_span, warn, Instrument};
@@ -442,7 +443,7 @@ impl Drop for RemoveOnDrop {
 struct ConnState {
     shared: Arc<Shared>,
     in_flight: Arc<InFlight>,
-    tx: mpsc::Sender<OutFrame>,
+    out: Arc<Outgoing>,
     peer: Arc<str>,
     principal: Option<Principal>,
     conn_local: Arc<ConnLocal>,
@@ -451,6 +452,15 @@ struct ConnState {
 
 /// How long a closing connection waits for queued replies to be written.
 const WRITER_DRAIN_MS: u64 = 1_000;
+
+/// Closes a connection's outgoing side when dropped.
+struct CloseOnDrop(Arc<Outgoing>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
 
 /// Decrements the open-connections gauge however the connection ends.
 struct ConnGauge(Arc<RpcMetrics>);
@@ -639,10 +649,15 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     };
     // Authenticated (or no key): no longer evictable.
     drop(pending);
-    // Bounded: each request queues at most one reply and the reader waits
-    // for room, so a peer that never reads cannot grow our memory.
-    let (tx, rx) = mpsc::channel(shared.config.max_in_flight_per_connection.saturating_add(64));
-    let writer = tokio::spawn(write_loop(write, rx).in_current_span());
+    // Replies are written by their handler's task when the connection is
+    // free (`crate::outgoing`). Bounded: each request queues at most one
+    // reply (two buffers) and senders wait for room, holding the request's
+    // slot, so a peer that never reads cannot grow our memory.
+    let out = Arc::new(Outgoing::new(write, shared.config.max_in_flight_per_connection.saturating_add(64).saturating_mul(2)));
+    let writer = tokio::spawn(writer(out.clone(), |reason| debug!(reason, "closing the reply side")).in_current_span());
+    // Closed however this task ends (also when aborted with the server), so
+    // the writer ends the stream rather than wait for frames for ever.
+    let close_out = CloseOnDrop(out.clone());
     let in_flight = Arc::new(InFlight { tasks: Mutex::new(DetHashMap::default()), next_seq: 0.into(), idle: Notify::new() });
     let abort_guard = AbortAllOnDrop(in_flight.clone());
     let mut reader = FrameReader::new(read, max_frame_bytes, peer.clone())
@@ -650,8 +665,15 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
         .with_budget(shared.budget.clone())
         .with_frame_read_timeout(Duration::from_millis(shared.config.frame_read_timeout_ms));
     let idle_timeout = Duration::from_millis(shared.config.idle_timeout_ms);
-    let mut state =
-        ConnState { shared, in_flight, tx, peer: peer.into(), principal, conn_local: Arc::default(), shutting_down: *shutdown_rx.borrow() };
+    let mut state = ConnState {
+        shared,
+        in_flight,
+        out: out.clone(),
+        peer: peer.into(),
+        principal,
+        conn_local: Arc::default(),
+        shutting_down: *shutdown_rx.borrow(),
+    };
     let mut protocol_error = false;
     // The idle timer: one timer for the connection's life, checked when it
     // fires (no wake-up per request). It closes the connection when nothing
@@ -708,6 +730,8 @@ async fn serve_conn(conn: Connection, shared: Arc<Shared>, mut shutdown_rx: watc
     }
     drop(abort_guard);
     drop(state);
+    // The writer sends what is queued, then ends the stream.
+    drop(close_out);
     if protocol_error {
         writer.abort();
     } else {
@@ -770,7 +794,7 @@ impl ConnState {
         let span = info_span!("rpc_request", request_id = header.request_id, method = route.name);
         let counted = Counted { metrics: self.shared.metrics.clone(), method: route.name };
         let task =
-            run_handler(fut, deadline, header.request_id, self.tx.clone(), self.shared.config.max_frame_bytes, (guard, permit), counted);
+            run_handler(fut, deadline, header.request_id, self.out.clone(), self.shared.config.max_frame_bytes, (guard, permit), counted);
         let handle = tokio::spawn(task.instrument(span)).abort_handle();
         self.in_flight.set_handle(header.request_id, seq, handle);
         Ok(())
@@ -794,7 +818,7 @@ impl ConnState {
     async fn reply_error(&self, request_id: u64, status: Status) {
         debug!(request_id, code = ?status.code, "refusing request");
         let frame = error_frame(request_id, &status);
-        let _ = self.tx.send(frame).await;
+        let _ = self.out.send_bounded(frame).await;
     }
 }
 
@@ -802,7 +826,7 @@ async fn run_handler(
     fut: BoxFuture,
     deadline: Option<Instant>,
     request_id: u64,
-    tx: mpsc::Sender<OutFrame>,
+    out: Arc<Outgoing>,
     max_frame_bytes: usize,
     // Dropped when the reply is queued: the slot and the request's budget.
     guard: (RemoveOnDrop, Option<OwnedSemaphorePermit>),
@@ -833,7 +857,7 @@ async fn run_handler(
         Err(status) => (error_frame(request_id, &status), Some(status.code)),
     };
     counted.metrics.record(counted.method, code, Some(started.elapsed().as_secs_f64()));
-    let _ = tx.send(frame).await;
+    let _ = out.send_bounded(frame).await;
     drop(guard);
 }
 
