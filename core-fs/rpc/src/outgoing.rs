@@ -6,8 +6,8 @@
 //!
 //! | state | a frame sent |
 //! |---|---|
-//! | idle: the write half is here, nothing queued | written now without waiting (one non-blocking attempt); what the socket does not take is queued, and the writer task takes the half to finish it |
-//! | busy: the writer task holds the half | queued; the writer writes it before it hands the half back |
+//! | idle: the write half is here, nothing queued | a frame of at most [`MAX_DIRECT_WRITE_BYTES`] is written now without waiting (one non-blocking attempt); what the socket does not take is queued, and the writer task takes the half to finish it |
+//! | busy: the writer task holds the half, or a larger frame | queued; the writer writes it before it hands the half back |
 //! | closed (`close`, or a write failed) | refused |
 //!
 //! **Invariant**: a sender writes only when nothing is queued and no flush
@@ -30,6 +30,13 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::Notify;
+
+/// Largest frame a sender writes itself. A larger one goes to the writer
+/// task, which writes without holding the state's lock: a sender copying
+/// megabytes into the socket under the lock would stall every other
+/// sender's thread meanwhile, and for such a frame the copy, not the
+/// wake-up, is the cost.
+pub(crate) const MAX_DIRECT_WRITE_BYTES: usize = 64 << 10;
 
 pub(crate) struct Outgoing {
     state: Mutex<OutState>,
@@ -90,9 +97,10 @@ impl Outgoing {
         if st.closed {
             return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed"));
         }
+        let small = frame.len() <= MAX_DIRECT_WRITE_BYTES;
         let mut parts = VecDeque::with_capacity(2);
         push(&mut parts, frame);
-        let idle = st.queue.is_empty() && !st.needs_flush;
+        let idle = small && st.queue.is_empty() && !st.needs_flush;
         if let (true, Some(write)) = (idle, st.write.as_mut()) {
             match write_now(write, &mut parts) {
                 Ok(true) => return Ok(()),
@@ -281,6 +289,26 @@ mod tests {
         out.send(frame(b'y', 64)).expect("send");
         assert_eq!(pipe.taken().len(), 128);
         assert_eq!(out.queued_parts(), 0);
+    }
+
+    /// A large frame is left to the writer task even on an idle
+    /// connection (no copy of megabytes under the lock).
+    #[tokio::test]
+    async fn a_large_frame_goes_to_the_writer_task() {
+        let pipe = Pipe::default();
+        pipe.make_room(1 << 20);
+        let out = Arc::new(Outgoing::new(Box::new(pipe.clone()), 16));
+        out.send(frame(b'l', MAX_DIRECT_WRITE_BYTES + 1)).expect("send");
+        assert!(pipe.taken().is_empty(), "not written by the sender");
+        assert_eq!(out.queued_parts(), 1);
+        out.send(frame(b's', 8)).expect("send");
+        assert_eq!(out.queued_parts(), 2, "a small frame queues behind it");
+        let task = tokio::spawn(writer(out.clone(), |_| {}));
+        out.close();
+        task.await.expect("writer");
+        let mut want = vec![b'l'; MAX_DIRECT_WRITE_BYTES + 1];
+        want.extend_from_slice(&[b's'; 8]);
+        assert_eq!(pipe.taken(), want);
     }
 
     /// A server's replies wait for room once the queue is full (a peer that
