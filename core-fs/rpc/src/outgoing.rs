@@ -69,9 +69,7 @@ impl Outgoing {
 
     /// Sends a Cancel frame unless the queue is full (see the module doc).
     pub(crate) fn send_cancel(&self, request_id: u64) {
-        if self.state.lock().queue.len() < self.max_queued_parts {
-            let _ = self.send(OutFrame::cancel(request_id));
-        }
+        let _ = self.enqueue(OutFrame::cancel(request_id), true);
     }
 
     /// Waits while the queue is full, then sends `frame`.
@@ -93,9 +91,18 @@ impl Outgoing {
     /// Sends `frame` (see the table); an error means the connection is
     /// broken or closed.
     pub(crate) fn send(&self, frame: OutFrame) -> std::io::Result<()> {
+        self.enqueue(frame, false)
+    }
+
+    /// `send`; with `drop_at_cap`, a frame that finds the queue full is
+    /// dropped instead (best-effort frames).
+    fn enqueue(&self, frame: OutFrame, drop_at_cap: bool) -> std::io::Result<()> {
         let mut st = self.state.lock();
         if st.closed {
             return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed"));
+        }
+        if drop_at_cap && st.queue.len() >= self.max_queued_parts {
+            return Ok(());
         }
         let small = frame.len() <= MAX_DIRECT_WRITE_BYTES;
         let mut parts = VecDeque::with_capacity(2);
@@ -142,30 +149,40 @@ impl Outgoing {
 /// `on_fail` runs once if a write fails (the queue is dropped and nothing
 /// more is sent).
 pub(crate) async fn writer(out: Arc<Outgoing>, on_fail: impl FnOnce(&str)) {
+    /// What the writer does next.
+    enum Next {
+        /// Write this batch with the half, then hand the half back.
+        Write(BoxWrite, VecDeque<Bytes>),
+        /// Closed with nothing left: end the stream (FIN).
+        Finish(BoxWrite),
+        /// Nothing to do ever again (a failed write dropped the half).
+        Stop,
+    }
     loop {
-        let taken = loop {
+        let next = loop {
             {
                 let mut st = out.state.lock();
                 if st.queue.is_empty() && !st.needs_flush {
                     if st.closed {
-                        break st.write.take().map(|w| (w, None));
+                        break st.write.take().map_or(Next::Stop, Next::Finish);
                     }
                 } else if let Some(w) = st.write.take() {
                     st.needs_flush = false;
-                    break Some((w, Some(std::mem::take(&mut st.queue))));
+                    break Next::Write(w, std::mem::take(&mut st.queue));
                 } else {
-                    // A failed write dropped the half (and the queue).
-                    break None;
+                    break Next::Stop;
                 }
             }
             out.wake_writer.notified().await;
         };
-        let Some((mut write, batch)) = taken else { return };
-        let Some(mut batch) = batch else {
-            // Closed with nothing left: end the stream (FIN).
-            use tokio::io::AsyncWriteExt;
-            let _ = write.shutdown().await;
-            return;
+        let (mut write, mut batch) = match next {
+            Next::Write(write, batch) => (write, batch),
+            Next::Finish(mut write) => {
+                use tokio::io::AsyncWriteExt;
+                let _ = write.shutdown().await;
+                return;
+            }
+            Next::Stop => return,
         };
         out.room.notify_waiters();
         loop {
