@@ -149,6 +149,9 @@ pub struct RocksEngine {
     engine: LocalEngine<RocksStore>,
 }
 
+/// The share of a memtable's size given to its whole-key bloom filter.
+const MEMTABLE_BLOOM_RATIO: f64 = 0.02;
+
 impl RocksEngine {
     /// Opens (or creates) the database in directory `path`.
     pub fn open(path: impl AsRef<Path>, opts: RocksOptions) -> KvResult<Self> {
@@ -159,6 +162,11 @@ impl RocksEngine {
         db_opts.set_max_background_jobs(2);
         db_opts.set_bytes_per_sync(1 << 20);
         db_opts.set_write_buffer_size(opts.write_buffer_bytes);
+        // A bloom filter over each memtable's whole keys: a point read of a
+        // key that is not in the memtable (a directory or inode written
+        // long ago) skips the skip-list search.
+        db_opts.set_memtable_whole_key_filtering(true);
+        db_opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO);
         let mut table = rocksdb::BlockBasedOptions::default();
         let cache = rocksdb::Cache::new_lru_cache(opts.block_cache_bytes).map_err(storage_err)?;
         table.set_block_cache(&cache);
