@@ -211,15 +211,26 @@ pub(crate) fn push(queue: &mut VecDeque<Bytes>, frame: OutFrame) -> usize {
 
 pub(crate) async fn write_all_vectored(write: &mut BoxWrite, queue: &mut VecDeque<Bytes>) -> std::io::Result<()> {
     while !queue.is_empty() {
-        let slices: Vec<IoSlice<'_>> = queue.iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
-        let written = write.write_vectored(&slices).await?;
-        drop(slices);
+        let mut slices = [IoSlice::new(&[]); MAX_IOVECS];
+        let n = fill_slices(queue, &mut slices);
+        let written = write.write_vectored(&slices[..n]).await?;
         if written == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         advance(queue, written);
     }
     write.flush().await
+}
+
+/// Points `slices` at the first buffers of `queue` (no allocation per
+/// write); returns how many it filled.
+fn fill_slices<'a>(queue: &'a VecDeque<Bytes>, slices: &mut [IoSlice<'a>; MAX_IOVECS]) -> usize {
+    let mut n = 0;
+    for (slot, b) in slices.iter_mut().zip(queue.iter()) {
+        *slot = IoSlice::new(b);
+        n += 1;
+    }
+    n
 }
 
 /// Drops `written` bytes from the front of `queue`.
@@ -247,10 +258,9 @@ pub(crate) fn write_now(write: &mut BoxWrite, queue: &mut VecDeque<Bytes>) -> st
     use tokio::io::AsyncWrite;
     let mut cx = Context::from_waker(futures::task::noop_waker_ref());
     while !queue.is_empty() {
-        let slices: Vec<IoSlice<'_>> = queue.iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
-        let polled = Pin::new(&mut *write).poll_write_vectored(&mut cx, &slices);
-        drop(slices);
-        match polled {
+        let mut slices = [IoSlice::new(&[]); MAX_IOVECS];
+        let n = fill_slices(queue, &mut slices);
+        match Pin::new(&mut *write).poll_write_vectored(&mut cx, &slices[..n]) {
             Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
             Poll::Ready(Ok(n)) => advance(queue, n),
             Poll::Ready(Err(e)) => return Err(e),

@@ -105,13 +105,15 @@ impl Outgoing {
             return Ok(());
         }
         let small = frame.len() <= MAX_DIRECT_WRITE_BYTES;
-        let mut parts = VecDeque::with_capacity(2);
-        push(&mut parts, frame);
         let idle = small && st.queue.is_empty() && !st.needs_flush;
-        if let (true, Some(write)) = (idle, st.write.as_mut()) {
-            match write_now(write, &mut parts) {
+        // Idle, the queue is empty and holds just this frame while it is
+        // written here (no queue of its own per send).
+        let OutState { write, queue, needs_flush, .. } = &mut *st;
+        push(queue, frame);
+        if let (true, Some(write)) = (idle, write.as_mut()) {
+            match write_now(write, queue) {
                 Ok(true) => return Ok(()),
-                Ok(false) => st.needs_flush = parts.is_empty(),
+                Ok(false) => *needs_flush = queue.is_empty(),
                 Err(e) => {
                     st.closed = true;
                     st.write = None;
@@ -123,7 +125,6 @@ impl Outgoing {
                 }
             }
         }
-        st.queue.extend(parts);
         drop(st);
         self.wake_writer.notify_one();
         Ok(())
