@@ -413,18 +413,9 @@ async fn eviction(c: &Cluster) {
     // the writer last published (at most stats_interval_ms old), whichever
     // pool the connection was handed to: wait for the eviction to show,
     // not only for a key count that may predate the puts.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (mut keys, mut evictions) = (u64::MAX, 0);
-    while Instant::now() < deadline {
-        let ns = w.namespace("ev").await.unwrap();
-        keys = ns["stats"]["keys"].as_u64().unwrap();
-        evictions = ns["stats"]["evictions"].as_u64().unwrap_or(0);
-        if keys <= 10 && evictions > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!((keys, evictions), (10, 6), "evicted down to the low watermark: {:#?}", kv_pools(c).await);
+    let ns = stats_until(w, 20, |keys, evictions| keys.is_some_and(|k| k <= 10) && evictions.is_some_and(|e| e > 0)).await;
+    let stats = (ns["stats"]["keys"].as_u64(), ns["stats"]["evictions"].as_u64());
+    assert_eq!(stats, (Some(10), Some(6)), "evicted down to the low watermark: {ns:#} {:#?}", kv_pools(c).await);
     let mut present = Vec::new();
     for i in 0..16 {
         if w.get("ev", &key(i)).await.unwrap().is_some() {
@@ -437,14 +428,7 @@ async fn eviction(c: &Cluster) {
     // (handover): this read may be answered by the writer (exact stats) or
     // by a reader (the stats last published, at most stats_interval_ms old),
     // so wait for the published ones to catch up.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let ns = loop {
-        let ns = w.namespace("ev").await.unwrap();
-        if ns["stats"]["evictions"].as_u64() == Some(6) || Instant::now() >= deadline {
-            break ns;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let ns = stats_until(w, 10, |_, evictions| evictions == Some(6)).await;
     assert_eq!(ns["stats"]["evictions"].as_u64(), Some(6), "{ns:#} {:#?}", kv_pools(c).await);
 
     // A writer that stops leaves its counters to the next one (a checkpoint
@@ -468,22 +452,25 @@ async fn eviction(c: &Cluster) {
     }
     // k16 is known only to the new writer: its stats are the ones with 11
     // keys. (A kept connection handed to the stopped writer fails once.)
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let ns = loop {
-        let ns = match w.namespace("ev").await {
-            Ok(ns) => ns,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("namespace read failed, retrying: {e}");
-                serde_json::Value::Null
-            }
-            Err(e) => panic!("no namespace read after the writer was replaced: {e}"),
-        };
-        if ns["stats"]["keys"].as_u64() == Some(11) || Instant::now() >= deadline {
-            break ns;
+    let ns = stats_until(w, 20, |keys, _| keys == Some(11)).await;
+    assert_eq!((ns["stats"]["keys"].as_u64(), ns["stats"]["evictions"].as_u64()), (Some(11), Some(6)), "the new writer's stats: {ns:#}");
+}
+
+/// Namespace `ev` as read through the front, once `done(keys, evictions)`
+/// holds for its stats or after `secs` seconds (the caller asserts on what
+/// it got). A read that fails is retried until then: a kept connection may
+/// have been handed to a writer that was stopped since.
+async fn stats_until(w: &KvClient, secs: u64, done: impl Fn(Option<u64>, Option<u64>) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match w.namespace("ev").await {
+            Ok(ns) if done(ns["stats"]["keys"].as_u64(), ns["stats"]["evictions"].as_u64()) || Instant::now() >= deadline => return ns,
+            Ok(_) => {}
+            Err(e) if Instant::now() < deadline => eprintln!("namespace read failed, retrying: {e}"),
+            Err(e) => panic!("no namespace read within {secs} s: {e}"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!((ns["stats"]["keys"].as_u64(), ns["stats"]["evictions"].as_u64()), (Some(11), Some(6)), "the new writer's stats: {ns:#}");
+    }
 }
 
 /// The front's KV pools (its admin listener, P+10).
