@@ -42,6 +42,12 @@ pub struct MountArgs {
     /// kernel's 128 KiB stays).
     #[arg(long, env = "FSKV_MOUNT_READAHEAD_BYTES", default_value_t = MountConfig::default().max_readahead_bytes)]
     readahead_bytes: u32,
+    /// A small read that misses the page cache reads the aligned window of
+    /// this many bytes around it and stores the rest of it in the kernel's
+    /// page cache, as a local filesystem's readahead does (a power of two;
+    /// 0 = off; docs/fuse.md "Read-around").
+    #[arg(long, env = "FSKV_MOUNT_READ_AROUND_BYTES", default_value_t = MountConfig::default().read_around_bytes)]
+    read_around_bytes: u32,
     /// fsync every namespace change (create, mkdir, rename, close, …) before
     /// replying. Default: changes are acknowledged once in meta's log (they
     /// survive a crash of meta) and fsync(2) / fsyncdir(2) make them durable
@@ -73,6 +79,7 @@ pub async fn run(args: MountArgs) -> anyhow::Result<()> {
         write_buffer_bytes: args.write_buffer_bytes,
         write_flush_delay_ms: args.write_flush_delay_ms,
         max_readahead_bytes: args.readahead_bytes,
+        read_around_bytes: args.read_around_bytes,
         relaxed_metadata: !args.synced_metadata,
         close_batch_delay_ms: args.close_batch_delay_ms,
         ..Default::default()

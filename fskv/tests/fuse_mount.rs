@@ -326,6 +326,115 @@ fn check_readahead(mnt: &Path) {
     fs::remove_file(mnt.join("readahead")).unwrap();
 }
 
+/// Which of the first `pages` pages of `f` are in the page cache
+/// (mincore(2) on a read-only mapping, which faults nothing in).
+fn resident_pages(f: &fs::File, pages: usize) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    let len = pages * 4096;
+    // SAFETY: a fresh shared read-only mapping of an open file; unmapped below.
+    let addr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0) };
+    assert_ne!(addr, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `addr` maps `len` bytes; `vec` has one byte per page.
+    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(addr, len) };
+    assert_eq!(rc, 0, "mincore: {err}");
+    vec.iter().map(|b| b & 1 == 1).collect()
+}
+
+/// Drops `f`'s clean cached pages and opens it for small random reads
+/// (no kernel readahead: each read asks the mount for exactly its pages).
+fn cold_random_reader(p: &Path) -> fs::File {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(p).unwrap();
+    // SAFETY: fadvise on an open descriptor; no memory is passed.
+    unsafe {
+        assert_eq!(libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
+        assert_eq!(libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM), 0);
+    }
+    f
+}
+
+/// Read-around (`MountConfig::read_around_bytes`, 32 KiB): a 4 KiB read
+/// that misses the page cache leaves the rest of its aligned 32 KiB window
+/// cached, and nothing beyond it; never while this mount has the file open
+/// for writing; what a writer changes reads back afterwards.
+fn check_read_around(mnt: &Path) {
+    use std::os::unix::fs::FileExt;
+    let p = mnt.join("read-around");
+    let data = pattern(MIB, 91);
+    fs::write(&p, &data).unwrap();
+    let f = cold_random_reader(&p);
+    let before = resident_pages(&f, 256);
+    assert!(before.iter().all(|r| !r), "pages still cached after FADV_DONTNEED: {before:?}");
+    // Page 10 (40 KiB) lies in the window of pages 8..16 (32..64 KiB).
+    let mut buf = vec![0u8; 4096];
+    f.read_exact_at(&mut buf, 40 << 10).unwrap();
+    assert!(buf[..] == data[40 << 10..44 << 10], "a small read returned other bytes");
+    // The window's other pages are stored after the read's reply.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let resident = loop {
+        let r = resident_pages(&f, 256);
+        if r[8..16].iter().all(|x| *x) || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let cached: Vec<usize> = (0..256).filter(|i| resident[*i]).collect();
+    assert_eq!(cached, (8..16).collect::<Vec<_>>(), "cached pages after one 4 KiB read at 40 KiB");
+    // The stored pages hold the file's bytes.
+    f.read_exact_at(&mut buf, 56 << 10).unwrap();
+    assert!(buf[..] == data[56 << 10..60 << 10], "a read of a page stored around differs");
+    drop(f);
+
+    // A handle of this mount open for writing: no read-around.
+    let w = OpenOptions::new().write(true).open(&p).unwrap();
+    let f = cold_random_reader(&p);
+    f.read_exact_at(&mut buf, 100 << 10).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let cached: Vec<usize> = (0..256).filter(|i| resident_pages(&f, 256)[*i]).collect();
+    assert_eq!(cached, vec![25], "pages cached around a read while the file is open for writing");
+    // The writer's bytes are what a cold read finds afterwards.
+    w.write_all_at(&[7u8; 4096], 104 << 10).unwrap();
+    drop(w);
+    let f = cold_random_reader(&p);
+    f.read_exact_at(&mut buf, 100 << 10).unwrap();
+    assert!(buf[..] == data[100 << 10..104 << 10]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !resident_pages(&f, 256)[26] && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f.read_exact_at(&mut buf, 104 << 10).unwrap();
+    assert!(buf.iter().all(|b| *b == 7), "the page stored around shows bytes from before the write");
+    drop(f);
+    // A truncate (by path: no handle of ours) inside a window: a read
+    // around the new end stores nothing past it, and the size stays.
+    let end = 110 << 10;
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::truncate(cpath(&p).as_ptr(), end) }, 0, "truncate: {}", std::io::Error::last_os_error());
+    let f = cold_random_reader(&p);
+    f.read_exact_at(&mut buf, 96 << 10).unwrap();
+    assert!(buf[..] == data[96 << 10..100 << 10]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !resident_pages(&f, 256)[26] && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cached: Vec<usize> = (0..256).filter(|i| resident_pages(&f, 256)[*i]).collect();
+    assert_eq!(cached, (24..28).collect::<Vec<_>>(), "pages cached around a read near the end of a truncated file");
+    assert_eq!(f.metadata().unwrap().len(), end as u64, "a store around a read changed the size");
+    let mut tail = Vec::new();
+    (&f).read_to_end(&mut tail).unwrap();
+    assert_eq!(tail.len(), end as usize);
+    assert!(
+        tail[104 << 10..108 << 10].iter().all(|b| *b == 7) && tail[108 << 10..] == data[108 << 10..end as usize],
+        "the bytes before the truncated end"
+    );
+    drop(f);
+    fs::remove_file(&p).unwrap();
+}
+
 /// Long enough that closes released together share a batch even on a
 /// loaded machine (check_deferred_closes).
 const CLOSE_BATCH_DELAY_MS: u64 = 300;
@@ -442,6 +551,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     check_other_user(&mnt);
     check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
     check_readahead(&mnt);
+    check_read_around(&mnt);
     check_deferred_closes(&mnt, &meta);
     println!("checks took {:?}", t0.elapsed());
     // A file held open makes umount(2) fail with EBUSY: the mount detaches

@@ -41,6 +41,9 @@ pub(crate) struct Shared {
     pub usrbio: std::sync::OnceLock<Arc<crate::usrbio::Server>>,
     /// Tells the kernel to drop cached pages (set once the session exists).
     pub notifier: std::sync::OnceLock<fuser::Notifier>,
+    /// Stores of pages read around small reads against changes of their
+    /// files (see [`crate::readaround`]).
+    pub store_gate: Arc<crate::readaround::StoreGate>,
     /// Files known to lack the xattrs the kernel and `ls -l` probe (see `PROBED_XATTRS`).
     pub absent_xattrs: crate::handles::AbsentXattrCache,
     /// Directories' attributes for the kernel's GETATTR after each change
@@ -96,8 +99,12 @@ impl Shared {
         if ranges.is_empty() {
             return;
         }
+        let mut blocks = Vec::with_capacity(ranges.len());
         for (inode, _) in &ranges {
             self.cache_stamps.forget(InodeId(*inode));
+            // Pages read around before the write are not stored after the
+            // drop (crate::readaround).
+            blocks.push(self.store_gate.block(InodeId(*inode)).await);
         }
         let done = tokio::task::spawn_blocking(move || {
             for (inode, (start, end)) in ranges {
@@ -113,6 +120,56 @@ impl Shared {
         if done.await.is_err() {
             tracing::warn!("the cache invalidation task failed");
         }
+        drop(blocks);
+    }
+
+    /// Gives the kernel the pages read around a small read, after its
+    /// reply, on the blocking pool (the kernel may wait there for page locks
+    /// of reads this mount is serving).
+    fn store_around(self: &Arc<Self>, around: AroundPages) {
+        let Some(notifier) = self.notifier.get().cloned() else { return };
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let stored = around.store(&notifier);
+            shared.metrics.read_around(stored);
+        });
+    }
+}
+
+/// The window read around a small read: the bytes, and which of them the
+/// read itself returned (never stored: the kernel holds those pages locked
+/// until the reply).
+pub(crate) struct AroundPages {
+    ticket: crate::readaround::Ticket,
+    inode: InodeId,
+    start: u64,
+    data: Bytes,
+    own: std::ops::Range<usize>,
+}
+
+impl AroundPages {
+    /// Stores the pages before and after the read's own (unless a change
+    /// of the file cancelled the ticket); the bytes stored.
+    fn store(self, notifier: &fuser::Notifier) -> u64 {
+        if !self.ticket.still_valid() {
+            return 0;
+        }
+        let before = (self.start, &self.data[..self.own.start]);
+        let after = (self.start + self.own.end as u64, &self.data[self.own.end..]);
+        let mut stored = 0;
+        for (offset, bytes) in [before, after] {
+            if bytes.is_empty() {
+                continue;
+            }
+            match notifier.store(INodeNo(self.inode.0), offset, bytes) {
+                Ok(()) => stored += bytes.len() as u64,
+                // ENOENT: the kernel has forgotten the inode meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => tracing::debug!(inode = %self.inode, offset, error = %e, "storing pages read around failed"),
+            }
+        }
+        drop(self.ticket);
+        stored
     }
 }
 
@@ -295,6 +352,8 @@ impl Ctx {
     /// Truncates through the open handle `fh` if it is writable, else
     /// through a temporary write handle (close makes the length exact).
     async fn truncate(&self, inode: InodeId, size: u64, fh: Option<u64>) -> FsResult<()> {
+        // No page read around before the truncate is stored after it.
+        let _block = self.shared.store_gate.block(inode).await;
         // Buffered writes land first: none may re-extend the file after it.
         self.shared.settle_writers(inode).await;
         if let Some(file) = fh.and_then(|fh| self.shared.handles.file(fh).ok()).filter(|f| f.writable) {
@@ -342,6 +401,12 @@ impl Ctx {
         let wb = if writable { self.shared.write_behind(u64::from(handle.layout().chunk_size_bytes)) } else { None };
         let file = OpenFile { inode, writable, handle: tokio::sync::RwLock::new(None), wb };
         let fh = self.shared.handles.insert_file(file);
+        if writable && fh.is_ok() {
+            // Registered as a writer first, so no new read-around starts;
+            // the stores already under way finish before the open returns
+            // (and with it the first write). See crate::readaround.
+            drop(self.shared.store_gate.block(inode).await);
+        }
         match fh {
             Ok(fh) => {
                 if let Ok(f) = self.shared.handles.file(fh) {
@@ -367,7 +432,10 @@ impl Ctx {
         Ok((inode, fh))
     }
 
-    async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+    /// The bytes of a read, and the pages read around it for the kernel's
+    /// cache (see [`crate::readaround`]; `direct`: opened `O_DIRECT`, never
+    /// widened).
+    async fn read(&self, fh: u64, offset: u64, size: u32, direct: bool) -> FsResult<(Bytes, Option<AroundPages>)> {
         let file = self.shared.handles.file(fh)?;
         // Read-your-writes inside the mount: buffered bytes land first.
         self.shared.settle_writers(file.inode).await;
@@ -386,7 +454,19 @@ impl Ctx {
                 }
             }
         }
-        Ok(handle.read_at(offset, u64::from(size)).await?)
+        let window_bytes = if direct { 0 } else { u64::from(self.shared.cfg.read_around_bytes) };
+        if let Some((start, end)) = crate::readaround::window(offset, size, handle.len(), window_bytes) {
+            let shared = &self.shared;
+            if let Some(ticket) = shared.store_gate.try_enter(file.inode, || shared.handles.has_writer(file.inode)) {
+                let data = handle.read_at(start, end - start).await?;
+                // `offset >= start`: the window starts at or before the read.
+                let own_start = usize::try_from(offset - start).unwrap_or(usize::MAX).min(data.len());
+                let own_end = own_start.saturating_add(size as usize).min(data.len());
+                let own = data.slice(own_start..own_end);
+                return Ok((own, Some(AroundPages { ticket, inode: file.inode, start, data, own: own_start..own_end })));
+            }
+        }
+        Ok((handle.read_at(offset, u64::from(size)).await?, None))
     }
 
     async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
@@ -918,14 +998,19 @@ impl Filesystem for FskvFs {
         fh: Fh,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         let ctx = self.ctx(req);
         self.spawn("read", tracing::debug_span!("read", inode = i.0, offset, size), async move {
-            match ctx.read(fh.0, offset, size).await {
-                Ok(data) => reply.data(&data),
+            match ctx.read(fh.0, offset, size, flags.0 & libc::O_DIRECT != 0).await {
+                Ok((data, around)) => {
+                    reply.data(&data);
+                    if let Some(around) = around {
+                        ctx.shared.store_around(around);
+                    }
+                }
                 Err(e) => reply.error(e.0),
             }
         });

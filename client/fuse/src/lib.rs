@@ -20,6 +20,7 @@ pub mod errno;
 pub mod fs;
 pub mod handles;
 pub mod metrics;
+pub mod readaround;
 pub mod start;
 pub mod usrbio;
 pub mod writeback;
@@ -46,6 +47,10 @@ pub struct MountConfig {
     /// says; see [`set_read_ahead`]). Sequential reads keep this much in
     /// flight as requests of up to `max_pages` (1 MiB).
     pub max_readahead_bytes: u32,
+    /// A small read that misses the page cache reads this aligned window
+    /// around it and gives the kernel the rest as cached pages (a power of
+    /// two; 0 = off). See [`readaround`].
+    pub read_around_bytes: u32,
     /// Entries per readdir page asked of meta.
     pub readdir_page_entries: u32,
     /// Threads reading requests from /dev/fuse (work runs on tokio).
@@ -97,6 +102,7 @@ impl Default for MountConfig {
             max_open_handles: 65_536,
             max_write_bytes: 1 << 20,
             max_readahead_bytes: 4 << 20,
+            read_around_bytes: 32 << 10,
             readdir_page_entries: 256,
             reader_threads: 2,
             allow_other: true,
@@ -156,6 +162,7 @@ where
         cfg: cfg.clone(),
         usrbio: std::sync::OnceLock::new(),
         notifier: std::sync::OnceLock::new(),
+        store_gate: readaround::StoreGate::new(),
         dirty_files: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         dirty_budget: Arc::new(tokio::sync::Semaphore::new(
             usize::try_from(cfg.max_dirty_bytes_total.max(u64::from(cfg.max_write_bytes)))

@@ -8,6 +8,8 @@
 //! | `fskv_fuse_ops_in_flight` | gauge | | requests being handled |
 //! | `fskv_fuse_buffered_writes` | counter | | writes answered from the write-behind buffer on the request thread (not in the two above) |
 //! | `fskv_fuse_buffered_write_bytes` | counter | | their bytes |
+//! | `fskv_fuse_read_arounds` | counter | | small reads widened to their window whose other pages were stored in the kernel's cache ([`crate::readaround`]) |
+//! | `fskv_fuse_read_around_stored_bytes` | counter | | the bytes so stored |
 //!
 //! Virtual-directory (USRBIO) requests are answered on the request thread
 //! and are not counted. A request's error is not told apart from its
@@ -28,6 +30,8 @@ pub struct FuseMetrics {
     in_flight: Gauge,
     buffered_writes: Counter,
     buffered_write_bytes: Counter,
+    read_arounds: Counter,
+    read_around_stored_bytes: Counter,
 }
 
 impl FuseMetrics {
@@ -40,6 +44,8 @@ impl FuseMetrics {
             in_flight: Gauge::default(),
             buffered_writes: Counter::default(),
             buffered_write_bytes: Counter::default(),
+            read_arounds: Counter::default(),
+            read_around_stored_bytes: Counter::default(),
         };
         registry.register("fskv_fuse_ops", "FUSE requests handled, by operation", m.ops.clone());
         registry.register("fskv_fuse_op_duration_seconds", "FUSE request to reply, by operation", m.duration.clone());
@@ -49,6 +55,16 @@ impl FuseMetrics {
             "fskv_fuse_buffered_write_bytes",
             "bytes of writes answered from the write-behind buffer",
             m.buffered_write_bytes.clone(),
+        );
+        registry.register(
+            "fskv_fuse_read_arounds",
+            "small reads whose surrounding pages were stored in the page cache",
+            m.read_arounds.clone(),
+        );
+        registry.register(
+            "fskv_fuse_read_around_stored_bytes",
+            "bytes read around small reads and stored in the page cache",
+            m.read_around_stored_bytes.clone(),
         );
         Arc::new(m)
     }
@@ -64,6 +80,14 @@ impl FuseMetrics {
         });
         count.inc();
         duration.observe(took.as_secs_f64());
+    }
+
+    /// A read-around's store of `bytes` (0: cancelled or refused; not counted).
+    pub(crate) fn read_around(&self, bytes: u64) {
+        if bytes > 0 {
+            self.read_arounds.inc();
+            self.read_around_stored_bytes.inc_by(bytes);
+        }
     }
 
     pub(crate) fn buffered_write(&self, bytes: u64) {
