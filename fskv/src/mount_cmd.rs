@@ -44,8 +44,8 @@ pub struct MountArgs {
     readahead_bytes: u32,
     /// A small read that misses the page cache reads the aligned window of
     /// this many bytes around it and stores the rest of it in the kernel's
-    /// page cache, as a local filesystem's readahead does (a power of two;
-    /// 0 = off; docs/fuse.md "Read-around").
+    /// page cache, as a local filesystem's readahead does (a power of two
+    /// from 8 KiB to 1 MiB; 0 = off; docs/fuse.md "Read-around").
     #[arg(long, env = "FSKV_MOUNT_READ_AROUND_BYTES", default_value_t = MountConfig::default().read_around_bytes)]
     read_around_bytes: u32,
     /// fsync every namespace change (create, mkdir, rename, close, …) before
@@ -69,6 +69,7 @@ pub struct MountArgs {
 }
 
 pub async fn run(args: MountArgs) -> anyhow::Result<()> {
+    fskv_fuse::readaround::check_window_bytes(args.read_around_bytes).map_err(|e| anyhow::anyhow!("--read-around-bytes: {e}"))?;
     let client = FsClient::connect(args.mgmtd.clone(), args.meta.clone(), FsClientConfig::default())
         .await
         .with_context(|| format!("connecting to mgmtd {:?} / meta {:?}", args.mgmtd, args.meta))?;

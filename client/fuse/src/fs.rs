@@ -151,25 +151,24 @@ impl AroundPages {
     /// Stores the pages before and after the read's own (unless a change
     /// of the file cancelled the ticket); the bytes stored.
     fn store(self, notifier: &fuser::Notifier) -> u64 {
-        if !self.ticket.still_valid() {
-            return 0;
-        }
-        let before = (self.start, &self.data[..self.own.start]);
-        let after = (self.start + self.own.end as u64, &self.data[self.own.end..]);
-        let mut stored = 0;
-        for (offset, bytes) in [before, after] {
-            if bytes.is_empty() {
-                continue;
+        let AroundPages { ticket, inode, start, data, own } = self;
+        ticket.store(|| {
+            let before = (start, &data[..own.start]);
+            let after = (start + own.end as u64, &data[own.end..]);
+            let mut stored = 0;
+            for (offset, bytes) in [before, after] {
+                if bytes.is_empty() {
+                    continue;
+                }
+                match notifier.store(INodeNo(inode.0), offset, bytes) {
+                    Ok(()) => stored += bytes.len() as u64,
+                    // ENOENT: the kernel has forgotten the inode meanwhile.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => tracing::debug!(%inode, offset, error = %e, "storing pages read around failed"),
+                }
             }
-            match notifier.store(INodeNo(self.inode.0), offset, bytes) {
-                Ok(()) => stored += bytes.len() as u64,
-                // ENOENT: the kernel has forgotten the inode meanwhile.
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => tracing::debug!(inode = %self.inode, offset, error = %e, "storing pages read around failed"),
-            }
-        }
-        drop(self.ticket);
-        stored
+            stored
+        })
     }
 }
 
@@ -403,8 +402,9 @@ impl Ctx {
         let fh = self.shared.handles.insert_file(file);
         if writable && fh.is_ok() {
             // Registered as a writer first, so no new read-around starts;
-            // the stores already under way finish before the open returns
-            // (and with it the first write). See crate::readaround.
+            // stores already being made finish before the open returns (and
+            // with it the first write), the others are cancelled. See
+            // crate::readaround.
             drop(self.shared.store_gate.block(inode).await);
         }
         match fh {

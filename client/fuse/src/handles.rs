@@ -373,13 +373,13 @@ impl HandleTable {
         }
     }
 
-    /// Open writable files of `inode` (to report sizes that meta has not
-    /// seen yet).
     /// Whether a handle of this mount has `inode` open for writing.
     pub fn has_writer(&self, inode: InodeId) -> bool {
         self.slots.lock().values().any(|s| matches!(s, Slot::File(f) if f.inode == inode && f.writable))
     }
 
+    /// Open writable files of `inode` (to report sizes that meta has not
+    /// seen yet).
     pub fn writers_of(&self, inode: InodeId) -> Vec<Arc<OpenFile>> {
         self.slots
             .lock()

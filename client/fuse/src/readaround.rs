@@ -14,7 +14,7 @@
 //! | the read's own pages are never stored, and the rest is stored after the read's reply | the kernel holds the read's pages locked until the reply: storing them first would deadlock |
 //! | stores run on the blocking pool | storing waits for page locks that reads in flight hold until this mount answers them |
 //! | stored ranges end where the bytes read end (the file's length then) | a store past the kernel's size would extend it |
-//! | an open for writing, a truncate, and a USRBIO write's cache drop first [`StoreGate::block`] the file: stores not yet made are cancelled, those being made are waited for, and none starts until the block ends | bytes read before a change must never land in the cache after it |
+//! | an open for writing, a truncate, and a USRBIO write's cache drop first [`StoreGate::block`] the file: stores not yet begun are cancelled (also those whose storage read is still running: a block never waits for storage), those being made are waited for, and none starts until the block ends | bytes read before a change must never land in the cache after it |
 //!
 //! Writes by other clients are seen as with any cached page: at the next
 //! open after the file changed (close-to-open, `keep_page_cache`).
@@ -25,6 +25,19 @@ use std::sync::Arc;
 
 /// The kernel's page size for this purpose (FUSE pages are 4 KiB here).
 pub const PAGE_BYTES: u64 = 4096;
+
+/// Largest window accepted (`MountConfig::read_around_bytes`).
+pub const MAX_WINDOW_BYTES: u32 = 1 << 20;
+
+/// Checks a configured window: 0 (off) or a power of two from two pages
+/// to [`MAX_WINDOW_BYTES`].
+pub fn check_window_bytes(bytes: u32) -> Result<(), String> {
+    let min = 2 * PAGE_BYTES as u32;
+    if bytes == 0 || (bytes.is_power_of_two() && (min..=MAX_WINDOW_BYTES).contains(&bytes)) {
+        return Ok(());
+    }
+    Err(format!("the read-around window must be 0 (off) or a power of two from {min} to {MAX_WINDOW_BYTES} bytes, not {bytes}"))
+}
 
 /// The window `(start, end)` a read of `size` bytes at `offset` of a file
 /// `len` bytes long is widened to, or `None` when it is not widened (see
@@ -46,10 +59,10 @@ pub fn window(offset: u64, size: u32, len: u64, window_bytes: u64) -> Option<(u6
     (win_end > end.min(len) || start < offset).then_some((start, win_end))
 }
 
-/// Per-file bookkeeping of stores in flight against changes (see the
-/// module's table). An entry exists only while a store is in flight or a
-/// block is held, so the map holds at most the files being read around or
-/// changed right now.
+/// Per-file bookkeeping of read-arounds against changes (see the module's
+/// table). An entry exists only while a ticket or a block of the file is
+/// held, so the map holds at most the files being read around or changed
+/// right now.
 #[derive(Default)]
 pub struct StoreGate {
     files: parking_lot::Mutex<HashMap<InodeId, GateEntry>>,
@@ -59,20 +72,23 @@ pub struct StoreGate {
 
 #[derive(Default, Debug)]
 struct GateEntry {
-    stores_in_flight: u32,
+    /// Tickets held (from before their storage read until their store).
+    tickets: u32,
+    /// Of those, the ones storing pages right now.
+    storing: u32,
     blocks: u32,
-    /// Bumped by every block: tickets taken before it are cancelled.
+    /// Bumped by every block: tickets taken before it store nothing.
     epoch: u64,
 }
 
 impl GateEntry {
     fn idle(&self) -> bool {
-        self.stores_in_flight == 0 && self.blocks == 0
+        self.tickets == 0 && self.blocks == 0
     }
 }
 
-/// The right to store pages of one file read around, from before its
-/// storage read until the store is made (or given up): a block waits for it.
+/// The right to store pages of one file read around, taken before its
+/// storage read; [`Ticket::store`] uses it once.
 pub struct Ticket {
     gate: Arc<StoreGate>,
     inode: InodeId,
@@ -80,26 +96,44 @@ pub struct Ticket {
 }
 
 impl Ticket {
-    /// Whether no block came since the ticket was taken (so the bytes read
-    /// under it are still the file's, as far as this mount changes it).
-    pub fn still_valid(&self) -> bool {
-        self.gate.files.lock().get(&self.inode).is_some_and(|e| e.epoch == self.epoch)
+    /// Runs `store` (which stores the pages and returns the bytes stored)
+    /// unless a block came since the ticket was taken — then the bytes read
+    /// under it may predate a change, and 0 is returned. A block that comes
+    /// while `store` runs waits for it.
+    pub fn store(self, store: impl FnOnce() -> u64) -> u64 {
+        {
+            let mut files = self.gate.files.lock();
+            match files.get_mut(&self.inode) {
+                Some(e) if e.epoch == self.epoch && e.blocks == 0 => e.storing += 1,
+                _ => return 0,
+            }
+        }
+        let stored = store();
+        if let Some(e) = self.gate.files.lock().get_mut(&self.inode) {
+            debug_assert!(e.storing > 0, "a store outlived its count");
+            e.storing = e.storing.saturating_sub(1);
+        }
+        self.gate.store_done.notify_waiters();
+        stored
+    }
+
+    /// Whether a block came since the ticket was taken (tests).
+    #[cfg(test)]
+    fn cancelled(&self) -> bool {
+        self.gate.files.lock().get(&self.inode).is_none_or(|e| e.epoch != self.epoch)
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        {
-            let mut files = self.gate.files.lock();
-            if let Some(e) = files.get_mut(&self.inode) {
-                debug_assert!(e.stores_in_flight > 0, "a ticket outlived its count");
-                e.stores_in_flight = e.stores_in_flight.saturating_sub(1);
-                if e.idle() {
-                    files.remove(&self.inode);
-                }
+        let mut files = self.gate.files.lock();
+        if let Some(e) = files.get_mut(&self.inode) {
+            debug_assert!(e.tickets > 0, "a ticket outlived its count");
+            e.tickets = e.tickets.saturating_sub(1);
+            if e.idle() {
+                files.remove(&self.inode);
             }
         }
-        self.gate.store_done.notify_waiters();
     }
 }
 
@@ -135,13 +169,13 @@ impl StoreGate {
             return None;
         }
         let e = files.entry(inode).or_default();
-        e.stores_in_flight += 1;
+        e.tickets += 1;
         Some(Ticket { gate: self.clone(), inode, epoch: e.epoch })
     }
 
-    /// Blocks `inode`: cancels the stores not yet made, waits for those
-    /// being made, and keeps new ones from starting until the [`Block`] is
-    /// dropped.
+    /// Blocks `inode`: cancels the stores not yet begun (whatever their
+    /// storage reads are doing), waits for those being made, and keeps new
+    /// ones from starting until the [`Block`] is dropped.
     pub async fn block(self: &Arc<Self>, inode: InodeId) -> Block {
         {
             let mut files = self.files.lock();
@@ -154,7 +188,7 @@ impl StoreGate {
             let done = self.store_done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            if self.files.lock().get(&inode).is_none_or(|e| e.stores_in_flight == 0) {
+            if self.files.lock().get(&inode).is_none_or(|e| e.storing == 0) {
                 return block;
             }
             done.await;
@@ -203,39 +237,72 @@ mod tests {
     }
 
     #[test]
+    fn window_sizes_checked() {
+        for ok in [0, 8192, 32 << 10, 1 << 20] {
+            assert!(check_window_bytes(ok).is_ok(), "{ok}");
+        }
+        for bad in [1, 4096, 48 << 10, 2 << 20, u32::MAX] {
+            let err = check_window_bytes(bad).expect_err("accepted");
+            assert!(err.contains(&bad.to_string()), "{err}");
+        }
+    }
+
+    #[test]
     fn writers_and_blocks_keep_tickets_out() {
         let gate = StoreGate::new();
         let a = InodeId(7);
         assert!(gate.try_enter(a, || true).is_none(), "an open writer: no read-around");
         let t = gate.try_enter(a, || false).expect("no writer");
-        assert!(t.still_valid());
-        drop(t);
+        assert!(!t.cancelled());
+        assert_eq!(t.store(|| 4096), 4096, "an uncontested store runs");
         assert_eq!(gate.entries(), 0, "an idle file leaves no entry");
+        drop(gate.try_enter(a, || false));
+        assert_eq!(gate.entries(), 0, "a ticket given up leaves no entry");
     }
 
     #[tokio::test]
-    async fn a_block_cancels_waits_for_and_excludes_stores() {
+    async fn a_block_cancels_tickets_without_waiting_for_their_reads() {
         let gate = StoreGate::new();
         let (a, b) = (InodeId(1), InodeId(2));
+        // Taken before the block: its storage read is "still running".
         let t = gate.try_enter(a, || false).expect("ticket");
         let other = gate.try_enter(b, || false).expect("ticket of another file");
+        let block = tokio::time::timeout(std::time::Duration::from_secs(5), gate.block(a)).await.expect("a block waited for a read");
+        assert!(gate.try_enter(a, || false).is_none(), "a ticket was given during a block");
+        assert_eq!(t.store(|| panic!("a cancelled ticket stored")), 0);
+        assert!(!other.cancelled(), "a block of one file cancelled another's");
+        drop(block);
+        let t2 = gate.try_enter(a, || false).expect("a ticket after the block");
+        assert_eq!(t2.store(|| 1), 1);
+        drop(other);
+        assert_eq!(gate.entries(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_block_waits_for_a_store_being_made() {
+        let gate = StoreGate::new();
+        let a = InodeId(5);
+        let t = gate.try_enter(a, || false).expect("ticket");
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+        let storing = std::thread::spawn(move || {
+            t.store(|| {
+                started_tx.send(()).expect("send");
+                finish_rx.recv().expect("recv");
+                8192
+            })
+        });
+        started_rx.recv().expect("the store started");
         let blocking = {
             let gate = gate.clone();
             tokio::spawn(async move { gate.block(a).await })
         };
-        // The block waits for the ticket in flight, which it has cancelled.
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(!blocking.is_finished(), "a block returned with a store in flight");
-        assert!(!t.still_valid(), "a ticket taken before a block stays valid");
-        assert!(other.still_valid(), "a block of one file cancelled another's");
-        assert!(gate.try_enter(a, || false).is_none(), "a ticket was given during a block");
-        drop(t);
+        assert!(!blocking.is_finished(), "a block returned while a store was being made");
+        finish_tx.send(()).expect("send");
+        assert_eq!(storing.join().expect("store thread"), 8192);
         let block = tokio::time::timeout(std::time::Duration::from_secs(5), blocking).await.expect("block waits forever").expect("task");
-        assert!(gate.try_enter(a, || false).is_none(), "a ticket was given while blocked");
         drop(block);
-        let t2 = gate.try_enter(a, || false).expect("a ticket after the block");
-        assert!(t2.still_valid());
-        drop((t2, other));
         assert_eq!(gate.entries(), 0);
     }
 
