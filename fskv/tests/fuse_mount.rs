@@ -357,6 +357,19 @@ fn cold_random_reader(p: &Path) -> fs::File {
     f
 }
 
+/// The indices of `f`'s cached pages among its first 256, once every page
+/// of `want` is cached (stores come after a read's reply) or 10 s passed.
+fn cached_pages_once(f: &fs::File, want: std::ops::Range<usize>) -> Vec<usize> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = resident_pages(f, 256);
+        if r[want.clone()].iter().all(|x| *x) || Instant::now() > deadline {
+            return (0..256).filter(|i| r[*i]).collect();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Read-around (`MountConfig::read_around_bytes`, 32 KiB): a 4 KiB read
 /// that misses the page cache leaves the rest of its aligned 32 KiB window
 /// cached, and nothing beyond it; never while this mount has the file open
@@ -374,16 +387,7 @@ fn check_read_around(mnt: &Path) {
     f.read_exact_at(&mut buf, 40 << 10).unwrap();
     assert!(buf[..] == data[40 << 10..44 << 10], "a small read returned other bytes");
     // The window's other pages are stored after the read's reply.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let resident = loop {
-        let r = resident_pages(&f, 256);
-        if r[8..16].iter().all(|x| *x) || Instant::now() > deadline {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let cached: Vec<usize> = (0..256).filter(|i| resident[*i]).collect();
-    assert_eq!(cached, (8..16).collect::<Vec<_>>(), "cached pages after one 4 KiB read at 40 KiB");
+    assert_eq!(cached_pages_once(&f, 8..16), (8..16).collect::<Vec<_>>(), "cached pages after one 4 KiB read at 40 KiB");
     // The stored pages hold the file's bytes.
     f.read_exact_at(&mut buf, 56 << 10).unwrap();
     assert!(buf[..] == data[56 << 10..60 << 10], "a read of a page stored around differs");
@@ -394,18 +398,14 @@ fn check_read_around(mnt: &Path) {
     let f = cold_random_reader(&p);
     f.read_exact_at(&mut buf, 100 << 10).unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let cached: Vec<usize> = (0..256).filter(|i| resident_pages(&f, 256)[*i]).collect();
-    assert_eq!(cached, vec![25], "pages cached around a read while the file is open for writing");
+    assert_eq!(cached_pages_once(&f, 25..26), vec![25], "pages cached around a read while the file is open for writing");
     // The writer's bytes are what a cold read finds afterwards.
     w.write_all_at(&[7u8; 4096], 104 << 10).unwrap();
     drop(w);
     let f = cold_random_reader(&p);
     f.read_exact_at(&mut buf, 100 << 10).unwrap();
     assert!(buf[..] == data[100 << 10..104 << 10]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !resident_pages(&f, 256)[26] && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert_eq!(cached_pages_once(&f, 24..32), (24..32).collect::<Vec<_>>(), "cached pages around a read after the writer closed");
     f.read_exact_at(&mut buf, 104 << 10).unwrap();
     assert!(buf.iter().all(|b| *b == 7), "the page stored around shows bytes from before the write");
     drop(f);
@@ -417,12 +417,7 @@ fn check_read_around(mnt: &Path) {
     let f = cold_random_reader(&p);
     f.read_exact_at(&mut buf, 96 << 10).unwrap();
     assert!(buf[..] == data[96 << 10..100 << 10]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !resident_pages(&f, 256)[26] && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let cached: Vec<usize> = (0..256).filter(|i| resident_pages(&f, 256)[*i]).collect();
-    assert_eq!(cached, (24..28).collect::<Vec<_>>(), "pages cached around a read near the end of a truncated file");
+    assert_eq!(cached_pages_once(&f, 24..28), (24..28).collect::<Vec<_>>(), "pages cached around a read near the end of a truncated file");
     assert_eq!(f.metadata().unwrap().len(), end as u64, "a store around a read changed the size");
     let mut tail = Vec::new();
     (&f).read_to_end(&mut tail).unwrap();
