@@ -512,8 +512,18 @@ impl Ctx {
     }
 
     async fn release(&self, fh: u64) -> FsResult<()> {
+        // A writer's buffered bytes may still be on their way to storage
+        // when its handle leaves the table (and stops counting as a
+        // writer): the file stays blocked for read-around until they are
+        // there, else a window read meanwhile could store older bytes over
+        // the kernel's newer pages (crate::readaround).
+        let block = match self.shared.handles.file(fh) {
+            Ok(f) if f.writable => Some(self.shared.store_gate.block(f.inode).await),
+            _ => None,
+        };
         let Some(file) = self.shared.handles.remove_file(fh) else { return Err(FsError(Errno::EBADF)) };
         let drained = file.drain().await;
+        drop(block);
         forget_released(&self.shared, fh, &file);
         let closed = close_file(&file, self.shared.closes.as_ref()).await;
         drained.and(closed)
