@@ -392,6 +392,12 @@ impl Ctx {
         let handle = self.client.open_inode(inode, open_flags).await?;
         let may_keep = self.shared.cfg.keep_page_cache && !truncate;
         let keep = self.shared.cache_stamps.on_open(inode, handle.opened_version(), may_keep);
+        if !keep && !write {
+            // The kernel drops the file's cache at this open's reply; no
+            // page read around before it (perhaps of an older version) may
+            // be stored after (a writer's open blocks in insert_handle).
+            drop(self.shared.store_gate.block(inode).await);
+        }
         let fh = self.insert_handle(inode, write, handle).await?;
         Ok((fh, if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() }))
     }

@@ -14,7 +14,7 @@
 //! | the read's own pages are never stored, and the rest is stored after the read's reply | the kernel holds the read's pages locked until the reply: storing them first would deadlock |
 //! | stores run on the blocking pool | storing waits for page locks that reads in flight hold until this mount answers them |
 //! | stored ranges end where the bytes read end (the file's length then) | a store past the kernel's size would extend it |
-//! | an open for writing, a truncate, a USRBIO write's cache drop, and the release of a writable handle (until its buffered bytes are on storage) first [`StoreGate::block`] the file: stores not yet begun are cancelled (also those whose storage read is still running: a block never waits for storage), those being made are waited for, and none starts until the block ends | bytes read before a change must never land in the cache after it |
+//! | an open for writing, an open whose reply drops the kernel's cache (the file changed), a truncate, a USRBIO write's cache drop, and the release of a writable handle (until its buffered bytes are on storage) first [`StoreGate::block`] the file: stores not yet begun are cancelled (also those whose storage read is still running: a block never waits for storage), those being made are waited for, and none starts until the block ends | bytes read before a change must never land in the cache after it |
 //!
 //! Writes by other clients are seen as with any cached page: at the next
 //! open after the file changed (close-to-open, `keep_page_cache`).
