@@ -51,3 +51,15 @@ fskv_unmount() {
         fusermount3 -u "$1" 2>/dev/null || umount -l "$1" 2>/dev/null || true
     fi
 }
+
+# Prints the block device holding / (e.g. vda), as /proc/diskstats names it.
+root_disk() {
+    local dev
+    dev=$(lsblk -no pkname "$(findmnt -no source /)" 2>/dev/null || true)
+    echo "${dev:-$(basename "$(findmnt -no source /)")}"
+}
+
+# Prints device $1's completed reads and sectors read so far (/proc/diskstats).
+disk_reads() {
+    awk -v d="$1" '$3 == d { print $4, $6 }' /proc/diskstats
+}

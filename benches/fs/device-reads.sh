@@ -7,19 +7,20 @@
 #
 #   benches/fs/device-reads.sh DIR [SECONDS] [SIZE]     # DIR/f must exist, at least SIZE (default 256M) long
 set -euo pipefail
+# shellcheck source=../../deploy/lib.sh
+. "$(cd "$(dirname "$0")/../.." && pwd)/deploy/lib.sh"
 dir=${1:?usage: device-reads.sh DIR [SECONDS] [SIZE]}
 secs=${2:-6}
 size=${3:-256M}
-dev=$(lsblk -no pkname "$(findmnt -no source /)" 2>/dev/null || true)
-dev=${dev:-$(basename "$(findmnt -no source /)")}
+dev=$(root_disk)
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 sync
 echo 3 > /proc/sys/vm/drop_caches
-before=$(awk -v d="$dev" '$3 == d { print $4, $6 }' /proc/diskstats)
+before=$(disk_reads "$dev")
 fio --name=r --directory="$dir" --filename=f --ioengine=psync --rw=randread --bs=4k --size="$size" \
     --time_based --runtime="$secs" --output-format=json > "$out"
-after=$(awk -v d="$dev" '$3 == d { print $4, $6 }' /proc/diskstats)
+after=$(disk_reads "$dev")
 python3 - "$before" "$after" "$out" "$dev" <<'PY'
 import json, sys
 reads0, sectors0 = map(int, sys.argv[1].split())

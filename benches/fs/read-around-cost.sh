@@ -9,9 +9,12 @@
 #
 #   benches/fs/read-around-cost.sh [--fskv PATH] [--size-mib 4096] [--seconds 4] [--rounds 3]
 #                                  [--bs 4k] [--base-port 22000] [--dir PARENT]
+#   --base-port the first base port to try (the first free range from there is used)
 # Needs root (mounts, drop_caches) and fio.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=../../deploy/lib.sh
+. "$REPO/deploy/lib.sh"
 FSKV=${CARGO_TARGET_DIR:-$REPO/target}/release/fskv
 SIZE_MIB=4096
 SECS=4
@@ -35,17 +38,17 @@ done
 command -v fio >/dev/null || { echo "fio is needed (apt-get install fio)" >&2; exit 1; }
 D=$(mktemp -d "$PARENT/ra-cost.XXXXXX")
 mkdir -p "$D/m-on" "$D/m-off"
+P=$(fskv_free_base_port "$P")
 "$FSKV" up --data "$D/data" --base-port "$P" --replicas 1 > "$D/up.log" 2>&1 &
 UP=$!
 cleanup() {
-    umount -l "$D/m-on" "$D/m-off" 2>/dev/null || true
-    kill "$UP" 2>/dev/null || true
-    wait 2>/dev/null || true
+    fskv_unmount "$D/m-on"
+    fskv_unmount "$D/m-off"
+    fskv_stop_pid "$UP"
     rm -rf "$D"
 }
 trap cleanup EXIT
-for _ in $(seq 60); do [ -s "$D/data/cluster.key" ] && grep -q "serving" "$D/up.log" && break; sleep 1; done
-grep -q "serving" "$D/up.log" || { echo "fskv up did not come up:" >&2; cat "$D/up.log" >&2; exit 1; }
+fskv_wait_up "$UP" "$D/up.log" || { echo "fskv up did not come up (log above)" >&2; exit 1; }
 export FSKV_CLUSTER_KEY_FILE=$D/data/cluster.key
 "$FSKV" mount --mgmtd "127.0.0.1:$((P + 11))" "$D/m-on" > "$D/on.log" 2>&1 &
 "$FSKV" mount --mgmtd "127.0.0.1:$((P + 11))" --read-around-bytes 0 "$D/m-off" > "$D/off.log" 2>&1 &
@@ -54,8 +57,7 @@ for m in on off; do
     mountpoint -q "$D/m-$m" || { echo "mount $m did not come up:" >&2; cat "$D/$m.log" >&2; exit 1; }
 done
 fio --name=w --filename="$D/m-on/f" --rw=write --bs=1M --size="${SIZE_MIB}M" --ioengine=psync --end_fsync=1 > /dev/null
-dev=$(lsblk -no pkname "$(findmnt -no source /)" 2>/dev/null || true)
-dev=${dev:-$(basename "$(findmnt -no source /)")}
+dev=$(root_disk)
 batch_reads() { # sum and count of the storage nodes' BatchRead durations
     for q in 13 14 15; do curl -s "http://127.0.0.1:$((P + q))/metrics" || true; done |
         awk '/fskv_rpc_request_duration_seconds_(sum|count).*BatchRead/ { if ($1 ~ /_sum/) s += $2; else c += $2 } END { print s + 0, c + 0 }'
@@ -66,10 +68,10 @@ for r in $(seq "$ROUNDS"); do
         sync
         echo 3 > /proc/sys/vm/drop_caches
         s0=$(batch_reads)
-        d0=$(awk -v d="$dev" '$3 == d { print $4, $6 }' /proc/diskstats)
+        d0=$(disk_reads "$dev")
         fio --name=r --filename="$D/m-$m/f" --rw=randread --bs="$BS" --size="${SIZE_MIB}M" --runtime="$SECS" --time_based \
             --ioengine=psync --output-format=json > "$D/fio.json"
-        d1=$(awk -v d="$dev" '$3 == d { print $4, $6 }' /proc/diskstats)
+        d1=$(disk_reads "$dev")
         s1=$(batch_reads)
         python3 - "$r" "$m" "$D/fio.json" "$d0" "$d1" "$s0" "$s1" <<'PY'
 import json, sys

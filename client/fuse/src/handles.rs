@@ -310,6 +310,16 @@ enum Slot {
     Dir(Arc<OpenDir>),
 }
 
+impl Slot {
+    /// The file, if this slot holds `inode` open for writing.
+    fn writer_of(&self, inode: InodeId) -> Option<&Arc<OpenFile>> {
+        match self {
+            Slot::File(f) if f.inode == inode && f.writable => Some(f),
+            _ => None,
+        }
+    }
+}
+
 /// All handles of one mount, bounded by `max_handles`.
 pub struct HandleTable {
     slots: Mutex<HashMap<u64, Slot>>,
@@ -375,20 +385,13 @@ impl HandleTable {
 
     /// Whether a handle of this mount has `inode` open for writing.
     pub fn has_writer(&self, inode: InodeId) -> bool {
-        self.slots.lock().values().any(|s| matches!(s, Slot::File(f) if f.inode == inode && f.writable))
+        self.slots.lock().values().any(|s| s.writer_of(inode).is_some())
     }
 
     /// Open writable files of `inode` (to report sizes that meta has not
     /// seen yet).
     pub fn writers_of(&self, inode: InodeId) -> Vec<Arc<OpenFile>> {
-        self.slots
-            .lock()
-            .values()
-            .filter_map(|s| match s {
-                Slot::File(f) if f.inode == inode && f.writable => Some(f.clone()),
-                _ => None,
-            })
-            .collect()
+        self.slots.lock().values().filter_map(|s| s.writer_of(inode).cloned()).collect()
     }
 
     /// Every open file (for closing at unmount).

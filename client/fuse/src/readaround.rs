@@ -104,7 +104,8 @@ impl Ticket {
         {
             let mut files = self.gate.files.lock();
             match files.get_mut(&self.inode) {
-                Some(e) if e.epoch == self.epoch && e.blocks == 0 => e.storing += 1,
+                // A block bumps the epoch, and none is given while one is held.
+                Some(e) if e.epoch == self.epoch => e.storing += 1,
                 _ => return 0,
             }
         }
@@ -126,14 +127,10 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut files = self.gate.files.lock();
-        if let Some(e) = files.get_mut(&self.inode) {
+        self.gate.leave(self.inode, |e| {
             debug_assert!(e.tickets > 0, "a ticket outlived its count");
             e.tickets = e.tickets.saturating_sub(1);
-            if e.idle() {
-                files.remove(&self.inode);
-            }
-        }
+        });
     }
 }
 
@@ -145,19 +142,28 @@ pub struct Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        let mut files = self.gate.files.lock();
-        if let Some(e) = files.get_mut(&self.inode) {
+        self.gate.leave(self.inode, |e| {
+            debug_assert!(e.blocks > 0, "a block outlived its count");
             e.blocks = e.blocks.saturating_sub(1);
-            if e.idle() {
-                files.remove(&self.inode);
-            }
-        }
+        });
     }
 }
 
 impl StoreGate {
     pub fn new() -> Arc<StoreGate> {
         Arc::new(StoreGate::default())
+    }
+
+    /// Applies a ticket's or block's end to `inode`'s entry, and drops the
+    /// entry once nothing holds it.
+    fn leave(&self, inode: InodeId, end: impl FnOnce(&mut GateEntry)) {
+        let mut files = self.files.lock();
+        if let Some(e) = files.get_mut(&inode) {
+            end(e);
+            if e.idle() {
+                files.remove(&inode);
+            }
+        }
     }
 
     /// A ticket to read `inode` around, unless the file is blocked or
