@@ -296,6 +296,28 @@ fn check_cross_visibility(mnt: &Path, mgmtd: &str, meta: &str, scratch: &Path) {
     fs::write(&local, &data).unwrap();
     fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), "/put-big"]);
     assert!(fs::read(mnt.join("put-big")).unwrap() == data, "a file rewritten elsewhere is read fresh at the next open");
+    // Rewritten elsewhere with another length, right after this mount read
+    // and stat'ed it (the kernel holds its size for attr_ttl): the next
+    // open sees the new size, longer and then shorter.
+    for (i, len) in [3 * MIB + 9, MIB / 2 + 1].into_iter().enumerate() {
+        assert_eq!(fs::read(mnt.join("put-big")).unwrap().len() as u64, fs::metadata(mnt.join("put-big")).unwrap().len());
+        let data = pattern(len, 13 + i as u32);
+        fs::write(&local, &data).unwrap();
+        fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), "/put-big"]);
+        let got = fs::read(mnt.join("put-big")).unwrap();
+        assert!(got == data, "a file rewritten elsewhere to {len} bytes read {} bytes at the next open", got.len());
+    }
+    // The same for a file this mount only stat'ed (never opened): its first
+    // open after the change sees the new size.
+    let data = pattern(2 * MIB, 15);
+    fs::write(&local, &data).unwrap();
+    fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), "/put-stat"]);
+    assert_eq!(fs::metadata(mnt.join("put-stat")).unwrap().len(), 2 * MIB as u64);
+    let data = pattern(1000, 16);
+    fs::write(&local, &data).unwrap();
+    fskv(&["put", "--mgmtd", mgmtd, "--meta", meta, local.to_str().unwrap(), "/put-stat"]);
+    let got = fs::read(mnt.join("put-stat")).unwrap();
+    assert!(got == data, "a file stat'ed here and shrunk elsewhere read {} bytes at its first open", got.len());
 }
 
 /// The mount sets its kernel readahead window (`MountConfig::max_readahead_bytes`,
@@ -430,6 +452,68 @@ fn check_read_around(mnt: &Path) {
     fs::remove_file(&p).unwrap();
 }
 
+/// Read-around racing a writer of the same file in this mount (docs/fuse.md
+/// "Read-around", the store gate): the file is rewritten whole with byte
+/// `v` for `v` in 2..=VERSIONS while two threads open it again and again,
+/// drop its cached pages and read random pages (so reads miss and windows
+/// are stored around them). A reader that opened after version `v`'s
+/// close returned must never see a byte older than `v`: a window read from
+/// storage before a write and stored after it would show one. (Mutation
+/// check: without the block at a writable open it fails within a run; it
+/// does not reach the block at an open that drops another client's change,
+/// nor the one at release, which close's flush leaves nothing to do.)
+fn check_read_around_races_writers(mnt: &Path) {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicU8, Ordering};
+    const FILE_BYTES: usize = 256 << 10;
+    const READERS: u64 = 2;
+    const VERSIONS: u8 = 250;
+    let p = mnt.join("read-around-race");
+    fs::write(&p, vec![1u8; FILE_BYTES]).unwrap();
+    let closed = AtomicU8::new(1);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let reader = |seed: u64| {
+        let mut rng = seed;
+        let mut buf = vec![0u8; 4096];
+        let mut reads = 0u64;
+        loop {
+            let done = closed.load(Ordering::SeqCst);
+            let f = cold_random_reader(&p);
+            for _ in 0..8 {
+                let page = common::xorshift(&mut rng) % (FILE_BYTES as u64 / 4096);
+                f.read_exact_at(&mut buf, page * 4096).unwrap();
+                reads += 1;
+                let oldest = buf.iter().copied().min().unwrap_or(0);
+                assert!(oldest >= done, "page {page} read {oldest} after version {done}'s close returned (read {reads})");
+            }
+            if done == VERSIONS {
+                return reads;
+            }
+            assert!(Instant::now() < deadline, "the writer did not finish {VERSIONS} versions in 180 s");
+        }
+    };
+    let reads: u64 = std::thread::scope(|s| {
+        let readers: Vec<_> = (0..READERS).map(|i| s.spawn(move || reader(0x9e37_79b9_7f4a_7c15 ^ (i << 32 | 1)))).collect();
+        for v in 2..=VERSIONS {
+            let w = OpenOptions::new().write(true).open(&p).unwrap();
+            w.write_all_at(&vec![v; FILE_BYTES], 0).unwrap();
+            drop(w);
+            closed.store(v, Ordering::SeqCst);
+        }
+        readers.into_iter().map(|r| r.join().unwrap()).sum()
+    });
+    let all = fs::read(&p).unwrap();
+    let wrong = all.iter().position(|b| *b != VERSIONS);
+    assert!(
+        all.len() == FILE_BYTES && wrong.is_none(),
+        "the file after the last version: {} bytes, byte {wrong:?} is {:?}",
+        all.len(),
+        wrong.map(|i| all[i])
+    );
+    eprintln!("read-around race: {reads} reads by {READERS} readers while {} versions were written", VERSIONS - 1);
+    fs::remove_file(&p).unwrap();
+}
+
 /// Long enough that closes released together share a batch even on a
 /// loaded machine (check_deferred_closes).
 const CLOSE_BATCH_DELAY_MS: u64 = 300;
@@ -547,6 +631,7 @@ fn fuse_mount_posix_surface_cross_visibility_and_clean_unmount() {
     check_cross_visibility(&mnt, &mgmtd, &meta, dir.path());
     check_readahead(&mnt);
     check_read_around(&mnt);
+    check_read_around_races_writers(&mnt);
     check_deferred_closes(&mnt, &meta);
     println!("checks took {:?}", t0.elapsed());
     // A file held open makes umount(2) fail with EBUSY: the mount detaches

@@ -90,6 +90,15 @@ impl Shared {
         Some(crate::writeback::WriteBehind::new(limits, cfg.write_flush_delay_ms, self.dirty_files.clone(), self.dirty_budget.clone()))
     }
 
+    /// Drops the kernel's cached attributes of `inode` (not its pages;
+    /// `FUSE_NOTIFY_INVAL_INODE` with a negative offset takes no page lock,
+    /// so a request handler may send it before its reply).
+    pub fn invalidate_attributes(&self, inode: InodeId) {
+        if let Some(notifier) = self.notifier.get() {
+            notify_inval_inode(notifier, inode.0, -1, 0);
+        }
+    }
+
     /// Drops the kernel's cached pages and attributes of `(inode, (start,
     /// end))` ranges written behind its back (USRBIO writes); returns once the
     /// kernel has done it. Runs off the async workers (the kernel may wait
@@ -109,12 +118,7 @@ impl Shared {
         let done = tokio::task::spawn_blocking(move || {
             for (inode, (start, end)) in ranges {
                 let len = i64::try_from(end - start).unwrap_or(i64::MAX);
-                if let Err(e) = notifier.inval_inode(INodeNo(inode), i64::try_from(start).unwrap_or(i64::MAX), len) {
-                    // ENOENT: the kernel has no cached inode; nothing to drop.
-                    if e.raw_os_error() != Some(libc::ENOENT) {
-                        tracing::debug!(inode, error = %e, "cache invalidation failed");
-                    }
-                }
+                notify_inval_inode(&notifier, inode, i64::try_from(start).unwrap_or(i64::MAX), len);
             }
         });
         if done.await.is_err() {
@@ -308,6 +312,7 @@ impl Ctx {
             for f in self.shared.handles.writers_of(inode.id) {
                 open_end = open_end.max(f.written_end().unwrap_or(0));
             }
+            self.shared.cache_stamps.on_attrs(inode.id, inode.version);
         }
         to_attr(inode, open_end)
     }
@@ -391,7 +396,13 @@ impl Ctx {
         let open_flags = FskvOpenFlags { read: true, write, truncate, ..Default::default() };
         let handle = self.client.open_inode(inode, open_flags).await?;
         let may_keep = self.shared.cfg.keep_page_cache && !truncate;
-        let keep = self.shared.cache_stamps.on_open(inode, handle.opened_version(), may_keep);
+        let at_open = self.shared.cache_stamps.on_open(inode, handle.opened_version(), may_keep);
+        if at_open.drop_attrs {
+            // Before the reply: the caller's first stat or read after
+            // open(2) asks meta for the size instead of using the old one.
+            self.shared.invalidate_attributes(inode);
+        }
+        let keep = at_open.keep_pages;
         if !keep && !write {
             // The kernel drops the file's cache at this open's reply; no
             // page read around before it (perhaps of an older version) may
@@ -1317,5 +1328,16 @@ fn reply_empty(reply: ReplyEmpty, r: FsResult<()>) {
     match r {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(e.0),
+    }
+}
+
+/// `FUSE_NOTIFY_INVAL_INODE`: the kernel drops `inode`'s cached attributes
+/// and, for `offset >= 0`, its pages in `offset..offset + len` (0 = to the
+/// end). ENOENT (no cached inode: nothing to drop) is not an error.
+fn notify_inval_inode(notifier: &fuser::Notifier, inode: u64, offset: i64, len: i64) {
+    if let Err(e) = notifier.inval_inode(INodeNo(inode), offset, len) {
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            tracing::debug!(inode, error = %e, "cache invalidation failed");
+        }
     }
 }

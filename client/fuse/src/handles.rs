@@ -103,36 +103,82 @@ pub struct DirState {
     pub last_name: String,
 }
 
-/// The inode version each file had when this mount last opened it, to
-/// keep the kernel's page cache across opens of an unchanged file
-/// (close-to-open consistency: any change by anyone bumps the version
-/// meta returns at the next open). Bounded: when full it forgets
-/// everything (the next opens just read fresh).
+/// What an open finds in [`CacheStamps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtOpen {
+    /// Opened here before at this version (and the open allows keeping):
+    /// the kernel keeps its pages; else it drops them.
+    pub keep_pages: bool,
+    /// This mount opened the file, or handed the kernel its attributes, at
+    /// another version: another client changed it, so the kernel's cached
+    /// attributes (the size) are dropped too.
+    pub drop_attrs: bool,
+}
+
+#[derive(Default)]
+struct Stamps {
+    /// inode → version at this mount's last open of it.
+    opened: HashMap<InodeId, u64>,
+    /// inode → version of the file attributes last handed to the kernel.
+    attrs: HashMap<InodeId, u64>,
+}
+
+/// The inode version of each file when this mount last opened it and when
+/// it last gave the kernel its attributes, for close-to-open consistency
+/// (any change by anyone bumps the version meta returns at the next open):
+/// the kernel keeps the pages of an unchanged file across opens, and drops
+/// the attributes of a changed one. Bounded: a full map forgets
+/// everything (the next opens just read fresh and keep the cached
+/// attributes' TTL).
 pub struct CacheStamps {
-    versions: Mutex<HashMap<InodeId, u64>>,
+    stamps: Mutex<Stamps>,
     max_entries: usize,
+}
+
+fn insert_bounded(map: &mut HashMap<InodeId, u64>, inode: InodeId, version: u64, max_entries: usize) {
+    if map.len() >= max_entries && !map.contains_key(&inode) {
+        map.clear();
+    }
+    map.insert(inode, version);
 }
 
 impl CacheStamps {
     pub fn new(max_entries: usize) -> Self {
-        CacheStamps { versions: Mutex::new(HashMap::new()), max_entries: max_entries.max(1) }
+        CacheStamps { stamps: Mutex::new(Stamps::default()), max_entries: max_entries.max(1) }
     }
 
-    /// Records `version` as opened; whether the cache from an earlier open
-    /// may be kept (same version, and `may_keep`).
-    pub fn on_open(&self, inode: InodeId, version: u64, may_keep: bool) -> bool {
-        let mut v = self.versions.lock();
-        let keep = may_keep && v.get(&inode) == Some(&version);
-        if v.len() >= self.max_entries && !v.contains_key(&inode) {
-            v.clear();
+    /// Records `version` as opened and says what the kernel's cache of the
+    /// file is worth (`may_keep`: the open allows keeping its pages).
+    pub fn on_open(&self, inode: InodeId, version: u64, may_keep: bool) -> AtOpen {
+        let mut s = self.stamps.lock();
+        let opened = s.opened.get(&inode).copied();
+        let attrs = s.attrs.get(&inode).copied();
+        let at_open = AtOpen {
+            keep_pages: may_keep && opened == Some(version),
+            drop_attrs: opened.is_some_and(|v| v != version) || attrs.is_some_and(|v| v != version),
+        };
+        insert_bounded(&mut s.opened, inode, version, self.max_entries);
+        if at_open.drop_attrs {
+            // The kernel asks again; that answer is recorded then.
+            s.attrs.remove(&inode);
         }
-        v.insert(inode, version);
-        keep
+        at_open
     }
 
-    /// A writer of this mount closed: the next open reads fresh.
+    /// The attributes of `inode` at `version` go to the kernel (a lookup,
+    /// getattr, readdirplus or create reply of a regular file).
+    pub fn on_attrs(&self, inode: InodeId, version: u64) {
+        let mut s = self.stamps.lock();
+        insert_bounded(&mut s.attrs, inode, version, self.max_entries);
+    }
+
+    /// A writer of this mount closed: both stamps go, so the next open
+    /// reads fresh pages and keeps the kernel's attributes (the kernel kept
+    /// them up to date through the writes).
     pub fn forget(&self, inode: InodeId) {
-        self.versions.lock().remove(&inode);
+        let mut s = self.stamps.lock();
+        s.opened.remove(&inode);
+        s.attrs.remove(&inode);
     }
 }
 
@@ -310,36 +356,43 @@ enum Slot {
     Dir(Arc<OpenDir>),
 }
 
-impl Slot {
-    /// The file, if this slot holds `inode` open for writing.
-    fn writer_of(&self, inode: InodeId) -> Option<&Arc<OpenFile>> {
-        match self {
-            Slot::File(f) if f.inode == inode && f.writable => Some(f),
-            _ => None,
-        }
-    }
+/// The handles and, for the files open for writing, an index by inode (the
+/// read path asks "who writes this file" on every read and getattr).
+///
+/// **Invariant:** `writers[i]` holds exactly the `(fh, file)` of the slots
+/// that are `Slot::File` with `inode == i && writable`, and no key maps to
+/// an empty list.
+#[derive(Default)]
+struct Slots {
+    by_fh: HashMap<u64, Slot>,
+    writers: HashMap<InodeId, Vec<(u64, Arc<OpenFile>)>>,
 }
 
 /// All handles of one mount, bounded by `max_handles`.
 pub struct HandleTable {
-    slots: Mutex<HashMap<u64, Slot>>,
+    slots: Mutex<Slots>,
     next_fh: AtomicU64,
     max_handles: usize,
 }
 
 impl HandleTable {
     pub fn new(max_handles: usize) -> Self {
-        HandleTable { slots: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1), max_handles: max_handles.max(1) }
+        HandleTable { slots: Mutex::new(Slots::default()), next_fh: AtomicU64::new(1), max_handles: max_handles.max(1) }
     }
 
     fn insert(&self, slot: Slot) -> FsResult<u64> {
         let mut slots = self.slots.lock();
-        if slots.len() >= self.max_handles {
+        if slots.by_fh.len() >= self.max_handles {
             tracing::warn!(max = self.max_handles, "open handle limit reached");
             return Err(FsError(Errno::EMFILE));
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        slots.insert(fh, slot);
+        if let Slot::File(f) = &slot {
+            if f.writable {
+                slots.writers.entry(f.inode).or_default().push((fh, f.clone()));
+            }
+        }
+        slots.by_fh.insert(fh, slot);
         Ok(fh)
     }
 
@@ -352,14 +405,14 @@ impl HandleTable {
     }
 
     pub fn file(&self, fh: u64) -> FsResult<Arc<OpenFile>> {
-        match self.slots.lock().get(&fh) {
+        match self.slots.lock().by_fh.get(&fh) {
             Some(Slot::File(f)) => Ok(f.clone()),
             _ => Err(FsError(Errno::EBADF)),
         }
     }
 
     pub fn dir(&self, fh: u64) -> FsResult<Arc<OpenDir>> {
-        match self.slots.lock().get(&fh) {
+        match self.slots.lock().by_fh.get(&fh) {
             Some(Slot::Dir(d)) => Ok(d.clone()),
             _ => Err(FsError(Errno::EBADF)),
         }
@@ -367,39 +420,46 @@ impl HandleTable {
 
     pub fn remove_file(&self, fh: u64) -> Option<Arc<OpenFile>> {
         let mut slots = self.slots.lock();
-        match slots.get(&fh) {
-            Some(Slot::File(_)) => match slots.remove(&fh) {
-                Some(Slot::File(f)) => Some(f),
-                _ => None,
-            },
-            _ => None,
+        if !matches!(slots.by_fh.get(&fh), Some(Slot::File(_))) {
+            return None;
         }
+        let Some(Slot::File(f)) = slots.by_fh.remove(&fh) else { return None };
+        if f.writable {
+            if let Some(list) = slots.writers.get_mut(&f.inode) {
+                list.retain(|(h, _)| *h != fh);
+                if list.is_empty() {
+                    slots.writers.remove(&f.inode);
+                }
+            }
+        }
+        Some(f)
     }
 
     pub fn remove_dir(&self, fh: u64) {
         let mut slots = self.slots.lock();
-        if matches!(slots.get(&fh), Some(Slot::Dir(_))) {
-            slots.remove(&fh);
+        if matches!(slots.by_fh.get(&fh), Some(Slot::Dir(_))) {
+            slots.by_fh.remove(&fh);
         }
     }
 
     /// Whether a handle of this mount has `inode` open for writing.
     pub fn has_writer(&self, inode: InodeId) -> bool {
-        self.slots.lock().values().any(|s| s.writer_of(inode).is_some())
+        self.slots.lock().writers.contains_key(&inode)
     }
 
     /// Open writable files of `inode` (to report sizes that meta has not
     /// seen yet).
     pub fn writers_of(&self, inode: InodeId) -> Vec<Arc<OpenFile>> {
-        self.slots.lock().values().filter_map(|s| s.writer_of(inode).cloned()).collect()
+        self.slots.lock().writers.get(&inode).map(|list| list.iter().map(|(_, f)| f.clone()).collect()).unwrap_or_default()
     }
 
     /// Every open file (for closing at unmount).
     pub fn drain_files(&self) -> Vec<Arc<OpenFile>> {
         let mut slots = self.slots.lock();
-        let fhs: Vec<u64> = slots.iter().filter(|(_, s)| matches!(s, Slot::File(_))).map(|(k, _)| *k).collect();
+        slots.writers.clear();
+        let fhs: Vec<u64> = slots.by_fh.iter().filter(|(_, s)| matches!(s, Slot::File(_))).map(|(k, _)| *k).collect();
         fhs.into_iter()
-            .filter_map(|fh| match slots.remove(&fh) {
+            .filter_map(|fh| match slots.by_fh.remove(&fh) {
                 Some(Slot::File(f)) => Some(f),
                 _ => None,
             })
@@ -458,6 +518,94 @@ mod tests {
         cache.note(&dir(9, 0o755, 100), cache.epoch());
         cache.clear();
         assert!(cache.get(InodeId(7)).is_none() && cache.get(InodeId(9)).is_none());
+    }
+
+    #[test]
+    fn cache_stamps_keep_pages_of_unchanged_files_and_drop_attributes_of_changed_ones() {
+        let at = |keep_pages, drop_attrs| AtOpen { keep_pages, drop_attrs };
+        let stamps = CacheStamps::new(2);
+        let f = InodeId(5);
+        assert_eq!(stamps.on_open(f, 1, true), at(false, false), "first open");
+        assert_eq!(stamps.on_open(f, 1, true), at(true, false), "same version");
+        assert_eq!(stamps.on_open(f, 1, false), at(false, false), "same version, O_TRUNC");
+        assert_eq!(stamps.on_open(f, 2, true), at(false, true), "changed elsewhere");
+        assert_eq!(stamps.on_open(f, 3, false), at(false, true), "changed elsewhere, O_TRUNC");
+        // Attributes handed out at one version, opened at another.
+        stamps.on_attrs(f, 4);
+        assert_eq!(stamps.on_open(f, 5, true), at(false, true), "stat'ed at 4, opened at 5");
+        stamps.on_attrs(f, 5);
+        assert_eq!(stamps.on_open(f, 5, true), at(true, false), "stat'ed and opened at 5");
+        // Only stat'ed, never opened here.
+        stamps.on_attrs(InodeId(6), 1);
+        assert_eq!(stamps.on_open(InodeId(6), 2, true), at(false, true), "stat'ed at 1, first opened at 2");
+        stamps.on_attrs(InodeId(6), 2);
+        stamps.forget(InodeId(6));
+        assert_eq!(stamps.on_open(InodeId(6), 3, true), at(false, false), "after this mount's writer closed");
+        // Opens fill up: they are all forgotten, and a forgotten file opens
+        // fresh; the attributes handed out at 5 are still known.
+        stamps.on_open(InodeId(7), 1, true);
+        assert_eq!(stamps.on_open(f, 6, true), at(false, true));
+        stamps.on_attrs(InodeId(8), 1);
+        stamps.on_attrs(InodeId(9), 1);
+        assert_eq!(stamps.on_open(f, 7, true), at(false, true), "the open at 6 is still known");
+    }
+
+    fn open_file(inode: u64, writable: bool) -> OpenFile {
+        OpenFile { inode: InodeId(inode), writable, handle: tokio::sync::RwLock::new(None), wb: None }
+    }
+
+    /// The writer index against a scan of every handle, over a seeded run
+    /// of opens, closes (of files, directories and unknown handles) and a
+    /// drain.
+    #[test]
+    fn writer_index_matches_a_scan_of_the_handles() {
+        let table = HandleTable::new(64);
+        let mut open: Vec<(u64, u64, bool)> = Vec::new(); // (fh, inode, writable) of open files
+        let mut dirs: Vec<u64> = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || crate::xorshift(&mut rng);
+        for step in 0..2000 {
+            let r = next();
+            match r % 5 {
+                0 | 1 => {
+                    let (inode, writable) = (1 + next() % 4, next() % 2 == 0);
+                    match table.insert_file(open_file(inode, writable)) {
+                        Ok(fh) => open.push((fh, inode, writable)),
+                        Err(_) => assert_eq!(open.len() + dirs.len(), 64, "EMFILE below the limit"),
+                    }
+                }
+                2 if !open.is_empty() => {
+                    let (fh, inode, _) = open.swap_remove((next() % open.len() as u64) as usize);
+                    assert_eq!(table.remove_file(fh).map(|f| f.inode), Some(InodeId(inode)));
+                    assert!(table.remove_file(fh).is_none(), "a handle removed twice");
+                }
+                3 => match table.insert_dir(OpenDir { inode: InodeId(9), state: Default::default() }) {
+                    Ok(fh) => {
+                        assert!(table.remove_file(fh).is_none(), "a directory handle removed as a file");
+                        dirs.push(fh);
+                    }
+                    Err(_) => assert_eq!(open.len() + dirs.len(), 64),
+                },
+                _ if !dirs.is_empty() => table.remove_dir(dirs.swap_remove(0)),
+                _ => {}
+            }
+            if step == 1500 {
+                assert_eq!(table.drain_files().len(), open.len());
+                open.clear();
+            }
+            for inode in 1..=4 {
+                let mut want: Vec<u64> = open.iter().filter(|(_, i, w)| *i == inode && *w).map(|(fh, _, _)| *fh).collect();
+                assert_eq!(table.has_writer(InodeId(inode)), !want.is_empty(), "step {step}, inode {inode}");
+                assert_eq!(table.writers_of(InodeId(inode)).len(), want.len(), "step {step}, inode {inode}");
+                let slots = table.slots.lock();
+                let mut got: Vec<u64> =
+                    slots.writers.get(&InodeId(inode)).map(|l| l.iter().map(|(fh, _)| *fh).collect()).unwrap_or_default();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "step {step}, inode {inode}");
+                assert!(slots.writers.values().all(|l| !l.is_empty()), "an empty writer list left behind");
+            }
+        }
     }
 
     #[test]

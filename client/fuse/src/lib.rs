@@ -25,6 +25,16 @@ pub mod start;
 pub mod usrbio;
 pub mod writeback;
 
+/// One step of a seeded xorshift64 (`state` must not be 0): the unit
+/// tests' reproducible pseudo-random numbers.
+#[cfg(test)]
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 use fskv_client::FsClient;
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -593,12 +593,7 @@ mod tests {
     async fn random_writes_through_the_shell_match_a_model() {
         // Seeded xorshift: the same sequence every run.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = move || crate::xorshift(&mut seed);
         let dirty = Arc::new(AtomicUsize::new(0));
         let budget = Arc::new(tokio::sync::Semaphore::new(300));
         let limits = WriteBufferLimits { run_bytes: 64, max_dirty_bytes: 256, max_flushes_in_flight: 3 };
