@@ -11,6 +11,8 @@ export CARGO_TERM_COLOR=never
 start=$(date +%s)
 # Disk is the first thing to run out on a small CI machine: say how much there is.
 echo "test: free disk: $(df -h --output=avail . | tail -1 | tr -d ' ') here, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}"
+# Test clusters take ports below the kernel's ephemeral range (tests/common/mod.rs): say where it is.
+echo "test: ephemeral ports: $(tr -s '\t ' '-' < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo unknown)"
 
 # Tests that cannot run here append "name: reason" to this file (and report
 # ok to cargo); the summary counts them as skipped, not passed.

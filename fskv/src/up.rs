@@ -208,6 +208,14 @@ pub async fn run(args: UpArgs, config: &Config) -> anyhow::Result<()> {
     let opts = child_options(&data_dir, !args.no_restart);
 
     say!("fskv up: data directory {}", data_dir.display());
+    let top_port = base_port + MOUNT_METRICS_PORT_OFFSET;
+    if let Some((lo, hi)) = read_ephemeral_port_range().filter(|&r| overlaps(r, (base_port, top_port))) {
+        say!(
+            "  note     ports {base_port}-{top_port} overlap the kernel's ephemeral range {lo}-{hi} \
+             (net.ipv4.ip_local_port_range): an outgoing connection may take one before a restarted \
+             process binds it again; pick a --base-port outside it"
+        );
+    }
     anyhow::ensure!((1..=STORAGE_NODES).contains(&args.replicas), "--replicas {}: must be 1..={STORAGE_NODES}", args.replicas);
     let mut specs = vec![mgmtd_spec(&exe, &data_dir, &ports, args.heartbeat_timeout_ms, args.replicas)];
     for (i, addr) in ports.storage.iter().enumerate() {
@@ -327,7 +335,8 @@ async fn start_front(exe: &Path, data: &Path, ports: &Ports, restart: bool) -> a
         while tokio::net::TcpStream::connect(addr).await.is_err() {
             if start.elapsed() > Duration::from_millis(FRONT_READY_TIMEOUT_MS) {
                 supervisor.shutdown().await;
-                anyhow::bail!("the front did not listen on {addr} (see {})", data.join("logs/front.log").display());
+                let log = data.join("logs/front.log");
+                anyhow::bail!("the front did not listen on {addr}{} (see {})", log_ending(&log), log.display());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -355,7 +364,8 @@ async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restar
     while !is_mounted(&path) {
         if start.elapsed() > Duration::from_millis(MOUNT_READY_TIMEOUT_MS) {
             supervisor.shutdown().await;
-            anyhow::bail!("the FUSE mount on {} did not come up (see {})", path.display(), data.join("logs/mount.log").display());
+            let log = data.join("logs/mount.log");
+            anyhow::bail!("the FUSE mount on {} did not come up{} (see {})", path.display(), log_ending(&log), log.display());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -363,11 +373,45 @@ async fn start_mount(exe: &Path, data: &Path, ports: &Ports, path: &Path, restar
     Ok(supervisor)
 }
 
+/// How many bytes at the end of a child's log [`log_ending`] reads.
+const LOG_ENDING_MAX_BYTES: u64 = 4096;
+
+/// `: <last line of the log>` for an error about a child that did not come
+/// up (its own words say why: a port in use, a bad key file), or nothing
+/// when the log cannot be read or is empty.
+fn log_ending(log: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(log) else { return String::new() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut tail = Vec::new();
+    if f.seek(SeekFrom::Start(len.saturating_sub(LOG_ENDING_MAX_BYTES))).is_err() || f.read_to_end(&mut tail).is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&tail);
+    match text.lines().map(str::trim).rev().find(|l| !l.is_empty()) {
+        Some(line) => format!(": {line}"),
+        None => String::new(),
+    }
+}
+
 /// Whether `path` is a mount point in /proc/mounts.
 fn is_mounted(path: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let p = path.to_string_lossy();
     mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(&*p))
+}
+
+/// The ports the kernel picks local ports of outgoing connections from
+/// (`net.ipv4.ip_local_port_range`); `None` when it cannot be read.
+fn read_ephemeral_port_range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut words = text.split_whitespace().map(|w| w.parse::<u16>().ok());
+    Some((words.next()??, words.next()??))
+}
+
+/// Whether two inclusive port ranges share a port.
+fn overlaps(a: (u16, u16), b: (u16, u16)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
 }
 
 fn ensure_free(addr: &str) -> anyhow::Result<()> {
@@ -584,5 +628,30 @@ mod tests {
         write_atomically(&path, b"second").expect("rewrite");
         assert_eq!(std::fs::read(&path).expect("read"), b"second");
         assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_child_that_did_not_come_up_is_explained_by_the_last_line_of_its_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("front.log");
+        assert_eq!(log_ending(&log), "", "no log yet");
+        std::fs::write(&log, "").expect("write");
+        assert_eq!(log_ending(&log), "", "empty log");
+        // Only the end of a long log is read; trailing blank lines are skipped.
+        let mut text = "x".repeat(3 * LOG_ENDING_MAX_BYTES as usize);
+        text.push_str("\nstarting\nfskv: cannot listen on 127.0.0.1:21589: Address already in use (os error 98)\n\n");
+        std::fs::write(&log, text).expect("write");
+        assert_eq!(log_ending(&log), ": fskv: cannot listen on 127.0.0.1:21589: Address already in use (os error 98)");
+    }
+
+    #[test]
+    fn ports_in_the_ephemeral_range_are_noticed() {
+        let ephemeral = (32768, 60999);
+        assert!(!overlaps(ephemeral, (8000, 8016)));
+        assert!(!overlaps(ephemeral, (32752, 32767)));
+        assert!(overlaps(ephemeral, (32760, 32776)));
+        assert!(overlaps(ephemeral, (40000, 40016)));
+        assert!(overlaps(ephemeral, (60999, 61015)));
+        assert!(!overlaps(ephemeral, (61000, 61016)));
     }
 }

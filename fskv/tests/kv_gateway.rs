@@ -494,7 +494,7 @@ impl S3OverKv {
         use std::io::BufRead;
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(data.join("endpoints.json")).unwrap()).unwrap();
         let keys = (v["access_key"].as_str().unwrap().to_string(), v["secret_key"].as_str().unwrap().to_string());
-        let port = common::acked::free_port();
+        let port = common::free_port();
         let mut child = common::fskv_cmd()
             .args(["gateway", "s3", "--role", "writer", "--root", "/kv", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--mgmtd", &format!("127.0.0.1:{}", base + 11)])

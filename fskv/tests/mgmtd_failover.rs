@@ -11,7 +11,8 @@
 mod common;
 
 use bytes::Bytes;
-use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
+use common::acked::{check_acked, pattern, Written, REGION_BYTES};
+use common::free_port;
 use fskv_client::mgmtd::{MgmtdClient, MgmtdClientConfig, MgmtdRoutingSource};
 use fskv_client::storage::{StorageClient, StorageClientConfig};
 use fskv_proto::mgmtd::MgmtdStatusResp;

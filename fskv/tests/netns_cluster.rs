@@ -699,10 +699,8 @@ fn fsck_clean(cluster: &Cluster) {
 /// The next register operation of a task: which of the 3 registers, and
 /// whether it writes (else reads); xorshift over the task's state.
 fn next_register_op(rng: &mut u64) -> (u64, bool) {
-    *rng ^= *rng << 13;
-    *rng ^= *rng >> 7;
-    *rng ^= *rng << 17;
-    (*rng % 3, rng.is_multiple_of(2))
+    let x = common::xorshift(rng);
+    (x % 3, x.is_multiple_of(2))
 }
 
 /// Per (protocol, register): the operations on it through the front.

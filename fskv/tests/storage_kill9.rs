@@ -5,7 +5,8 @@
 mod common;
 
 use bytes::Bytes;
-use common::acked::{check_acked, free_port, pattern, Written, REGION_BYTES};
+use common::acked::{check_acked, pattern, Written, REGION_BYTES};
+use common::free_port;
 use fskv_client::storage::{RoutingPublisher, StorageClient, StorageClientConfig};
 use fskv_proto::routing::{ChainInfo, ChainTarget, NodeInfo, PublicTargetState, RoutingInfo};
 use fskv_proto::storage::DumpChunkMeta;

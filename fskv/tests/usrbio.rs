@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{child_pid, cluster_healthy, free_base_port, is_mounted, start_up_with, wait_cluster_healthy, UpGuard};
+use common::{child_pid, cluster_healthy, free_base_port, is_mounted, start_up_with, wait_cluster_healthy, xorshift, UpGuard};
 use fskv_usrbio::proto::FLAG_FORBID_READ_HOLES;
 use fskv_usrbio::{File, Iov, Ring, RingOptions};
 use std::fs::{self, OpenOptions};
@@ -51,13 +51,6 @@ fn pattern(seed: u64, off: u64, buf: &mut [u8]) {
         let x = (off + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9);
         *b = (x >> 29) as u8;
     }
-}
-
-fn xorshift(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
 }
 
 /// Reads through USRBIO and through FUSE (`pread`) agree, byte for byte

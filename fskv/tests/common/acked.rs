@@ -12,10 +12,6 @@ pub const REGION_BYTES: u64 = 4096;
 /// Per writer: region → generation of the last acknowledged write.
 pub type Acked = BTreeMap<u64, BTreeMap<u64, u64>>;
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 pub fn pattern(writer: u64, region: u64, generation: u64) -> Bytes {
     Bytes::from((0..REGION_BYTES).map(|i| (writer * 31 + region * 7 + generation * 13 + i) as u8 ^ 0x5a).collect::<Vec<u8>>())
 }

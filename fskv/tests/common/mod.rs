@@ -49,20 +49,95 @@ pub fn fuse_or_skip(test: &str) -> bool {
 /// P+13..P+15. (Gateway processes behind the front take ephemeral ports.)
 const UP_PORT_OFFSETS: [u16; 15] = [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16];
 
-/// A base port whose every [`UP_PORT_OFFSETS`] port is free right now (best
-/// effort). Bases are drawn below Linux's ephemeral range (32768 and up), so
-/// the outgoing connections of other tests and processes, which take their
-/// local ports from that range, do not grab a cluster's port between this
-/// check and the bind (`fskv up` then exits at once, or a restarted storage
-/// process cannot listen again).
+/// Test clusters take their ports in slots of this many ports (more than
+/// the highest [`UP_PORT_OFFSETS`] offset, and the "dead" addresses some
+/// tests aim at inside their own slot).
+const PORT_SLOT_WIDTH: u16 = 32;
+/// The first slot's base, and the end of the slots unless the kernel's
+/// ephemeral range (`net.ipv4.ip_local_port_range`, 32768 and up by
+/// default) starts lower: the outgoing connections of other tests and
+/// processes take their local ports from that range, and one could take a
+/// cluster's port between the check here and the bind (`fskv up` then exits
+/// at once, or a restarted storage process cannot listen again).
+const PORT_SLOTS_FIRST: u16 = 20_000;
+const PORT_SLOTS_END: u16 = 32_000;
+/// Fewest slots worth keeping below the ephemeral range.
+const PORT_SLOTS_MIN: u16 = 64;
+const _: () = assert!(UP_PORT_OFFSETS[UP_PORT_OFFSETS.len() - 1] < PORT_SLOT_WIDTH);
+
+/// A base port whose every [`UP_PORT_OFFSETS`] port is free right now, in a
+/// slot no other test holds. The slot is held with an exclusive lock on
+/// `$TMPDIR/fskv-test-port-slots/BASE.lock` until this test process exits:
+/// two tests of one binary (run in parallel threads) or of two binaries
+/// never draw overlapping ranges. (Drawing any free-looking random base let
+/// two tests that checked at once both see the same ports free: the likely
+/// cause of a CI run where one cluster's front never got its port.)
 pub fn free_base_port() -> u16 {
-    for _ in 0..200 {
-        let base = 20_000 + rand::random::<u16>() % 12_000;
-        if UP_PORT_OFFSETS.iter().all(|o| std::net::TcpListener::bind(("127.0.0.1", base + o)).is_ok()) {
+    hold_port_slot(|base| UP_PORT_OFFSETS.iter().all(|o| port_is_free(base + o)))
+}
+
+/// One free port (for a test that starts its processes itself and may
+/// restart one on the same port), from a [`PORT_SLOT_WIDTH`]-port slot this
+/// process holds: ports taken with `bind(:0)` come from the ephemeral range,
+/// where another connection's local port could take one before a restart.
+pub fn free_port() -> u16 {
+    // The slot being handed out, port by port: (base, next offset).
+    static CURRENT: std::sync::Mutex<Option<(u16, u16)>> = std::sync::Mutex::new(None);
+    let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        match *current {
+            Some((base, offset)) if offset < PORT_SLOT_WIDTH => {
+                *current = Some((base, offset + 1));
+                if port_is_free(base + offset) {
+                    return base + offset;
+                }
+            }
+            _ => *current = Some((hold_port_slot(|_| true), 0)),
+        }
+    }
+}
+
+/// How many slots lie between [`PORT_SLOTS_FIRST`] and the ephemeral range
+/// (or [`PORT_SLOTS_END`]); with fewer than [`PORT_SLOTS_MIN`] there (the
+/// range was widened), all up to [`PORT_SLOTS_END`], said once.
+fn port_slot_count() -> u16 {
+    static COUNT: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let ephemeral_first = range.split_whitespace().next().and_then(|w| w.parse::<u16>().ok()).unwrap_or(32_768);
+        let below = ephemeral_first.min(PORT_SLOTS_END).saturating_sub(PORT_SLOTS_FIRST) / PORT_SLOT_WIDTH;
+        if below >= PORT_SLOTS_MIN {
+            return below;
+        }
+        println!(
+            "note: the ephemeral port range ({}) covers the test clusters' ports: a port may be taken before it is bound",
+            range.trim()
+        );
+        (PORT_SLOTS_END - PORT_SLOTS_FIRST) / PORT_SLOT_WIDTH
+    })
+}
+
+fn port_is_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// Takes a slot no other test holds and for which `usable(base)` is true;
+/// the slot stays held until this test process exits.
+fn hold_port_slot(usable: impl Fn(u16) -> bool) -> u16 {
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("fskv-test-port-slots");
+    std::fs::create_dir_all(&dir).expect("create the port slot directory");
+    for _ in 0..2_000 {
+        let base = PORT_SLOTS_FIRST + (rand::random::<u16>() % port_slot_count()) * PORT_SLOT_WIDTH;
+        let path = dir.join(format!("{base}.lock"));
+        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).expect("open a port slot lock");
+        // flock: another open of the same file, in this process or another, is refused.
+        if lock.try_lock().is_ok() && usable(base) {
+            HELD.lock().unwrap_or_else(|e| e.into_inner()).push(lock);
             return base;
         }
     }
-    panic!("no free port range");
+    panic!("no free port slot");
 }
 
 /// The cluster key of every cluster this test binary starts (one per test
@@ -274,17 +349,19 @@ impl Drop for UpGuard {
     }
 }
 
+/// One step of a seeded xorshift64 (`state` must not be 0): the tests'
+/// reproducible pseudo-random numbers.
+pub fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 /// Writes `len` pseudo-random bytes (xorshift from `seed`) to `path` and returns them.
 pub fn random_file(path: &Path, len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data: Vec<u8> = (0..len).map(|_| xorshift(&mut x) as u8).collect();
     std::fs::write(path, &data).unwrap();
     data
 }
