@@ -36,7 +36,8 @@ pub struct Caller {
 
 /// What a key names.
 pub enum Found {
-    File(Inode),
+    /// A file, with its object record if it has one.
+    File(Inode, Option<Vec<u8>>),
     /// A directory with an object record (a key ending in `/`).
     DirObject(Inode, Vec<u8>),
 }
@@ -349,12 +350,19 @@ impl Store {
                     continue;
                 }
             }
-            let inode = match self.fs.meta().lookup(cur, name).await {
-                Ok(i) => i,
+            let last = i + 1 == n;
+            // The key's own entry comes with its object record: one round trip.
+            let looked = if last {
+                self.fs.meta().lookup_xattr(cur, name, XATTR_META).await
+            } else {
+                self.fs.meta().lookup(cur, name).await.map(|inode| (inode, None))
+            };
+            let (inode, record) = match looked {
+                Ok(found) => found,
                 Err(e) if matches!(e.code(), ErrorCode::NotFound | ErrorCode::NotDirectory) => return Ok((None, used_cache)),
                 Err(e) => return Err(error::from_meta(e, name)),
             };
-            if i + 1 < n {
+            if !last {
                 if inode.dir().is_none() {
                     return Ok((None, used_cache));
                 }
@@ -363,12 +371,8 @@ impl Store {
                 continue;
             }
             let found = match (inode.kind(), path.dir_object) {
-                (InodeKind::File, false) => Some(Found::File(inode)),
-                (InodeKind::Directory, true) => match self.fs.meta().get_xattr(inode.id, XATTR_META).await {
-                    Ok(r) => Some(Found::DirObject(inode, r)),
-                    Err(e) if e.code() == ErrorCode::NotFound => None,
-                    Err(e) => return Err(error::from_meta(e, name)),
-                },
+                (InodeKind::File, false) => Some(Found::File(inode, record)),
+                (InodeKind::Directory, true) => record.map(|r| Found::DirObject(inode, r)),
                 _ => None,
             };
             return Ok((found, used_cache));

@@ -285,6 +285,15 @@ impl MetaClient {
         self.inode(MetaOp::Lookup { parent, name: name.into() }, "lookup").await
     }
 
+    /// [`MetaOp::LookupXattr`]: `parent/name` and its attribute `xattr`
+    /// (`None` when it has none) in one round trip.
+    pub async fn lookup_xattr(&self, parent: InodeId, name: &str, xattr: &str) -> Result<(Inode, Option<Vec<u8>>)> {
+        match self.call(MetaOp::LookupXattr { parent, name: name.into(), xattr: xattr.into() }).await? {
+            MetaReply::InodeXattr { inode, value } => Ok((inode, value)),
+            other => Err(unexpected("lookup_xattr", &other)),
+        }
+    }
+
     pub async fn stat(&self, inode: InodeId) -> Result<Inode> {
         self.inode(MetaOp::Stat { inode }, "stat").await
     }

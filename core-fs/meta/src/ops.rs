@@ -384,7 +384,9 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
     }
     let mut reply = apply_op(txn, ctx, op).await?;
     match &mut reply {
-        MetaReply::Inode(inode) | MetaReply::Opened { inode, .. } => fold_dir_nlink(txn, inode).await?,
+        MetaReply::Inode(inode) | MetaReply::Opened { inode, .. } | MetaReply::InodeXattr { inode, .. } => {
+            fold_dir_nlink(txn, inode).await?
+        }
         MetaReply::Entries { entries, .. } => {
             for attr in entries.iter_mut().filter_map(|e| e.attr.as_mut()) {
                 fold_dir_nlink(txn, attr).await?;
@@ -441,6 +443,15 @@ fn count_subdir(txn: &mut dyn Transaction, dir: InodeId, delta: i64) -> MetaResu
 async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> MetaResult<MetaReply> {
     match op {
         MetaOp::Lookup { parent, name } => lookup(txn, ctx, *parent, name).await.map(MetaReply::Inode),
+        MetaOp::LookupXattr { parent, name, xattr } => {
+            let inode = lookup(txn, ctx, *parent, name).await?;
+            let value = match get_xattr(txn, ctx, inode.id, xattr).await {
+                Ok(v) => Some(v),
+                Err(MetaError::NotFound(_)) => None,
+                Err(e) => return Err(e),
+            };
+            Ok(MetaReply::InodeXattr { inode, value })
+        }
         MetaOp::Stat { inode } => load_inode(txn, *inode).await.map(MetaReply::Inode),
         MetaOp::Create { parent, name, mode, exclusive, write } => create(txn, ctx, *parent, name, *mode, *exclusive, *write).await,
         MetaOp::Open { inode, write } => open(txn, ctx, *inode, *write).await,

@@ -95,6 +95,7 @@ pub struct MetaService {
 pub fn op_name(op: &MetaOp) -> &'static str {
     match op {
         MetaOp::Lookup { .. } => "lookup",
+        MetaOp::LookupXattr { .. } => "lookup_xattr",
         MetaOp::Stat { .. } => "stat",
         MetaOp::Create { .. } => "create",
         MetaOp::Open { .. } => "open",
@@ -134,6 +135,7 @@ fn is_read_only(op: &MetaOp) -> bool {
     matches!(
         op,
         MetaOp::Lookup { .. }
+            | MetaOp::LookupXattr { .. }
             | MetaOp::Expect { .. }
             | MetaOp::Stat { .. }
             | MetaOp::Readlink { .. }

@@ -224,6 +224,37 @@ async fn permission_checks() {
 }
 
 #[tokio::test]
+async fn lookup_xattr_answers_what_lookup_then_getxattr_answer() {
+    let fs = Fs::new().await;
+    let f = fs.create(ROOT, "f").await.unwrap();
+    fs.op(MetaOp::SetXattr { inode: f.id, name: "user.s3.meta".into(), value: b"etag".to_vec(), flag: XattrFlag::Any }).await.unwrap();
+    let d = fs.mkdir(ROOT, "d").await.unwrap();
+    let lx = |parent: InodeId, name: &str, xattr: &str| MetaOp::LookupXattr { parent, name: name.into(), xattr: xattr.into() };
+    let f_now = fs.lookup(ROOT, "f").await.unwrap();
+    assert_eq!(
+        fs.op(lx(ROOT, "f", "user.s3.meta")).await.unwrap(),
+        MetaReply::InodeXattr { inode: f_now.clone(), value: Some(b"etag".to_vec()) }
+    );
+    // No such attribute: the inode alone, not NotFound.
+    assert_eq!(fs.op(lx(ROOT, "f", "user.other")).await.unwrap(), MetaReply::InodeXattr { inode: f_now, value: None });
+    assert_eq!(fs.op(lx(ROOT, "d", "user.s3.meta")).await.unwrap(), MetaReply::InodeXattr { inode: d.clone(), value: None });
+    // No such name, a bad attribute name: as Lookup and GetXattr fail.
+    assert_eq!(code(fs.op(lx(ROOT, "missing", "user.s3.meta")).await), ErrorCode::NotFound);
+    assert_eq!(code(fs.op(lx(ROOT, "f", "")).await), code(fs.op(MetaOp::GetXattr { inode: f.id, name: "".into() }).await));
+    // Permissions: x on the directory, r on the inode, whether or not it has the attribute.
+    let bob = fs.as_user(1001, 1001);
+    let private = |mode| MetaOp::SetAttr { inode: f.id, attr: SetAttr { mode: Some(mode), ..SetAttr::default() } };
+    fs.op(private(0o600)).await.unwrap();
+    assert_eq!(code(bob.op(lx(ROOT, "f", "user.s3.meta")).await), ErrorCode::PermissionDenied);
+    assert_eq!(code(bob.op(lx(ROOT, "f", "user.other")).await), ErrorCode::PermissionDenied);
+    fs.op(private(0o644)).await.unwrap();
+    assert!(matches!(bob.op(lx(ROOT, "f", "user.s3.meta")).await.unwrap(), MetaReply::InodeXattr { value: Some(_), .. }));
+    fs.op(MetaOp::SetAttr { inode: d.id, attr: SetAttr { mode: Some(0o700), ..SetAttr::default() } }).await.unwrap();
+    fs.create(d.id, "g").await.unwrap();
+    assert_eq!(code(bob.op(lx(d.id, "g", "user.s3.meta")).await), ErrorCode::PermissionDenied);
+}
+
+#[tokio::test]
 async fn xattrs() {
     let fs = Fs::new().await;
     let f = fs.create(ROOT, "f").await.unwrap();

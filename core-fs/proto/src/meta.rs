@@ -549,6 +549,16 @@ pub enum MetaOp {
         name: String,
         expected: Expected,
     },
+    /// Lookup, and the found inode's extended attribute `xattr` read in the
+    /// same transaction (`None` when it has none): what Lookup then GetXattr
+    /// answer, in one round trip (the S3 gateway's GET and HEAD read an
+    /// object and its record so). Needs x on `parent` and r on the inode,
+    /// as the two would. Replies [`MetaReply::InodeXattr`].
+    LookupXattr {
+        parent: InodeId,
+        name: String,
+        xattr: String,
+    },
 }
 
 /// Most ops one [`MetaOp::Txn`] holds.
@@ -605,6 +615,7 @@ impl MetaOp {
     pub fn routing_inode(&self) -> InodeId {
         match self {
             MetaOp::Lookup { parent, .. }
+            | MetaOp::LookupXattr { parent, .. }
             | MetaOp::Create { parent, .. }
             | MetaOp::Mkdir { parent, .. }
             | MetaOp::Rmdir { parent, .. }
@@ -736,6 +747,12 @@ pub enum MetaReply {
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Txn: the reply of each of its ops, in order.
     Many(Vec<MetaReply>),
+    /// LookupXattr: the inode and its attribute's value, if it has it.
+    InodeXattr {
+        inode: Inode,
+        #[serde(with = "serde_bytes")]
+        value: Option<Vec<u8>>,
+    },
 }
 
 // ----- consistency check (`meta.Fsck`, admin) -----

@@ -285,7 +285,7 @@ impl Gateway {
         let layout = self.store.layout(dir.id).await?;
         let Ok(path) = crate::paths::parse_key_in(layout, key) else { return Ok(None) };
         let Some(version) = version else {
-            return Ok(super::object::find_object(&self.store, dir.id, &path, key).await?.map(|o| o.meta.acl.unwrap_or_default()));
+            return Ok(super::object::find_object(&self.store, dir.id, &path).await?.map(|o| o.meta.acl.unwrap_or_default()));
         };
         match self.find_for_read(bucket, dir.id, &path, key, Some(version)).await {
             Ok(o) => Ok(Some(o.meta.acl.unwrap_or_default())),

@@ -310,7 +310,7 @@ impl Gateway {
             if group.key.as_deref() != Some(entry.key.as_str()) {
                 self.finish_group(bucket, rule, &mut group, pacer, report).await;
                 let path = self.store.path_in(&dir, &entry.key).await?;
-                let current = find_object(&self.store, dir.id, &path, &entry.key).await?.filter(|o| !o.dir);
+                let current = find_object(&self.store, dir.id, &path).await?.filter(|o| !o.dir);
                 group = VersionGroup {
                     key: Some(entry.key.clone()),
                     newer_mtime_ns: current.as_ref().map(|c| c.meta.mtime_ns),
@@ -369,7 +369,7 @@ impl Gateway {
     async fn expire_one(&self, bucket: &str, key: &str, rule: &Rule, now_ns: u64) -> Result<bool, S3Error> {
         let (b_dir, path) = self.store.locate(bucket, key).await?;
         let b = b_dir.id;
-        let Some(obj) = find_object(&self.store, b, &path, key).await? else { return Ok(false) };
+        let Some(obj) = find_object(&self.store, b, &path).await? else { return Ok(false) };
         let tags = if rule.needs_tags() { Some(self.tags_of(obj.inode.id).await?.unwrap_or_default()) } else { None };
         if !rule.expires_object(key, obj.meta.size, obj.meta.mtime_ns, tags.as_ref(), now_ns, self.cfg.limits.lifecycle_day_ms) {
             return Ok(false);

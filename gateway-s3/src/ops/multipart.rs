@@ -654,7 +654,7 @@ impl Gateway {
         check_upload_id(&input.upload_id).ok()?;
         let (dir, path) = self.store.locate(&input.bucket, &input.key).await.ok()?;
         let bucket = dir.id;
-        let obj = find_object(&self.store, bucket, &path, &input.key).await.ok()??;
+        let obj = find_object(&self.store, bucket, &path).await.ok()??;
         if obj.dir || obj.meta.upload_id.as_deref() != Some(input.upload_id.as_str()) {
             return None;
         }

@@ -89,19 +89,14 @@ pub struct Object {
     pub dir: bool,
 }
 
-pub async fn find_object(store: &Store, bucket: InodeId, path: &ObjectPath, key: &str) -> Result<Option<Object>, S3Error> {
+pub async fn find_object(store: &Store, bucket: InodeId, path: &ObjectPath) -> Result<Option<Object>, S3Error> {
     match store.find(bucket, path).await? {
         None => Ok(None),
         Some(Found::DirObject(inode, record)) => {
             let meta = objmeta::effective_dir(&inode, Some(&record));
             Ok(Some(Object { inode, meta, dir: true }))
         }
-        Some(Found::File(inode)) => {
-            let record = match store.fs.meta().get_xattr(inode.id, XATTR_META).await {
-                Ok(r) => Some(r),
-                Err(e) if e.code() == ErrorCode::NotFound => None,
-                Err(e) => return Err(error::from_meta(e, key)),
-            };
+        Some(Found::File(inode, record)) => {
             let meta = objmeta::effective(&inode, record.as_deref());
             Ok(Some(Object { inode, meta, dir: false }))
         }
@@ -202,7 +197,7 @@ pub async fn write_expectation(
         return Ok(Some(Expected::Absent));
     }
     let Some(c) = if_match else { return Ok(None) };
-    let Some(cur) = find_object(store, bucket, path, key).await?.filter(|o| !o.dir) else {
+    let Some(cur) = find_object(store, bucket, path).await?.filter(|o| !o.dir) else {
         return Err(error::no_such_key(key));
     };
     if let ETagCondition::ETag(e) = c {
@@ -443,7 +438,7 @@ impl Gateway {
                 }
                 self.store.remove_empty_dirs(bucket, &path.components).await;
             }
-            Some(Found::File(_)) => {
+            Some(Found::File(..)) => {
                 let parent = match self.store.ensure_dirs_existing(bucket, path.parent()).await {
                     Some(p) => p,
                     None => return Ok(()),

@@ -543,7 +543,7 @@ impl Gateway {
         key: &str,
         version: Option<&str>,
     ) -> Result<Object, S3Error> {
-        let cur = find_object(&self.store, bucket, path, key).await?;
+        let cur = find_object(&self.store, bucket, path).await?;
         let Some(version) = version else {
             if let Some(c) = cur {
                 return Ok(c);
