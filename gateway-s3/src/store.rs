@@ -7,7 +7,7 @@ use crate::objmeta::XATTR_META;
 use crate::paths::{self, Layout, ObjectPath, XATTR_LAYOUT};
 use crate::versions::{Versioning, XATTR_VERSIONING};
 use fskv_client::FsClient;
-use fskv_proto::meta::{Inode, InodeKind};
+use fskv_proto::meta::{Inode, InodeKind, MAX_WALK_NAMES};
 use fskv_types::{ErrorCode, InodeId};
 use s3s::S3Error;
 use std::collections::HashMap;
@@ -40,6 +40,16 @@ pub enum Found {
     File(Inode, Option<Vec<u8>>),
     /// A directory with an object record (a key ending in `/`).
     DirObject(Inode, Vec<u8>),
+}
+
+/// What a key's own entry `inode` (with its record) is, for a key naming a
+/// file or (`dir_object`, a key ending in `/`) a directory.
+fn entry_found(inode: Inode, record: Option<Vec<u8>>, dir_object: bool) -> Option<Found> {
+    match (inode.kind(), dir_object) {
+        (InodeKind::File, false) => Some(Found::File(inode, record)),
+        (InodeKind::Directory, true) => record.map(|r| Found::DirObject(inode, r)),
+        _ => None,
+    }
 }
 
 /// Directory ids by (parent, name) below the buckets, so a request for
@@ -77,18 +87,43 @@ impl DirCache {
 /// Layouts of bucket directories by inode. A bucket's layout is set in
 /// the transaction that makes its directory and never changes, so an entry
 /// never goes stale (a bucket deleted and made again has a new inode).
-/// Bounded: cleared when full.
+/// Also the directory last seen under each bucket name, so a read can walk
+/// from the root to its key in one meta call ([`Store::locate_find`]); a
+/// stale name shows as another inode there, and the reader then goes the
+/// long way. Bounded: each map cleared when full.
 #[derive(Default)]
 pub struct LayoutCache {
     map: parking_lot::Mutex<HashMap<InodeId, Layout>>,
+    names: parking_lot::Mutex<HashMap<String, InodeId>>,
+}
+
+impl LayoutCache {
+    /// The directory last seen under bucket name `name` and its layout.
+    fn by_name(&self, name: &str) -> Option<(InodeId, Layout)> {
+        let id = *self.names.lock().get(name)?;
+        let layout = *self.map.lock().get(&id)?;
+        Some((id, layout))
+    }
+
+    fn name(&self, name: &str, id: InodeId) {
+        let mut names = self.names.lock();
+        if names.len() >= LAYOUT_CACHE_MAX_ENTRIES {
+            names.clear();
+        }
+        names.insert(name.to_string(), id);
+    }
+
+    fn forget_name(&self, name: &str) {
+        self.names.lock().remove(name);
+    }
 }
 
 pub const LAYOUT_CACHE_MAX_ENTRIES: usize = 65_536;
 
 /// Versioning states of bucket directories by inode, valid while the
 /// directory's inode version is the one they were read at. Every request
-/// looks its bucket up first ([`Store::bucket`]), which records the version
-/// it saw; setting the state's xattr bumps that version, so a state put
+/// looks its bucket up first ([`Store::bucket`], or in the walk of
+/// [`Store::locate_find`]), which records the version it saw; setting the state's xattr bumps that version, so a state put
 /// through any gateway process is seen by the next request after it, at no
 /// extra meta call while it does not change. Bounded: cleared when full.
 #[derive(Default)]
@@ -218,14 +253,23 @@ impl Store {
             return Err(error::no_such_bucket(name));
         }
         match self.fs.meta().lookup(self.root, name).await {
-            Ok(i) if i.dir().is_some() && self.owns(&i) => {
+            Ok(i) => self.accept_bucket(i, name),
+            Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_bucket(name)),
+            Err(e) => Err(error::from_meta(e, name)),
+        }
+    }
+
+    /// The inode found under bucket name `name` if it is a bucket the
+    /// caller owns (its version recorded for the versioning cache), else
+    /// S3's error.
+    fn accept_bucket(&self, i: Inode, name: &str) -> Result<Inode, S3Error> {
+        match i.dir() {
+            Some(_) if self.owns(&i) => {
                 self.saw_bucket(&i);
                 Ok(i)
             }
-            Ok(i) if i.dir().is_some() => Err(error::access_denied(name)),
-            Ok(_) => Err(error::no_such_bucket(name)),
-            Err(e) if e.code() == ErrorCode::NotFound => Err(error::no_such_bucket(name)),
-            Err(e) => Err(error::from_meta(e, name)),
+            Some(_) => Err(error::access_denied(name)),
+            None => Err(error::no_such_bucket(name)),
         }
     }
 
@@ -299,7 +343,46 @@ impl Store {
     pub async fn locate(&self, bucket: &str, key: &str) -> Result<(Inode, ObjectPath), S3Error> {
         let dir = self.bucket(bucket).await?;
         let path = self.path_in(&dir, key).await?;
+        self.layouts.name(bucket, dir.id);
         Ok((dir, path))
+    }
+
+    /// What [`Store::locate`] then [`Store::find`] answer. Once this
+    /// process knows the bucket's directory and layout, in one meta call: a
+    /// `WalkXattr` from the root through the bucket's directory and the
+    /// key's path to its entry and `user.s3.meta` record.
+    pub async fn locate_find(&self, bucket: &str, key: &str) -> Result<(Inode, ObjectPath, Option<Found>), S3Error> {
+        if let Some(walked) = self.walk_to(bucket, key).await? {
+            return Ok(walked);
+        }
+        let (dir, path) = self.locate(bucket, key).await?;
+        let found = self.find(dir.id, &path).await?;
+        Ok((dir, path, found))
+    }
+
+    /// [`Store::locate_find`]'s one call; `None` where the long way must
+    /// answer: the bucket's directory or layout unknown, another directory
+    /// under the name now, a key the layout refuses (the long way's errors
+    /// come in S3's order), a path past one walk.
+    async fn walk_to(&self, bucket: &str, key: &str) -> Result<Option<(Inode, ObjectPath, Option<Found>)>, S3Error> {
+        let Some((id, layout)) = self.layouts.by_name(bucket) else { return Ok(None) };
+        let Ok(path) = paths::parse_key_in(layout, key) else { return Ok(None) };
+        if path.components.len() >= MAX_WALK_NAMES {
+            return Ok(None);
+        }
+        let names = std::iter::once(bucket.to_string()).chain(path.components.iter().cloned()).collect();
+        let (inodes, record) = self.fs.meta().walk_xattr(self.root, names, XATTR_META).await.map_err(|e| error::from_meta(e, bucket))?;
+        let mut inodes = inodes.into_iter();
+        let Some(dir) = inodes.next() else { return Err(error::no_such_bucket(bucket)) };
+        if dir.id != id {
+            // Deleted and made again: its layout may differ.
+            self.layouts.forget_name(bucket);
+            return Ok(None);
+        }
+        let dir = self.accept_bucket(dir, bucket)?;
+        let entry = if inodes.len() == path.components.len() { inodes.last() } else { None };
+        let found = entry.and_then(|inode| entry_found(inode, record, path.dir_object));
+        Ok(Some((dir, path, found)))
     }
 
     /// The path `key` names in the bucket directory `dir`.
@@ -370,12 +453,7 @@ impl Store {
                 cur = inode.id;
                 continue;
             }
-            let found = match (inode.kind(), path.dir_object) {
-                (InodeKind::File, false) => Some(Found::File(inode, record)),
-                (InodeKind::Directory, true) => record.map(|r| Found::DirObject(inode, r)),
-                _ => None,
-            };
-            return Ok((found, used_cache));
+            return Ok((entry_found(inode, record, path.dir_object), used_cache));
         }
         Ok((None, used_cache))
     }

@@ -294,6 +294,16 @@ impl MetaClient {
         }
     }
 
+    /// [`MetaOp::WalkXattr`]: the inodes of `names` walked down from
+    /// `parent` (fewer when the walk stopped early) and the last one's
+    /// attribute `xattr`, in one round trip.
+    pub async fn walk_xattr(&self, parent: InodeId, names: Vec<String>, xattr: &str) -> Result<(Vec<Inode>, Option<Vec<u8>>)> {
+        match self.call(MetaOp::WalkXattr { parent, names, xattr: xattr.into() }).await? {
+            MetaReply::Walk { inodes, value } => Ok((inodes, value)),
+            other => Err(unexpected("walk_xattr", &other)),
+        }
+    }
+
     pub async fn stat(&self, inode: InodeId) -> Result<Inode> {
         self.inode(MetaOp::Stat { inode }, "stat").await
     }

@@ -392,6 +392,11 @@ pub async fn apply(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> M
                 fold_dir_nlink(txn, attr).await?;
             }
         }
+        MetaReply::Walk { inodes, .. } => {
+            for inode in inodes.iter_mut() {
+                fold_dir_nlink(txn, inode).await?;
+            }
+        }
         _ => {}
     }
     Ok(reply)
@@ -445,13 +450,10 @@ async fn apply_op(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, op: &MetaOp) -> Me
         MetaOp::Lookup { parent, name } => lookup(txn, ctx, *parent, name).await.map(MetaReply::Inode),
         MetaOp::LookupXattr { parent, name, xattr } => {
             let inode = lookup(txn, ctx, *parent, name).await?;
-            let value = match get_xattr(txn, ctx, inode.id, xattr).await {
-                Ok(v) => Some(v),
-                Err(MetaError::NotFound(_)) => None,
-                Err(e) => return Err(e),
-            };
+            let value = xattr_if_any(txn, ctx, inode.id, xattr).await?;
             Ok(MetaReply::InodeXattr { inode, value })
         }
+        MetaOp::WalkXattr { parent, names, xattr } => walk_xattr(txn, ctx, *parent, names, xattr).await,
         MetaOp::Stat { inode } => load_inode(txn, *inode).await.map(MetaReply::Inode),
         MetaOp::Create { parent, name, mode, exclusive, write } => create(txn, ctx, *parent, name, *mode, *exclusive, *write).await,
         MetaOp::Open { inode, write } => open(txn, ctx, *inode, *write).await,
@@ -1004,6 +1006,40 @@ fn check_xattr_name(name: &str) -> MetaResult<()> {
         return Err(MetaError::NameTooLong { len: name.len(), limit: MAX_NAME_BYTES });
     }
     Ok(())
+}
+
+/// [`get_xattr`], with an attribute the inode does not have as `None`.
+async fn xattr_if_any(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, name: &str) -> MetaResult<Option<Vec<u8>>> {
+    match get_xattr(txn, ctx, id, name).await {
+        Ok(v) => Ok(Some(v)),
+        Err(MetaError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`MetaOp::WalkXattr`]: a lookup per name, stopping at an absent name or
+/// a non-directory with names left; the attribute once all are found.
+async fn walk_xattr(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, parent: InodeId, names: &[String], xattr: &str) -> MetaResult<MetaReply> {
+    if names.is_empty() || names.len() > MAX_WALK_NAMES {
+        return Err(MetaError::InvalidArgument(format!("a walk takes 1..={MAX_WALK_NAMES} names, not {}", names.len())));
+    }
+    let mut inodes: Vec<Inode> = Vec::with_capacity(names.len());
+    let mut dir = parent;
+    for name in names {
+        if inodes.last().is_some_and(|i| i.dir().is_none()) {
+            return Ok(MetaReply::Walk { inodes, value: None });
+        }
+        match lookup(txn, ctx, dir, name).await {
+            Ok(inode) => {
+                dir = inode.id;
+                inodes.push(inode);
+            }
+            Err(MetaError::NotFound(_)) => return Ok(MetaReply::Walk { inodes, value: None }),
+            Err(e) => return Err(e),
+        }
+    }
+    let value = xattr_if_any(txn, ctx, dir, xattr).await?;
+    Ok(MetaReply::Walk { inodes, value })
 }
 
 pub async fn get_xattr(txn: &mut dyn Transaction, ctx: &OpCtx<'_>, id: InodeId, name: &str) -> MetaResult<Vec<u8>> {

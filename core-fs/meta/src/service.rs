@@ -96,6 +96,7 @@ pub fn op_name(op: &MetaOp) -> &'static str {
     match op {
         MetaOp::Lookup { .. } => "lookup",
         MetaOp::LookupXattr { .. } => "lookup_xattr",
+        MetaOp::WalkXattr { .. } => "walk_xattr",
         MetaOp::Stat { .. } => "stat",
         MetaOp::Create { .. } => "create",
         MetaOp::Open { .. } => "open",
@@ -136,6 +137,7 @@ fn is_read_only(op: &MetaOp) -> bool {
         op,
         MetaOp::Lookup { .. }
             | MetaOp::LookupXattr { .. }
+            | MetaOp::WalkXattr { .. }
             | MetaOp::Expect { .. }
             | MetaOp::Stat { .. }
             | MetaOp::Readlink { .. }

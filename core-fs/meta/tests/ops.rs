@@ -255,6 +255,56 @@ async fn lookup_xattr_answers_what_lookup_then_getxattr_answer() {
 }
 
 #[tokio::test]
+async fn walk_xattr_answers_what_lookups_then_getxattr_answer() {
+    let fs = Fs::new().await;
+    let b = fs.mkdir(ROOT, "b").await.unwrap();
+    let d = fs.mkdir(b.id, "d").await.unwrap();
+    let f = fs.create(d.id, "f").await.unwrap();
+    fs.op(MetaOp::SetXattr { inode: f.id, name: "user.s3.meta".into(), value: b"etag".to_vec(), flag: XattrFlag::Any }).await.unwrap();
+    let walk = |names: &[&str], xattr: &str| MetaOp::WalkXattr {
+        parent: ROOT,
+        names: names.iter().map(|n| n.to_string()).collect(),
+        xattr: xattr.into(),
+    };
+    let (b, d, f) = (fs.lookup(ROOT, "b").await.unwrap(), fs.lookup(b.id, "d").await.unwrap(), fs.lookup(d.id, "f").await.unwrap());
+    let found = |inodes: Vec<&Inode>, value: Option<&[u8]>| MetaReply::Walk {
+        inodes: inodes.into_iter().cloned().collect(),
+        value: value.map(<[u8]>::to_vec),
+    };
+    // Every name found: every inode, as Lookup answers it (directories
+    // with their nlink), and the last one's attribute.
+    assert_eq!(fs.op(walk(&["b", "d", "f"], "user.s3.meta")).await.unwrap(), found(vec![&b, &d, &f], Some(b"etag")));
+    assert_eq!(fs.op(walk(&["b", "d", "f"], "user.other")).await.unwrap(), found(vec![&b, &d, &f], None));
+    assert_eq!(fs.op(walk(&["b"], "user.s3.meta")).await.unwrap(), found(vec![&b], None));
+    // A name absent: the walk stops there, without an error.
+    assert_eq!(fs.op(walk(&["missing", "d"], "user.s3.meta")).await.unwrap(), found(vec![], None));
+    assert_eq!(fs.op(walk(&["b", "missing", "f"], "user.s3.meta")).await.unwrap(), found(vec![&b], None));
+    assert_eq!(fs.op(walk(&["b", "d", "missing"], "user.s3.meta")).await.unwrap(), found(vec![&b, &d], None));
+    // A file where a directory is needed: it is the last inode answered.
+    assert_eq!(fs.op(walk(&["b", "d", "f", "g"], "user.s3.meta")).await.unwrap(), found(vec![&b, &d, &f], None));
+    // Bad input fails as Lookup or GetXattr would, and the name count is bounded.
+    assert_eq!(
+        code(fs.op(walk(&["b", "x/y"], "user.s3.meta")).await),
+        code(fs.op(MetaOp::Lookup { parent: b.id, name: "x/y".into() }).await)
+    );
+    assert_eq!(code(fs.op(walk(&["b", "d", "f"], "")).await), code(fs.op(MetaOp::GetXattr { inode: f.id, name: "".into() }).await));
+    assert_eq!(code(fs.op(walk(&[], "user.s3.meta")).await), ErrorCode::InvalidArgument);
+    let deep = vec!["d"; MAX_WALK_NAMES + 1];
+    assert_eq!(code(fs.op(walk(&deep, "user.s3.meta")).await), ErrorCode::InvalidArgument);
+    // Permissions: x on every directory walked, r on the last inode.
+    let bob = fs.as_user(1001, 1001);
+    let mode = |inode: InodeId, mode| MetaOp::SetAttr { inode, attr: SetAttr { mode: Some(mode), ..SetAttr::default() } };
+    assert!(matches!(bob.op(walk(&["b", "d", "f"], "user.s3.meta")).await.unwrap(), MetaReply::Walk { value: Some(_), .. }));
+    fs.op(mode(f.id, 0o600)).await.unwrap();
+    assert_eq!(code(bob.op(walk(&["b", "d", "f"], "user.s3.meta")).await), ErrorCode::PermissionDenied);
+    fs.op(mode(f.id, 0o644)).await.unwrap();
+    fs.op(mode(d.id, 0o700)).await.unwrap();
+    assert_eq!(code(bob.op(walk(&["b", "d", "f"], "user.s3.meta")).await), ErrorCode::PermissionDenied);
+    // Without x on `d` the walk fails even where the next name is absent.
+    assert_eq!(code(bob.op(walk(&["b", "d", "missing"], "user.s3.meta")).await), ErrorCode::PermissionDenied);
+}
+
+#[tokio::test]
 async fn xattrs() {
     let fs = Fs::new().await;
     let f = fs.create(ROOT, "f").await.unwrap();

@@ -559,10 +559,28 @@ pub enum MetaOp {
         name: String,
         xattr: String,
     },
+    /// Walks `names` down from `parent` (a Lookup per name, each in the
+    /// directory the one before found) and reads the last inode's extended
+    /// attribute `xattr`, all in one transaction: the S3 gateway's GET and
+    /// HEAD find the bucket, the key's entry and its record so, in one round
+    /// trip. The walk stops without an error at the first name that is
+    /// absent, and after an inode that is not a directory while names
+    /// remain; other errors (a name that is not valid, x missing on a
+    /// directory) fail the op as Lookup would. 1 ..= [`MAX_WALK_NAMES`]
+    /// names. Replies [`MetaReply::Walk`].
+    WalkXattr {
+        parent: InodeId,
+        names: Vec<String>,
+        xattr: String,
+    },
 }
 
 /// Most ops one [`MetaOp::Txn`] holds.
 pub const MAX_TXN_OPS: usize = 8;
+
+/// Most names one [`MetaOp::WalkXattr`] walks (a 1 KiB S3 key has at most
+/// 512 components; a gateway walks longer paths step by step).
+pub const MAX_WALK_NAMES: usize = 64;
 
 impl MetaOp {
     /// Whether `self` may be an op of a [`MetaOp::Txn`].
@@ -616,6 +634,7 @@ impl MetaOp {
         match self {
             MetaOp::Lookup { parent, .. }
             | MetaOp::LookupXattr { parent, .. }
+            | MetaOp::WalkXattr { parent, .. }
             | MetaOp::Create { parent, .. }
             | MetaOp::Mkdir { parent, .. }
             | MetaOp::Rmdir { parent, .. }
@@ -750,6 +769,15 @@ pub enum MetaReply {
     /// LookupXattr: the inode and its attribute's value, if it has it.
     InodeXattr {
         inode: Inode,
+        #[serde(with = "serde_bytes")]
+        value: Option<Vec<u8>>,
+    },
+    /// WalkXattr: the inodes found, one per name from the first, ending
+    /// where the walk stopped (fewer than the names when one was absent or
+    /// a directory was expected); the last name's attribute value when
+    /// every name was found and it has the attribute.
+    Walk {
+        inodes: Vec<Inode>,
         #[serde(with = "serde_bytes")]
         value: Option<Vec<u8>>,
     },

@@ -381,8 +381,7 @@ impl Gateway {
     /// The ACL of the version named by `versionId` (the current one
     /// without it; the errors of `find_for_read`).
     pub async fn get_object_acl(&self, input: &GetObjectAclInput) -> Result<GetObjectAclOutput, S3Error> {
-        let (dir, path) = self.store.locate(&input.bucket, &input.key).await?;
-        let obj = self.find_for_read(&input.bucket, dir.id, &path, &input.key, input.version_id.as_deref()).await?;
+        let (_, _, obj) = self.locate_for_read(&input.bucket, &input.key, input.version_id.as_deref()).await?;
         let (owner, grants) = grants_of(obj.meta.acl.unwrap_or_default());
         Ok(GetObjectAclOutput { owner, grants, ..GetObjectAclOutput::default() })
     }

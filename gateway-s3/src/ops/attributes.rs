@@ -97,9 +97,8 @@ impl Gateway {
             return Err(error::invalid_argument("max-parts and part-number-marker must not be negative"));
         }
         let max_parts = max_parts.min(MAX_PARTS_PER_PAGE);
-        let (bucket_dir, path) = self.store.locate(&input.bucket, &input.key).await?;
+        let (bucket_dir, _, obj) = self.locate_for_read(&input.bucket, &input.key, input.version_id.as_deref()).await?;
         let bucket = bucket_dir.id;
-        let obj = self.find_for_read(&input.bucket, bucket, &path, &input.key, input.version_id.as_deref()).await?;
         let version_id = self.version_header(bucket, &obj.meta).await?;
         let m = &obj.meta;
         let has = |a: &str| wanted.contains(&a);

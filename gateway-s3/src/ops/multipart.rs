@@ -468,9 +468,7 @@ impl Gateway {
         let CopySource::Bucket { bucket: src_bucket, key: src_key, version_id: src_version } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
         };
-        let (sb_dir, src_path) = self.store.locate(src_bucket, src_key).await?;
-        let sb = sb_dir.id;
-        let src = self.find_for_read(src_bucket, sb, &src_path, src_key, src_version.as_deref()).await?;
+        let (_, _, src) = self.locate_for_read(src_bucket, src_key, src_version.as_deref()).await?;
         if src.dir {
             return Err(error::no_such_key(src_key));
         }

@@ -89,18 +89,24 @@ pub struct Object {
     pub dir: bool,
 }
 
-pub async fn find_object(store: &Store, bucket: InodeId, path: &ObjectPath) -> Result<Option<Object>, S3Error> {
-    match store.find(bucket, path).await? {
-        None => Ok(None),
-        Some(Found::DirObject(inode, record)) => {
-            let meta = objmeta::effective_dir(&inode, Some(&record));
-            Ok(Some(Object { inode, meta, dir: true }))
-        }
-        Some(Found::File(inode, record)) => {
-            let meta = objmeta::effective(&inode, record.as_deref());
-            Ok(Some(Object { inode, meta, dir: false }))
+impl Object {
+    /// The object a key's entry holds, with its effective record.
+    pub fn of(found: Found) -> Object {
+        match found {
+            Found::DirObject(inode, record) => {
+                let meta = objmeta::effective_dir(&inode, Some(&record));
+                Object { inode, meta, dir: true }
+            }
+            Found::File(inode, record) => {
+                let meta = objmeta::effective(&inode, record.as_deref());
+                Object { inode, meta, dir: false }
+            }
         }
     }
+}
+
+pub async fn find_object(store: &Store, bucket: InodeId, path: &ObjectPath) -> Result<Option<Object>, S3Error> {
+    Ok(store.find(bucket, path).await?.map(Object::of))
 }
 
 /// The conditional headers of a read.
@@ -320,9 +326,8 @@ impl Gateway {
         version: Option<&str>,
         conds: &ReadConditions<'_>,
     ) -> Result<(Object, Option<String>), S3Error> {
-        let (bucket_dir, path) = self.store.locate(bucket_name, key).await?;
+        let (bucket_dir, _, obj) = self.locate_for_read(bucket_name, key, version).await?;
         let bucket = bucket_dir.id;
-        let obj = self.find_for_read(bucket_name, bucket, &path, key, version).await?;
         let version_id = self.version_header(bucket, &obj.meta).await?;
         check_read_conditions(&obj.meta, conds.if_match, conds.if_none_match, conds.if_modified_since, conds.if_unmodified_since)?;
         Ok((obj, version_id))
@@ -458,9 +463,8 @@ impl Gateway {
         let CopySource::Bucket { bucket: src_bucket, key: src_key, version_id: src_version } = &input.copy_source else {
             return Err(error::invalid_argument("copying from an access point is not supported"));
         };
-        let (src_bucket_id_dir, src_path) = self.store.locate(src_bucket, src_key).await?;
+        let (src_bucket_id_dir, src_path, src) = self.locate_for_read(src_bucket, src_key, src_version.as_deref()).await?;
         let src_bucket_id = src_bucket_id_dir.id;
-        let src = self.find_for_read(src_bucket, src_bucket_id, &src_path, src_key, src_version.as_deref()).await?;
         let copy_source_version_id = self.version_header(src_bucket_id, &src.meta).await?;
         check_read_conditions(
             &src.meta,

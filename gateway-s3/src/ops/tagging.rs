@@ -27,8 +27,7 @@ impl Gateway {
         key: &str,
         version: Option<&str>,
     ) -> Result<(fskv_types::InodeId, Option<String>), S3Error> {
-        let (dir, path) = self.store.locate(bucket, key).await?;
-        let obj = self.find_for_read(bucket, dir.id, &path, key, version).await?;
+        let (dir, _, obj) = self.locate_for_read(bucket, key, version).await?;
         let version_id = self.version_header(dir.id, &obj.meta).await?;
         Ok((obj.inode.id, version_id))
     }

@@ -544,6 +544,25 @@ impl Gateway {
         version: Option<&str>,
     ) -> Result<Object, S3Error> {
         let cur = find_object(&self.store, bucket, path).await?;
+        self.version_for_read(bucket_name, key, version, cur).await
+    }
+
+    /// The bucket's directory, the key's path in it and what
+    /// [`Gateway::find_for_read`] answers, the current object found with
+    /// the bucket in one meta call ([`crate::store::Store::locate_find`]).
+    pub async fn locate_for_read(
+        &self,
+        bucket_name: &str,
+        key: &str,
+        version: Option<&str>,
+    ) -> Result<(Inode, ObjectPath, Object), S3Error> {
+        let (dir, path, found) = self.store.locate_find(bucket_name, key).await?;
+        let obj = self.version_for_read(bucket_name, key, version, found.map(Object::of)).await?;
+        Ok((dir, path, obj))
+    }
+
+    /// [`Gateway::find_for_read`] once the current object `cur` is found.
+    async fn version_for_read(&self, bucket_name: &str, key: &str, version: Option<&str>, cur: Option<Object>) -> Result<Object, S3Error> {
         let Some(version) = version else {
             if let Some(c) = cur {
                 return Ok(c);

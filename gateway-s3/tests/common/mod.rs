@@ -17,6 +17,14 @@ pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rp
     let svc =
         MetaService::open(Arc::new(fskv_kv::MemoryEngine::new()), Arc::new(NoStorage) as Arc<dyn StorageBackend>, cfg).await.expect("meta");
     let server = svc.serve("127.0.0.1:0").await.expect("serve");
+    let gw = gateway_on(&server, tune).await;
+    gw.create_bucket("bkt").await.expect("bucket");
+    (gw, server)
+}
+
+/// A writer gateway of its own (its own caches, as another gateway process
+/// has) over the meta service `server`.
+pub async fn gateway_on(server: &fskv_rpc::Server, tune: impl FnOnce(&mut GatewayConfig)) -> Gateway {
     let meta = MetaClient::new(MetaClientConfig::new(vec![server.local_addr().to_string()])).expect("client");
     let (publisher, _) = RoutingPublisher::new(RoutingInfo::default());
     let rpc = fskv_rpc::RpcClient::new(Arc::new(fskv_rpc::TcpTransport::new()), fskv_rpc::ClientConfig::default());
@@ -26,9 +34,7 @@ pub async fn gateway(tune: impl FnOnce(&mut GatewayConfig)) -> (Gateway, fskv_rp
     let keys = Arc::new(KeyStore::new(vec![AccessKey::new("a", "b")]).expect("keys"));
     let mut cfg = GatewayConfig::new("127.0.0.1:0".parse().expect("addr"), Role::Writer, keys);
     tune(&mut cfg);
-    let gw = Gateway { store, cfg: Arc::new(cfg), access: Arc::default() };
-    gw.create_bucket("bkt").await.expect("bucket");
-    (gw, server)
+    Gateway { store, cfg: Arc::new(cfg), access: Arc::default() }
 }
 
 /// A body of `data` in one piece.
