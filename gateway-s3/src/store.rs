@@ -123,9 +123,10 @@ pub const LAYOUT_CACHE_MAX_ENTRIES: usize = 65_536;
 /// Versioning states of bucket directories by inode, valid while the
 /// directory's inode version is the one they were read at. Every request
 /// looks its bucket up first ([`Store::bucket`], or in the walk of
-/// [`Store::locate_find`]), which records the version it saw; setting the state's xattr bumps that version, so a state put
-/// through any gateway process is seen by the next request after it, at no
-/// extra meta call while it does not change. Bounded: cleared when full.
+/// [`Store::locate_find`]), which records the version it saw; setting the
+/// state's xattr bumps that version, so a state put through any gateway
+/// process is seen by the next request after it, at no extra meta call
+/// while it does not change. Bounded: cleared when full.
 #[derive(Default)]
 pub struct VersioningCache {
     map: parking_lot::Mutex<HashMap<InodeId, VersioningEntry>>,
